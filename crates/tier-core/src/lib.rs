@@ -1,0 +1,27 @@
+//! kvtier core: the contract every storage tier implements.
+//!
+//! A tier stores fixed-content *pages* (blocks of attention KV cache) under validated
+//! [`PageKey`]s. Every batch operation reports **per key**: a miss is not an error, and one
+//! bad page never fails its neighbours. Tiers compose into hierarchies; they are proven by the
+//! conformance suite in `tier-tests`.
+
+mod error;
+mod evict;
+mod info;
+mod key;
+mod page;
+mod stats;
+mod tier;
+
+pub use error::TierError;
+pub use evict::{EvictedPage, EvictionCause, EvictionListener};
+pub use info::TierInfo;
+pub use key::PageKey;
+pub use page::{Lookup, Page, ReadSlot};
+pub use stats::{StatsRecorder, TierStats};
+pub use tier::{GetResult, PutResult, RemoveResult, StorageTier};
+
+/// Re-exported so tier implementations use the same `async_trait` as the trait itself.
+pub use async_trait::async_trait;
+/// Re-exported page payload type.
+pub use bytes::Bytes;

@@ -1,0 +1,41 @@
+use async_trait::async_trait;
+
+use crate::{Lookup, Page, PageKey, ReadSlot, TierError, TierInfo, TierStats};
+
+/// Outcome of storing one page.
+pub type PutResult = Result<(), TierError>;
+/// Outcome of reading one page: hit, miss, or the error that stopped it.
+pub type GetResult = Result<Lookup, TierError>;
+/// Outcome of removing one page: whether it was present.
+pub type RemoveResult = Result<bool, TierError>;
+
+/// A place pages can be stored: DRAM, local disk through NIXL, object storage, a hierarchy.
+///
+/// Batch calls return one result per input, in input order. A miss is not an error, and a
+/// failure of one page never fails its neighbours. A stored page is either fully visible or
+/// absent. Implementations must release every resource a call takes on every path, including
+/// when the call's future is dropped.
+#[async_trait]
+pub trait StorageTier: Send + Sync {
+    /// What this tier is.
+    fn info(&self) -> TierInfo;
+
+    /// Its counters now.
+    fn stats(&self) -> TierStats;
+
+    /// Stores pages; a later write to the same key replaces the earlier one whole.
+    async fn put(&self, pages: &[Page]) -> Vec<PutResult>;
+
+    /// Reads pages into the slots' buffers. A buffer whose length differs from the stored
+    /// page's gets [`TierError::LengthMismatch`].
+    async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult>;
+
+    /// The number of leading keys that are all present: the reusable prefix of `keys`.
+    async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError>;
+
+    /// Removes pages; `Ok(false)` for a key that was not present.
+    async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult>;
+
+    /// Removes every page this tier holds, and nothing it does not own.
+    async fn clear(&self) -> Result<(), TierError>;
+}

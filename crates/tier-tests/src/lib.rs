@@ -1,0 +1,46 @@
+//! The kvtier conformance suite: the behaviour every [`StorageTier`](tier_core::StorageTier)
+//! must show, as a library any crate's tests call.
+//!
+//! Give the suite a [`TierFactory`] and it opens fresh tiers and checks them: per-page
+//! integrity (every byte of hundreds of distinct pages), open file descriptors around every
+//! operation kind, per-key batch outcomes, prefix `exists`, overwrite, remove, clear,
+//! concurrent writers, bad input and hostile keys, capacity and persistence.
+//!
+//! ```text
+//! tier_tests::conformance_suite!(MyFactory::new());
+//! ```
+//! expands to one `#[test]` per case. The fd-leak case counts the whole process's descriptors,
+//! so run suites with `cargo nextest` (a process per test) or keep them in their own test
+//! binary; cases of one binary serialise around it.
+//!
+//! The suite proves it can fail: [`broken`] holds deliberately faulty tiers and this crate's
+//! own tests assert the suite rejects each of them.
+
+pub mod broken;
+pub mod content;
+pub mod fd;
+pub mod model;
+pub mod suite;
+
+pub use suite::{Failure, TierFactory};
+
+/// Expands to one `#[test]` per conformance case, each opening tiers from a fresh `$factory`
+/// (an expression evaluated once per test).
+#[macro_export]
+macro_rules! conformance_suite {
+    ($factory:expr) => {
+        $crate::conformance_suite!(@cases $factory;
+            integrity_batches, integrity_page_sizes, fd_leak, partial_batch, exists_prefix,
+            overwrite, remove, clear, concurrent_writers, bad_input, hostile_keys,
+            capacity_bound, persistence, stats_count);
+    };
+    (@cases $factory:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                let factory = $factory;
+                $crate::suite::run_case(stringify!($case), &factory);
+            }
+        )*
+    };
+}

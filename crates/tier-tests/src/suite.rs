@@ -1,0 +1,922 @@
+//! The conformance cases, the [`TierFactory`] they open tiers from, and the runner.
+
+use std::collections::{BTreeSet, HashSet};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tier_core::{async_trait, GetResult, Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
+use tokio::sync::RwLock;
+
+use crate::{content, fd};
+
+/// A shared tier handle.
+pub type DynTier = Arc<dyn StorageTier>;
+
+/// Opens the tiers a suite run checks. One factory serves one test: repeated [`open`] calls
+/// must reach the same storage, so a persistent tier's pages survive a drop and a reopen.
+///
+/// [`open`]: TierFactory::open
+#[async_trait]
+pub trait TierFactory: Send + Sync {
+    /// Opens the tier under test.
+    async fn open(&self) -> Result<DynTier, TierError>;
+
+    /// Opens a tier of the same kind bounded to `capacity_bytes`, on fresh storage; `None` if
+    /// the kind has no byte bound.
+    async fn open_bounded(&self, _capacity_bytes: u64) -> Option<Result<DynTier, TierError>> {
+        None
+    }
+
+    /// The folder the tier's files must stay inside, if it keeps files.
+    fn root(&self) -> Option<PathBuf> {
+        None
+    }
+
+    /// Makes the storage under the last opened tier fail its I/O (for example by removing its
+    /// folders), so the fd-leak case can count descriptors around failing calls. Returns what
+    /// it did, or `None` if this kind cannot be made to fail.
+    async fn break_storage(&self) -> Option<String> {
+        None
+    }
+}
+
+/// A case's verdict: what broke, in words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The case that failed.
+    pub case: &'static str,
+    /// What it saw.
+    pub message: String,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "conformance case `{}` failed: {}",
+            self.case, self.message
+        )
+    }
+}
+
+impl std::error::Error for Failure {}
+
+type CaseResult = Result<(), String>;
+type CaseFuture<'a> = Pin<Box<dyn Future<Output = CaseResult> + Send + 'a>>;
+type CaseFn = for<'a> fn(&'a dyn TierFactory) -> CaseFuture<'a>;
+
+macro_rules! cases {
+    ($($name:ident),* $(,)?) => {
+        /// Every case, by name, in the order [`run_all`] runs them.
+        pub const CASES: &[(&str, CaseFn)] = &[$((stringify!($name), |f| Box::pin($name(f)))),*];
+    };
+}
+
+cases!(
+    integrity_batches,
+    integrity_page_sizes,
+    fd_leak,
+    partial_batch,
+    exists_prefix,
+    overwrite,
+    remove,
+    clear,
+    concurrent_writers,
+    bad_input,
+    hostile_keys,
+    capacity_bound,
+    persistence,
+    stats_count,
+);
+
+/// Longest a case may take before it counts as hung.
+pub const CASE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Cases share a process; the fd-leak case must run alone, the others may overlap.
+static FD_LOCK: RwLock<()> = RwLock::const_new(());
+
+/// Runs the case called `name` against tiers from `factory`.
+pub async fn run(name: &str, factory: &dyn TierFactory) -> Result<(), Failure> {
+    let Some(&(case, run_case)) = CASES.iter().find(|(n, _)| *n == name) else {
+        return Err(Failure {
+            case: "unknown",
+            message: format!("no conformance case is called {name}"),
+        });
+    };
+    let _guard = if case == "fd_leak" {
+        Guard::Exclusive(FD_LOCK.write().await)
+    } else {
+        Guard::Shared(FD_LOCK.read().await)
+    };
+    match tokio::time::timeout(CASE_TIMEOUT, run_case(factory)).await {
+        Ok(result) => result.map_err(|message| Failure { case, message }),
+        Err(_) => Err(Failure {
+            case,
+            message: format!("did not finish within {CASE_TIMEOUT:?}"),
+        }),
+    }
+}
+
+/// Runs every case; returns each one's verdict.
+pub async fn run_all(factory: &dyn TierFactory) -> Vec<(&'static str, Result<(), Failure>)> {
+    let mut verdicts = Vec::new();
+    for (name, _) in CASES {
+        verdicts.push((*name, run(name, factory).await));
+    }
+    verdicts
+}
+
+/// Runs one case on a fresh two-thread runtime and panics with its failure, for `#[test]`s.
+pub fn run_case(name: &str, factory: &dyn TierFactory) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime for the conformance case");
+    if let Err(failure) = runtime.block_on(run(name, factory)) {
+        panic!("{failure}");
+    }
+}
+
+enum Guard<'a> {
+    Exclusive(#[allow(dead_code)] tokio::sync::RwLockWriteGuard<'a, ()>),
+    Shared(#[allow(dead_code)] tokio::sync::RwLockReadGuard<'a, ()>),
+}
+
+// ---------------------------------------------------------------- helpers
+
+const PAGE: usize = 64 << 10;
+
+fn keys(prefix: &str, n: usize) -> Vec<PageKey> {
+    (0..n)
+        .map(|i| {
+            let hash = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            PageKey::new(format!("{prefix}{i:05}{hash:016x}")).expect("suite keys are valid")
+        })
+        .collect()
+}
+
+fn page_len(tier: &DynTier, want: usize) -> usize {
+    tier.info().max_page_bytes.map_or(want, |m| want.min(m))
+}
+
+async fn open(f: &dyn TierFactory) -> Result<DynTier, String> {
+    f.open()
+        .await
+        .map_err(|e| format!("could not open the tier: {e}"))
+}
+
+/// Puts `(key, version, len)` pages in batches of `batch`; every put must succeed.
+async fn put_all(tier: &DynTier, pages: &[(PageKey, u64, usize)], batch: usize) -> CaseResult {
+    for chunk in pages.chunks(batch) {
+        let batch: Vec<Page> = chunk
+            .iter()
+            .map(|(k, v, len)| Page::new(k.clone(), content::page(k, *v, *len)))
+            .collect();
+        let results = tier.put(&batch).await;
+        check_len(&results, batch.len(), "put")?;
+        for (page, r) in batch.iter().zip(results) {
+            r.map_err(|e| format!("put of {} failed: {e}", page.key))?;
+        }
+    }
+    Ok(())
+}
+
+fn check_len<T>(results: &[T], want: usize, op: &str) -> CaseResult {
+    if results.len() == want {
+        Ok(())
+    } else {
+        Err(format!(
+            "{op} of {want} keys returned {} results",
+            results.len()
+        ))
+    }
+}
+
+/// Reads `(key, len)` into zeroed buffers; returns the buffers and per-key results.
+async fn read(
+    tier: &DynTier,
+    keys: &[(PageKey, usize)],
+) -> Result<(Vec<Vec<u8>>, Vec<GetResult>), String> {
+    let mut bufs: Vec<Vec<u8>> = keys.iter().map(|(_, len)| vec![0u8; *len]).collect();
+    let mut slots: Vec<ReadSlot<'_>> = keys
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|((k, _), b)| ReadSlot::new(k.clone(), b))
+        .collect();
+    let results = tier.get(&mut slots).await;
+    drop(slots);
+    check_len(&results, keys.len(), "get")?;
+    Ok((bufs, results))
+}
+
+/// Reads pages that must all be hits holding `version`, every byte compared.
+async fn expect_pages(tier: &DynTier, pages: &[(PageKey, u64, usize)], batch: usize) -> CaseResult {
+    for chunk in pages.chunks(batch) {
+        let want: Vec<(PageKey, usize)> = chunk.iter().map(|(k, _, l)| (k.clone(), *l)).collect();
+        let (bufs, results) = read(tier, &want).await?;
+        for (((key, version, _), buf), result) in chunk.iter().zip(&bufs).zip(results) {
+            match result {
+                Ok(Lookup::Hit) => content::verify(key, *version, buf)?,
+                Ok(Lookup::Miss) => {
+                    return Err(format!("page {key} was stored but reads as a miss"))
+                }
+                Err(e) => return Err(format!("get of stored page {key} failed: {e}")),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads keys that must all be misses.
+async fn expect_misses(tier: &DynTier, keys: &[PageKey], len: usize) -> CaseResult {
+    let want: Vec<(PageKey, usize)> = keys.iter().map(|k| (k.clone(), len)).collect();
+    let (_, results) = read(tier, &want).await?;
+    for (key, result) in keys.iter().zip(results) {
+        match result {
+            Ok(Lookup::Miss) => {}
+            Ok(Lookup::Hit) => {
+                return Err(format!("page {key} should be absent but reads as a hit"))
+            }
+            Err(e) => {
+                return Err(format!(
+                    "get of absent page {key} failed instead of missing: {e}"
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn versioned(keys: &[PageKey], version: u64, len: usize) -> Vec<(PageKey, u64, usize)> {
+    keys.iter().map(|k| (k.clone(), version, len)).collect()
+}
+
+async fn exists(tier: &DynTier, keys: &[PageKey]) -> Result<usize, String> {
+    tier.exists(keys)
+        .await
+        .map_err(|e| format!("exists failed: {e}"))
+}
+
+// ---------------------------------------------------------------- cases
+
+/// 256 distinct 64 KiB pages written in batches of 128, read back in batches of 100 into zeroed
+/// buffers, every byte compared.
+pub async fn integrity_batches(f: &dyn TierFactory) -> CaseResult {
+    let tier = open(f).await?;
+    let len = page_len(&tier, PAGE);
+    let pages = versioned(&keys("int", 256), 1, len);
+    let heads: HashSet<Vec<u8>> = pages
+        .iter()
+        .map(|(k, v, _)| content::page(k, *v, 16).to_vec())
+        .collect();
+    if heads.len() != pages.len() {
+        return Err("suite bug: pages are not distinct".into());
+    }
+    put_all(&tier, &pages, 128).await?;
+    expect_pages(&tier, &pages, 100).await
+}
+
+/// Pages of 4 KiB to 2 MiB, sizes interleaved within each batch.
+pub async fn integrity_page_sizes(f: &dyn TierFactory) -> CaseResult {
+    let tier = open(f).await?;
+    let limit = tier.info().max_page_bytes.unwrap_or(usize::MAX);
+    let sizes: Vec<usize> = [4 << 10, 16 << 10, 64 << 10, 512 << 10, 2 << 20]
+        .into_iter()
+        .filter(|s| *s <= limit)
+        .collect();
+    if sizes.is_empty() {
+        return Err(format!(
+            "the tier accepts no page of 4 KiB or more (limit {limit})"
+        ));
+    }
+    let ks = keys("size", 8 * sizes.len());
+    let pages: Vec<(PageKey, u64, usize)> = ks
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (k.clone(), 7, sizes[i % sizes.len()]))
+        .collect();
+    put_all(&tier, &pages, 16).await?;
+    expect_pages(&tier, &pages, 13).await
+}
+
+/// Open file descriptors counted before and after ten rounds of each operation kind,
+/// successful and failing; any growth fails.
+pub async fn fd_leak(f: &dyn TierFactory) -> CaseResult {
+    let tier = open(f).await?;
+    let len = page_len(&tier, 16 << 10);
+    let ks = keys("fd", 4);
+    let absent = keys("fd-absent", 2);
+    let ops: Vec<(&str, Op)> = vec![
+        ("put", Op::Put(ks[..2].to_vec(), len)),
+        ("put overwrite", Op::Put(ks[..2].to_vec(), len)),
+        ("get hit", Op::Get(ks[..2].to_vec(), len)),
+        ("get miss", Op::Get(absent.clone(), len)),
+        ("get length mismatch", Op::Get(ks[..1].to_vec(), len + 1)),
+        ("put empty page", Op::Put(ks[2..3].to_vec(), 0)),
+        ("exists", Op::Exists(ks.clone())),
+        ("remove present", Op::PutRemove(ks[3..].to_vec(), len)),
+        ("remove absent", Op::Remove(absent.clone())),
+        ("clear", Op::Clear),
+    ];
+    // Warm-up: lazily created resources (pools, registrations) are not leaks.
+    for (_, op) in &ops {
+        op.run(&tier).await;
+    }
+    for (name, op) in &ops {
+        count_fds_around(name, 10, || op.run(&tier)).await?;
+    }
+    if let Some(what) = f.break_storage().await {
+        let broken = vec![
+            ("put", Op::Put(ks.clone(), len)),
+            ("get", Op::Get(ks.clone(), len)),
+            ("exists", Op::Exists(ks.clone())),
+            ("remove", Op::Remove(ks.clone())),
+        ];
+        for (_, op) in &broken {
+            op.run(&tier).await;
+        }
+        for (name, op) in &broken {
+            let label = format!("{name} after {what}");
+            count_fds_around(&label, 10, || op.run(&tier)).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn count_fds_around<F, Fut>(name: &str, rounds: usize, mut op: F) -> CaseResult
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let before = fd::open_fds().map_err(|e| format!("cannot count fds: {e}"))?;
+    for _ in 0..rounds {
+        op().await;
+    }
+    let after = fd::open_fds().map_err(|e| format!("cannot count fds: {e}"))?;
+    if after > before {
+        return Err(format!(
+            "fd leak: {rounds} rounds of `{name}` grew open fds from {before} to {after}"
+        ));
+    }
+    Ok(())
+}
+
+enum Op {
+    Put(Vec<PageKey>, usize),
+    Get(Vec<PageKey>, usize),
+    Exists(Vec<PageKey>),
+    PutRemove(Vec<PageKey>, usize),
+    Remove(Vec<PageKey>),
+    Clear,
+}
+
+impl Op {
+    /// Runs the operation; outcomes are not checked here, only resources.
+    async fn run(&self, tier: &DynTier) {
+        match self {
+            Op::Put(ks, len) => {
+                let pages: Vec<Page> = ks
+                    .iter()
+                    .map(|k| Page::new(k.clone(), content::page(k, 1, *len)))
+                    .collect();
+                let _ = tier.put(&pages).await;
+            }
+            Op::Get(ks, len) => {
+                let want: Vec<(PageKey, usize)> = ks.iter().map(|k| (k.clone(), *len)).collect();
+                let _ = read(tier, &want).await;
+            }
+            Op::Exists(ks) => {
+                let _ = tier.exists(ks).await;
+            }
+            Op::PutRemove(ks, len) => {
+                let pages: Vec<Page> = ks
+                    .iter()
+                    .map(|k| Page::new(k.clone(), content::page(k, 1, *len)))
+                    .collect();
+                let _ = tier.put(&pages).await;
+                let _ = tier.remove(ks).await;
+            }
+            Op::Remove(ks) => {
+                let _ = tier.remove(ks).await;
+            }
+            Op::Clear => {
+                let _ = tier.clear().await;
+            }
+        }
+    }
+}
+
+/// A batch with absent keys: each key gets its own hit or miss, hits byte-exact.
+pub async fn partial_batch(f: &dyn TierFactory) -> CaseResult {
+    let tier = open(f).await?;
+    let len = page_len(&tier, 16 << 10);
+    let ks = keys("part", 16);
+    let present: Vec<(PageKey, u64, usize)> =
+        ks.iter().step_by(2).map(|k| (k.clone(), 3, len)).collect();
+    put_all(&tier, &present, 8).await?;
+    let want: Vec<(PageKey, usize)> = ks.iter().map(|k| (k.clone(), len)).collect();
+    let (bufs, results) = read(&tier, &want).await?;
+    for (i, ((key, buf), result)) in ks.iter().zip(&bufs).zip(results).enumerate() {
+        match (i % 2 == 0, result) {
+            (true, Ok(Lookup::Hit)) => content::verify(key, 3, buf)?,
+            (false, Ok(Lookup::Miss)) => {}
+            (stored, other) => {
+                return Err(format!(
+                    "page {key} (stored: {stored}) in a mixed batch gave {other:?}"
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `exists` returns the length of the leading run of present keys.
+pub async fn exists_prefix(f: &dyn TierFactory) -> CaseResult {
+    let tier = open(f).await?;
+    let len = page_len(&tier, 4 << 10);
+    let k = keys("pre", 6);
+    put_all(
+        &tier,
+        &versioned(
+            &[k[0].clone(), k[1].clone(), k[2].clone(), k[4].clone()],
+            1,
+            len,
+        ),
+        8,
+    )
+    .await?;
+    let cases: [(Vec<PageKey>, usize); 6] = [
+        (k.clone(), 3),
+        (vec![k[3].clone(), k[0].clone()], 0),
+        (vec![], 0),
+        (vec![k[0].clone()], 1),
+        (
+            vec![
+                k[4].clone(),
+                k[0].clone(),
+                k[1].clone(),
+                k[5].clone(),
+                k[2].clone(),
+            ],
+            3,
+        ),
+        (vec![k[5].clone()], 0),
+    ];
+    for (query, want) in cases {
+        let got = exists(&tier, &query).await?;
+        if got != want {
+            return Err(format!("exists over {query:?} gave {got}, want {want}"));
+        }
+    }
+    Ok(())
+}
+
+/// A later write replaces an earlier one whole, whatever its length, also within one batch.
+pub async fn overwrite(f: &dyn TierFactory) -> CaseResult {
+    let tier = open(f).await?;
+    let len = page_len(&tier, 64 << 10);
+    let ks = keys("over", 4);
+    put_all(&tier, &versioned(&ks, 1, len), 4).await?;
+    put_all(&tier, &versioned(&ks, 2, len), 4).await?;
+    expect_pages(&tier, &versioned(&ks, 2, len), 4).await?;
+    // Shorter replacement: no stale tail, and the old length no longer fits.
+    let short = len / 2;
+    put_all(&tier, &versioned(&ks[..1], 3, short), 1).await?;
+    expect_pages(&tier, &versioned(&ks[..1], 3, short), 1).await?;
+    let (_, results) = read(&tier, &[(ks[0].clone(), len)]).await?;
+    match &results[0] {
+        Err(TierError::LengthMismatch { stored, .. }) if *stored == short => {}
+        other => {
+            return Err(format!(
+                "reading a shrunk page with its old length gave {other:?}"
+            ))
+        }
+    }
+    // Same key twice in one batch: the later entry wins.
+    let batch = vec![
+        Page::new(ks[1].clone(), content::page(&ks[1], 4, len)),
+        Page::new(ks[1].clone(), content::page(&ks[1], 5, len)),
+    ];
+    for r in tier.put(&batch).await {
+        r.map_err(|e| format!("put of a duplicated key failed: {e}"))?;
+    }
+    expect_pages(&tier, &[(ks[1].clone(), 5, len)], 1).await
+}
+
+/// Removing reports presence per key and leaves neighbours intact; a removed key can be
+/// stored again.
+pub async fn remove(f: &dyn TierFactory) -> CaseResult {
+    let tier = open(f).await?;
+    let len = page_len(&tier, 16 << 10);
+    let ks = keys("rm", 4);
+    let absent = keys("rm-absent", 1);
+    put_all(&tier, &versioned(&ks, 1, len), 4).await?;
+    let query = [ks[1].clone(), ks[3].clone(), absent[0].clone()];
+    let got: Vec<String> = tier
+        .remove(&query)
+        .await
+        .into_iter()
+        .map(|r| format!("{r:?}"))
+        .collect();
+    if got != ["Ok(true)", "Ok(true)", "Ok(false)"] {
+        return Err(format!("remove of [present, present, absent] gave {got:?}"));
+    }
+    expect_misses(&tier, &query[..2], len).await?;
+    expect_pages(
+        &tier,
+        &versioned(&[ks[0].clone(), ks[2].clone()], 1, len),
+        2,
+    )
+    .await?;
+    let again: Vec<String> = tier
+        .remove(&query[..1])
+        .await
+        .into_iter()
+        .map(|r| format!("{r:?}"))
+        .collect();
+    if again != ["Ok(false)"] {
+        return Err(format!("removing a removed page gave {again:?}"));
+    }
+    put_all(&tier, &versioned(&ks[1..2], 2, len), 1).await?;
+    expect_pages(&tier, &versioned(&ks[1..2], 2, len), 1).await
+}
+
+/// `clear` empties the tier, which stays usable.
+pub async fn clear(f: &dyn TierFactory) -> CaseResult {
+    let tier = open(f).await?;
+    let len = page_len(&tier, 16 << 10);
+    let ks = keys("clr", 8);
+    put_all(&tier, &versioned(&ks, 1, len), 8).await?;
+    tier.clear()
+        .await
+        .map_err(|e| format!("clear failed: {e}"))?;
+    expect_misses(&tier, &ks, len).await?;
+    let n = exists(&tier, &ks).await?;
+    if n != 0 {
+        return Err(format!("exists after clear gave {n}"));
+    }
+    put_all(&tier, &versioned(&ks[..2], 2, len), 2).await?;
+    expect_pages(&tier, &versioned(&ks[..2], 2, len), 2).await
+}
+
+/// Four writers and two readers on the same eight keys: every read is exactly one written
+/// version, never a torn or mixed page.
+pub async fn concurrent_writers(f: &dyn TierFactory) -> CaseResult {
+    const WRITERS: u64 = 4;
+    const ROUNDS: u64 = 6;
+    let tier = open(f).await?;
+    let len = page_len(&tier, 64 << 10);
+    let ks = keys("conc", 8);
+    put_all(&tier, &versioned(&ks, 0, len), 8).await?;
+    let mut versions = vec![0];
+    versions.extend((0..WRITERS).flat_map(|w| (0..ROUNDS).map(move |r| 1 + w * 100 + r)));
+    let versions = Arc::new(versions);
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..WRITERS {
+        let (tier, ks) = (tier.clone(), ks.clone());
+        tasks.spawn(async move {
+            for r in 0..ROUNDS {
+                let mut order = ks.clone();
+                let shift = ((w + r) as usize) % order.len();
+                order.rotate_left(shift);
+                let pages = versioned(&order, 1 + w * 100 + r, len);
+                put_all(&tier, &pages, 3).await?;
+                tokio::task::yield_now().await;
+            }
+            Ok(())
+        });
+    }
+    for _ in 0..2 {
+        let (tier, ks, versions) = (tier.clone(), ks.clone(), versions.clone());
+        tasks.spawn(async move {
+            for _ in 0..(ROUNDS * 2) {
+                let want: Vec<(PageKey, usize)> = ks.iter().map(|k| (k.clone(), len)).collect();
+                let (bufs, results) = read(&tier, &want).await?;
+                for ((key, buf), result) in ks.iter().zip(&bufs).zip(results) {
+                    match result {
+                        Ok(Lookup::Hit)
+                            if content::which_version(key, &versions, buf).is_some() => {}
+                        Ok(Lookup::Hit) => {
+                            return Err(format!("page {key} read back torn or mixed"))
+                        }
+                        other => {
+                            return Err(format!(
+                                "page {key} under concurrent writes gave {other:?}"
+                            ))
+                        }
+                    }
+                }
+                tokio::task::yield_now().await;
+            }
+            Ok(())
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined.map_err(|e| format!("a concurrent task panicked: {e}"))??;
+    }
+    // Settled: each key holds one final version, read twice the same.
+    let want: Vec<(PageKey, usize)> = ks.iter().map(|k| (k.clone(), len)).collect();
+    let (first, _) = read(&tier, &want).await?;
+    let (second, _) = read(&tier, &want).await?;
+    for ((key, a), b) in ks.iter().zip(&first).zip(&second) {
+        if a != b || content::which_version(key, &versions, a).is_none() {
+            return Err(format!(
+                "page {key} is unstable or invalid after writers finished"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Wrong buffer lengths, empty pages and oversized pages fail alone with typed errors, and
+/// nothing stored is disturbed.
+pub async fn bad_input(f: &dyn TierFactory) -> CaseResult {
+    let tier = open(f).await?;
+    let len = page_len(&tier, 16 << 10);
+    let ks = keys("bad", 6);
+    put_all(&tier, &versioned(&ks[..2], 1, len), 2).await?;
+
+    let (bufs, results) = read(
+        &tier,
+        &[
+            (ks[0].clone(), len - 1),
+            (ks[1].clone(), len),
+            (ks[0].clone(), len + 1),
+        ],
+    )
+    .await?;
+    for (i, r) in [0usize, 2].into_iter().map(|i| (i, &results[i])) {
+        match r {
+            Err(e @ TierError::LengthMismatch { stored, .. })
+                if *stored == len && e.key() == Some(&ks[0]) => {}
+            other => {
+                return Err(format!(
+                    "a buffer of the wrong length (slot {i}) gave {other:?}"
+                ))
+            }
+        }
+    }
+    match &results[1] {
+        Ok(Lookup::Hit) => content::verify(&ks[1], 1, &bufs[1])?,
+        other => return Err(format!("a good slot beside bad ones gave {other:?}")),
+    }
+
+    let results = tier
+        .put(&[
+            Page::new(ks[2].clone(), Vec::new()),
+            Page::new(ks[3].clone(), content::page(&ks[3], 1, len)),
+        ])
+        .await;
+    check_len(&results, 2, "put")?;
+    match &results[0] {
+        Err(TierError::EmptyPage { key }) if *key == ks[2] => {}
+        other => return Err(format!("an empty page gave {other:?}")),
+    }
+    results[1]
+        .as_ref()
+        .map_err(|e| format!("a good page beside an empty one failed: {e}"))?;
+
+    if let Some(limit) = tier.info().max_page_bytes.filter(|l| *l < 256 << 20) {
+        let results = tier
+            .put(&[
+                Page::new(ks[4].clone(), vec![1u8; limit + 1]),
+                Page::new(ks[5].clone(), content::page(&ks[5], 1, len)),
+            ])
+            .await;
+        check_len(&results, 2, "put")?;
+        match &results[0] {
+            Err(TierError::PageTooLarge { len: l, .. }) if *l == limit + 1 => {}
+            other => return Err(format!("a page over the {limit}-byte limit gave {other:?}")),
+        }
+        results[1]
+            .as_ref()
+            .map_err(|e| format!("a good page beside an oversized one failed: {e}"))?;
+        if exists(&tier, &ks[4..5]).await? != 0 {
+            return Err("a rejected oversized page is visible".into());
+        }
+        expect_pages(&tier, &versioned(&ks[5..6], 1, len), 1).await?;
+    }
+    if exists(&tier, &ks[2..3]).await? != 0 {
+        return Err("a rejected empty page is visible".into());
+    }
+    expect_pages(&tier, &versioned(&ks[..2], 1, len), 2).await?;
+    expect_pages(&tier, &versioned(&ks[3..4], 1, len), 1).await
+}
+
+/// Keys shaped like paths (`../../etc/passwd`, `a/b`, `/abs`, ...) are stored and read back as
+/// opaque names, or rejected with `KeyRejected`; no file appears outside the tier's root.
+pub async fn hostile_keys(f: &dyn TierFactory) -> CaseResult {
+    let tier = open(f).await?;
+    let len = page_len(&tier, 4 << 10);
+    let names = [
+        "../../etc/passwd",
+        "a/b",
+        "..",
+        ".",
+        "/abs/kvtier-escape",
+        "./x",
+        "a\\b",
+        "%2e%2e%2f",
+        "~root",
+        "-rf",
+        ".hidden",
+        "a/../../b",
+        "*?<>|:\"",
+        "CON",
+        "..%2f..",
+        "tmp.partial",
+    ];
+    let long = "z/".repeat(PageKey::MAX_LEN / 2);
+    let ks: Vec<PageKey> = names
+        .iter()
+        .copied()
+        .chain([long.as_str()])
+        .map(|n| PageKey::new(n).map_err(|e| format!("suite bug: {e}")))
+        .collect::<Result<_, _>>()?;
+    let watched = watched_dirs(f.root());
+    let before = listings(&watched);
+
+    let pages: Vec<Page> = ks
+        .iter()
+        .map(|k| Page::new(k.clone(), content::page(k, 9, len)))
+        .collect();
+    let results = tier.put(&pages).await;
+    check_len(&results, pages.len(), "put")?;
+    let mut stored = Vec::new();
+    for (key, r) in ks.iter().zip(results) {
+        match r {
+            Ok(()) => stored.push(key.clone()),
+            Err(TierError::KeyRejected { .. }) => {}
+            Err(e) => {
+                return Err(format!(
+                    "hostile key {key:?} failed with {e} (want Ok or KeyRejected)"
+                ))
+            }
+        }
+    }
+    let rejected: Vec<PageKey> = ks.iter().filter(|k| !stored.contains(k)).cloned().collect();
+    expect_pages(&tier, &versioned(&stored, 9, len), 64).await?;
+    for key in &rejected {
+        let (_, r) = read(&tier, &[(key.clone(), len)]).await?;
+        if !matches!(r[0], Ok(Lookup::Miss) | Err(TierError::KeyRejected { .. })) {
+            return Err(format!("rejected key {key:?} reads as {:?}", r[0]));
+        }
+    }
+    let n = exists(&tier, &stored).await?;
+    if n != stored.len() {
+        return Err(format!(
+            "exists over {} stored hostile keys gave {n}",
+            stored.len()
+        ));
+    }
+    if Path::new("/abs/kvtier-escape").exists() {
+        return Err("key /abs/kvtier-escape created a file at that absolute path".into());
+    }
+    let after = listings(&watched);
+    if before != after {
+        return Err(format!(
+            "hostile keys changed folders outside the tier root: {before:?} -> {after:?}"
+        ));
+    }
+    for r in tier.remove(&stored).await {
+        r.map_err(|e| format!("removing a hostile key failed: {e}"))?;
+    }
+    expect_misses(&tier, &stored, len).await
+}
+
+/// The root's parent and grandparent: where `..` keys would land.
+fn watched_dirs(root: Option<PathBuf>) -> Vec<PathBuf> {
+    let Some(root) = root else { return Vec::new() };
+    root.ancestors()
+        .skip(1)
+        .take(2)
+        .map(Path::to_path_buf)
+        .collect()
+}
+
+fn listings(dirs: &[PathBuf]) -> Vec<BTreeSet<String>> {
+    dirs.iter()
+        .map(|d| {
+            std::fs::read_dir(d)
+                .map(|it| {
+                    it.filter_map(|e| e.ok())
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// A bounded tier never holds more bytes than its capacity, counted independently by reading
+/// every page written (and by its own stats where it keeps them); what it holds is exact.
+pub async fn capacity_bound(f: &dyn TierFactory) -> CaseResult {
+    const CAPACITY: u64 = 2 << 20;
+    let Some(opened) = f.open_bounded(CAPACITY).await else {
+        return Ok(());
+    };
+    let tier = opened.map_err(|e| format!("could not open a bounded tier: {e}"))?;
+    if tier.info().capacity_bytes != Some(CAPACITY) {
+        return Err(format!(
+            "bounded tier reports capacity {:?}, want {CAPACITY}",
+            tier.info().capacity_bytes
+        ));
+    }
+    let len = page_len(&tier, 64 << 10);
+    let ks = keys("cap", (3 * CAPACITY as usize) / len);
+    let mut written = Vec::new();
+    for chunk in ks.chunks(8) {
+        let pages = versioned(chunk, 1, len);
+        put_all(&tier, &pages, 8).await?;
+        written.extend(pages);
+        let want: Vec<(PageKey, usize)> = written.iter().map(|(k, _, l)| (k.clone(), *l)).collect();
+        let (bufs, results) = read(&tier, &want).await?;
+        let mut held = 0u64;
+        for (((key, version, _), buf), r) in written.iter().zip(&bufs).zip(results) {
+            match r {
+                Ok(Lookup::Hit) => {
+                    content::verify(key, *version, buf)?;
+                    held += buf.len() as u64;
+                }
+                Ok(Lookup::Miss) => {}
+                Err(e) => return Err(format!("get in a bounded tier failed: {e}")),
+            }
+        }
+        if held > CAPACITY {
+            return Err(format!(
+                "tier holds {held} readable bytes, over its capacity of {CAPACITY}"
+            ));
+        }
+        if let Some(resident) = tier.stats().resident_bytes.filter(|r| *r > CAPACITY) {
+            return Err(format!(
+                "tier reports {resident} resident bytes, over its capacity of {CAPACITY}"
+            ));
+        }
+        if held == 0 {
+            return Err("a bounded tier holds nothing after a put".into());
+        }
+    }
+    Ok(())
+}
+
+/// A persistent tier's pages survive dropping and reopening it.
+pub async fn persistence(f: &dyn TierFactory) -> CaseResult {
+    let tier = open(f).await?;
+    if !tier.info().persistent {
+        return Ok(());
+    }
+    let len = page_len(&tier, 64 << 10);
+    let pages = versioned(&keys("persist", 32), 4, len);
+    put_all(&tier, &pages, 16).await?;
+    drop(tier);
+    let tier = open(f).await?;
+    expect_pages(&tier, &pages, 16).await?;
+    let keys: Vec<PageKey> = pages.iter().map(|(k, _, _)| k.clone()).collect();
+    let n = exists(&tier, &keys).await?;
+    if n != keys.len() {
+        return Err(format!("after reopen exists gave {n} of {}", keys.len()));
+    }
+    Ok(())
+}
+
+/// Counters move by exactly what was done.
+pub async fn stats_count(f: &dyn TierFactory) -> CaseResult {
+    let tier = open(f).await?;
+    let len = page_len(&tier, 8 << 10);
+    let ks = keys("stat", 4);
+    let s0 = tier.stats();
+    put_all(&tier, &versioned(&ks[..3], 1, len), 3).await?;
+    let want = [
+        (ks[0].clone(), len),
+        (ks[1].clone(), len),
+        (ks[3].clone(), len),
+        (ks[2].clone(), len + 1),
+    ];
+    read(&tier, &want).await?;
+    tier.remove(&ks[..1]).await;
+    let s1 = tier.stats();
+    let deltas = [
+        ("puts", s1.puts - s0.puts, 3),
+        (
+            "bytes_written",
+            s1.bytes_written - s0.bytes_written,
+            3 * len as u64,
+        ),
+        ("hits", s1.hits - s0.hits, 2),
+        ("bytes_read", s1.bytes_read - s0.bytes_read, 2 * len as u64),
+        ("misses", s1.misses - s0.misses, 1),
+        ("errors", s1.errors - s0.errors, 1),
+        ("removes", s1.removes - s0.removes, 1),
+    ];
+    for (name, got, want) in deltas {
+        if got != want {
+            return Err(format!("stats.{name} moved by {got}, want {want}"));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,62 @@
+//! The suite proves it can fail: the model tier passes every case, and each broken tier is
+//! rejected by the case aimed at its fault.
+
+use rstest::rstest;
+use tier_tests::broken::{BrokenFactory, Fault, ModelFactory};
+use tier_tests::suite;
+
+tier_tests::conformance_suite!(ModelFactory);
+
+#[rstest]
+#[case::fd_leak(Fault::LeaksFd, "fd_leak", "fd leak")]
+#[case::flipped_byte(Fault::FlipsByte, "integrity_batches", "1 bytes differ")]
+#[case::phantom_hit(Fault::PhantomHit, "partial_batch", "gave Ok(Hit)")]
+#[case::exists_not_prefix(Fault::CountsAllInExists, "exists_prefix", "want 3")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suite_rejects_broken_tier(#[case] fault: Fault, #[case] case: &str, #[case] says: &str) {
+    let failure = suite::run(case, &BrokenFactory(fault))
+        .await
+        .expect_err("the suite must reject a broken tier");
+    assert_eq!(failure.case, case);
+    assert!(
+        failure.message.contains(says),
+        "unexpected verdict: {failure}"
+    );
+    eprintln!("rejected as expected: {failure}");
+}
+
+#[rstest]
+#[case(Fault::LeaksFd)]
+#[case(Fault::FlipsByte)]
+#[case(Fault::PhantomHit)]
+#[case(Fault::CountsAllInExists)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
+    let verdicts = suite::run_all(&BrokenFactory(fault)).await;
+    let failed: Vec<&str> = verdicts
+        .iter()
+        .filter(|(_, v)| v.is_err())
+        .map(|(name, _)| *name)
+        .collect();
+    assert!(!failed.is_empty(), "{fault:?} passed every case");
+    for name in &failed {
+        // A phantom hit also shows up wherever the suite expects a miss.
+        let expected: &[&str] = match fault {
+            Fault::LeaksFd => &["fd_leak"],
+            // Any case reading 200 pages meets the flipped byte.
+            Fault::FlipsByte => &["integrity_batches", "concurrent_writers", "capacity_bound"],
+            Fault::PhantomHit => &["partial_batch", "remove", "clear", "hostile_keys"],
+            Fault::CountsAllInExists => &["exists_prefix"],
+        };
+        assert!(
+            expected.contains(name),
+            "{fault:?} unexpectedly failed {name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn unknown_case_is_a_failure_not_a_pass() {
+    let failure = suite::run("no_such_case", &ModelFactory).await.unwrap_err();
+    assert!(failure.message.contains("no_such_case"));
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs what kvtier's build and tests need on a fresh Debian machine, idempotently.
+#   scripts/setup.sh build   apt packages for the build (libclang for nixl-sys's bindgen)
+#   scripts/setup.sh nixl    the NIXL runtime (libnixl_capi.so + plugins) from the nixl-cu12 wheel
+#   scripts/setup.sh all     both
+set -euo pipefail
+
+NIXL_VERSION=1.5.1
+NIXL_DIR=${KVTIER_NIXL_DIR:-/opt/kvtier/nixl}
+
+sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+setup_build() {
+  local missing=()
+  for pkg in libclang-dev pkg-config; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    sudo_if_needed apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive sudo_if_needed apt-get install -y -qq "${missing[@]}"
+  fi
+  command -v cargo-nextest >/dev/null 2>&1 || cargo install cargo-nextest --locked
+}
+
+setup_nixl() {
+  local marker="$NIXL_DIR/.installed-$NIXL_VERSION"
+  if [ -f "$marker" ] && [ -f "$NIXL_DIR/lib/libnixl_capi.so" ]; then
+    return
+  fi
+  echo "setup: installing the NIXL $NIXL_VERSION runtime into $NIXL_DIR"
+  local tmp
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' RETURN
+  python3 -m pip download --quiet --no-deps "nixl-cu12==$NIXL_VERSION" -d "$tmp"
+  python3 -m zipfile -e "$tmp"/nixl_cu12-*.whl "$tmp/wheel"
+  sudo_if_needed rm -rf "$NIXL_DIR"
+  sudo_if_needed mkdir -p "$NIXL_DIR"
+  # The libraries carry RPATH $ORIGIN/.:$ORIGIN/../nixl_cu12.libs: keep the two folders siblings.
+  sudo_if_needed cp -a "$tmp/wheel/.nixl_cu12.mesonpy.libs" "$NIXL_DIR/lib"
+  sudo_if_needed cp -a "$tmp/wheel/nixl_cu12.libs" "$NIXL_DIR/nixl_cu12.libs"
+  sudo_if_needed touch "$marker"
+  echo "setup: NIXL runtime ready: $NIXL_DIR/lib/libnixl_capi.so"
+}
+
+case "${1:-all}" in
+  build) setup_build ;;
+  nixl) setup_nixl ;;
+  all) setup_build; setup_nixl ;;
+  *) echo "usage: $0 [build|nixl|all]" >&2; exit 2 ;;
+esac
