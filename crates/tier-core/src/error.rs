@@ -50,6 +50,16 @@ pub enum TierError {
         /// The page.
         key: PageKey,
     },
+    /// A page that cannot go through direct I/O: its length is not a multiple of the block size.
+    #[error("page {key}: {len} bytes is not a multiple of {align}, as direct I/O requires")]
+    Unaligned {
+        /// The page.
+        key: PageKey,
+        /// Its length.
+        len: usize,
+        /// The required multiple.
+        align: usize,
+    },
     /// An operating-system I/O error.
     #[error("{op} failed{}{}: {source}", key.as_ref().map(|k| format!(" for page {k}")).unwrap_or_default(), path.as_ref().map(|p| format!(" at {}", p.display())).unwrap_or_default())]
     Io {
@@ -104,7 +114,8 @@ impl TierError {
             Self::KeyRejected { key, .. }
             | Self::LengthMismatch { key, .. }
             | Self::PageTooLarge { key, .. }
-            | Self::EmptyPage { key } => Some(key),
+            | Self::EmptyPage { key }
+            | Self::Unaligned { key, .. } => Some(key),
             Self::Io { key, .. } | Self::Backend { key, .. } => key.as_ref(),
             _ => None,
         }

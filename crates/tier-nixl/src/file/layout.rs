@@ -1,0 +1,253 @@
+//! Where a page lives on disk: key -> stable 64-bit hash -> one of N storage folders and one of
+//! 256 bucket sub-folders; file name = the key, escaped so it is always a single plain name.
+//!
+//! On-disk format (do not change without a migration): hash = FNV-1a 64 of the key's bytes,
+//! then the splitmix64 finaliser; folder = hash % N; bucket = (hash >> 32) & 0xff as two hex
+//! digits. Names keep `[A-Za-z0-9_-]` and non-leading `.`, and write every other byte as
+//! `%XX`, so no name is `.`, `..`, holds `/`, or starts with `.`. Writes go to
+//! `.tmp-<pid>-<seq>-<name>` in the same bucket and are renamed into place when complete.
+
+use std::collections::HashSet;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tier_core::{PageKey, TierError};
+
+/// Bucket folders per storage folder.
+pub const BUCKETS: usize = 256;
+/// Longest escaped file name kvtier writes (temp prefix included it stays under NAME_MAX).
+pub const MAX_NAME: usize = 200;
+const TEMP_PREFIX: &str = ".tmp-";
+
+/// The storage folders and the routing of keys into them.
+#[derive(Debug)]
+pub struct Layout {
+    dirs: Vec<PathBuf>,
+    temp_seq: AtomicU64,
+}
+
+impl Layout {
+    /// Creates (if needed) and canonicalises the folders, rejecting duplicates by real path,
+    /// then creates all bucket folders in each.
+    pub fn create(dirs: &[PathBuf]) -> Result<Self, TierError> {
+        if dirs.is_empty() {
+            return Err(TierError::config(
+                "dirs",
+                "at least one storage folder is needed",
+            ));
+        }
+        let mut seen = HashSet::new();
+        let mut real = Vec::with_capacity(dirs.len());
+        for (i, dir) in dirs.iter().enumerate() {
+            fs::create_dir_all(dir)
+                .map_err(|e| TierError::io("create storage folder", None, Some(dir.clone()), e))?;
+            let canon = dir
+                .canonicalize()
+                .map_err(|e| TierError::io("resolve storage folder", None, Some(dir.clone()), e))?;
+            if !seen.insert(canon.clone()) {
+                return Err(TierError::config(
+                    format!("dirs[{i}]"),
+                    format!(
+                        "{} is the same folder as an earlier entry ({})",
+                        dir.display(),
+                        canon.display()
+                    ),
+                ));
+            }
+            real.push(canon);
+        }
+        let layout = Self {
+            dirs: real,
+            temp_seq: AtomicU64::new(0),
+        };
+        layout.create_buckets()?;
+        Ok(layout)
+    }
+
+    /// The canonical storage folders.
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+
+    /// Makes every bucket folder: path mode cannot create parent folders.
+    pub fn create_buckets(&self) -> Result<(), TierError> {
+        for dir in &self.dirs {
+            for b in 0..BUCKETS {
+                let bucket = dir.join(bucket_name(b));
+                match fs::create_dir(&bucket) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => {
+                        return Err(TierError::io("create bucket folder", None, Some(bucket), e))
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The file a page lives in, or `KeyRejected` if its escaped name is too long.
+    pub fn page_path(&self, key: &PageKey) -> Result<PathBuf, TierError> {
+        let name = encode(key);
+        if name.len() > MAX_NAME {
+            return Err(TierError::KeyRejected {
+                key: key.clone(),
+                reason: "the key escaped as a file name exceeds 200 bytes",
+            });
+        }
+        let h = route_hash(key.as_str().as_bytes());
+        let dir = &self.dirs[(h % self.dirs.len() as u64) as usize];
+        Ok(dir
+            .join(bucket_name(((h >> 32) & 0xff) as usize))
+            .join(name))
+    }
+
+    /// A fresh temporary path beside `final_path`.
+    pub fn temp_path(&self, final_path: &Path) -> PathBuf {
+        let seq = self.temp_seq.fetch_add(1, Ordering::Relaxed);
+        let name = final_path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        final_path.with_file_name(format!("{TEMP_PREFIX}{}-{seq}-{name}", std::process::id()))
+    }
+
+    /// Walks every bucket: removes leftovers of crashed writes, and returns the complete pages
+    /// found (key, length, modification time) for the index.
+    pub fn scan(&self) -> Result<ScanReport, TierError> {
+        let mut report = ScanReport::default();
+        for dir in &self.dirs {
+            for b in 0..BUCKETS {
+                let bucket = dir.join(bucket_name(b));
+                let entries = fs::read_dir(&bucket)
+                    .map_err(|e| TierError::io("scan bucket", None, Some(bucket.clone()), e))?;
+                for entry in entries.flatten() {
+                    let name = entry.file_name();
+                    let name = name.to_string_lossy();
+                    let path = entry.path();
+                    if name.starts_with(TEMP_PREFIX) {
+                        match fs::remove_file(&path) {
+                            Ok(()) => report.temps_removed += 1,
+                            Err(e) => {
+                                tracing::warn!(path = %path.display(), error = %e, "cannot remove a leftover temp file")
+                            }
+                        }
+                        continue;
+                    }
+                    let Some(key) = decode(&name) else {
+                        report.foreign += 1;
+                        continue;
+                    };
+                    match self.page_path(&key) {
+                        Ok(expected) if expected == path => {}
+                        _ => {
+                            report.foreign += 1;
+                            continue;
+                        }
+                    }
+                    let Ok(meta) = entry.metadata() else { continue };
+                    if !meta.is_file() || meta.len() == 0 {
+                        report.foreign += 1;
+                        continue;
+                    }
+                    let mtime = meta.modified().ok();
+                    report.pages.push((key, meta.len(), mtime));
+                }
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// What a start-up scan found.
+#[derive(Debug, Default)]
+pub struct ScanReport {
+    /// Complete pages: key, length, modification time.
+    pub pages: Vec<(PageKey, u64, Option<std::time::SystemTime>)>,
+    /// Leftovers of interrupted writes that were removed.
+    pub temps_removed: usize,
+    /// Files that are not kvtier pages of this layout (left alone).
+    pub foreign: usize,
+}
+
+fn bucket_name(b: usize) -> String {
+    format!("{b:02x}")
+}
+
+/// The stable routing hash (part of the on-disk format).
+pub fn route_hash(bytes: &[u8]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for b in bytes {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+    }
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+fn encode(key: &PageKey) -> String {
+    let mut out = String::with_capacity(key.len());
+    for (i, b) in key.as_str().bytes().enumerate() {
+        let keep = b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || (b == b'.' && i > 0);
+        if keep {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn decode(name: &str) -> Option<PageKey> {
+    let bytes = name.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = name.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    let key = PageKey::from_bytes(&out).ok()?;
+    (encode(&key) == name).then_some(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_never_escape() {
+        for k in [
+            "00ff",
+            "../../etc/passwd",
+            "a/b",
+            "..",
+            ".",
+            ".hidden",
+            "a.b",
+            "%41",
+            "x".repeat(200).as_str(),
+        ] {
+            let key = PageKey::new(k).unwrap();
+            let name = encode(&key);
+            assert!(!name.contains('/') && !name.starts_with('.'), "{name}");
+            assert_eq!(decode(&name), Some(key), "{k}");
+        }
+        assert_eq!(decode("%zz"), None);
+        assert_eq!(decode("%41"), None, "non-canonical escape is not ours");
+    }
+
+    #[test]
+    fn routing_is_stable() {
+        // Part of the on-disk format: these values must never change.
+        assert_eq!(route_hash(b"abc"), 0x0dd4_9049_0804_b508);
+        assert_eq!(route_hash(&[b'f'; 64]), 0x8ccb_da23_24a3_634f);
+    }
+}

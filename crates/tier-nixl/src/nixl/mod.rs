@@ -1,0 +1,611 @@
+//! The one audited place that calls NIXL. Every handle has an owner that releases it on drop:
+//! [`Agent`] (the agent), [`Backend`] (a plugin instance and the opt-args naming it),
+//! [`Registration`] (registered descriptors, deregistered on drop), [`Transfer`] (a transfer
+//! request, released on drop). Callers must load the runtime ([`crate::runtime::load`]) first.
+
+pub(crate) mod sys;
+
+use std::collections::BTreeMap;
+use std::ffi::{c_char, CStr, CString};
+use std::ptr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A failed NIXL call: which call and the status it returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NixlError {
+    /// The C API call.
+    pub call: &'static str,
+    /// Its status code (negative), or 0 for a failure detected on the Rust side.
+    pub status: i32,
+    /// Extra context.
+    pub detail: String,
+}
+
+impl std::fmt::Display for NixlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match self.status {
+            -1 => "INVALID_PARAM",
+            -2 => "BACKEND",
+            -3 => "INVALID_STATE",
+            -4 => "EXCEPTION",
+            -5 => "NO_TELEMETRY",
+            -6 => "NOT_FOUND",
+            _ => "ERROR",
+        };
+        write!(f, "{} returned {name} ({})", self.call, self.status)?;
+        if !self.detail.is_empty() {
+            write!(f, ": {}", self.detail)?;
+        }
+        Ok(())
+    }
+}
+
+fn check(call: &'static str, status: sys::status_t) -> Result<(), NixlError> {
+    if status == sys::SUCCESS {
+        Ok(())
+    } else {
+        Err(NixlError {
+            call,
+            status,
+            detail: String::new(),
+        })
+    }
+}
+
+fn cstring(call: &'static str, s: &str) -> Result<CString, NixlError> {
+    CString::new(s).map_err(|_| NixlError {
+        call,
+        status: 0,
+        detail: format!("{s:?} holds a NUL byte"),
+    })
+}
+
+/// Memory kinds kvtier registers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemKind {
+    /// Host memory (staging buffers).
+    Dram,
+    /// Files (FILE plugins).
+    File,
+    /// Objects (OBJ plugin).
+    Object,
+}
+
+impl MemKind {
+    fn raw(self) -> sys::mem_type_t {
+        match self {
+            Self::Dram => sys::MEM_DRAM,
+            Self::File => sys::MEM_FILE,
+            Self::Object => sys::MEM_OBJECT,
+        }
+    }
+}
+
+/// Transfer direction, seen from local DRAM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XferOp {
+    /// Storage to DRAM.
+    Read,
+    /// DRAM to storage.
+    Write,
+}
+
+/// One descriptor: address (or file offset), length, device id, and metaInfo bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct Desc<'a> {
+    /// Address in memory, or offset in a file.
+    pub addr: usize,
+    /// Length in bytes.
+    pub len: usize,
+    /// Device id: an fd in legacy FILE mode, a unique id in path mode.
+    pub dev_id: u64,
+    /// Registration metaInfo (path-mode spec or object key); empty for none.
+    pub meta: &'a [u8],
+}
+
+/// A NIXL agent. Created with read/write thread synchronisation, so it may be shared across
+/// threads.
+pub struct Agent {
+    raw: sys::agent_t,
+    name: CString,
+}
+
+// SAFETY: the agent is created with NIXL_CAPI_THREAD_SYNC_RW: NIXL serialises access itself.
+unsafe impl Send for Agent {}
+// SAFETY: as above.
+unsafe impl Sync for Agent {}
+
+impl Agent {
+    /// Creates an agent without progress or listener threads (local storage needs neither).
+    pub fn new(name: &str) -> Result<Arc<Self>, NixlError> {
+        let cname = cstring("nixl_capi_create_configured_agent", name)?;
+        let cfg = sys::agent_config_t {
+            enable_prog_thread: false,
+            enable_listen_thread: false,
+            listen_port: 0,
+            thread_sync: sys::THREAD_SYNC_RW,
+            num_workers: 1,
+            pthr_delay_us: 0,
+            lthr_delay_us: 100_000,
+            capture_telemetry: false,
+        };
+        let mut raw = ptr::null_mut();
+        // SAFETY: valid C string and config; `raw` receives the handle.
+        let status =
+            unsafe { sys::nixl_capi_create_configured_agent(cname.as_ptr(), &cfg, &mut raw) };
+        check("nixl_capi_create_configured_agent", status)?;
+        Ok(Arc::new(Self { raw, name: cname }))
+    }
+
+    /// Names of the plugins this runtime can load.
+    pub fn plugins(&self) -> Result<Vec<String>, NixlError> {
+        let mut list = ptr::null_mut();
+        // SAFETY: live agent; `list` receives an owned string list destroyed below.
+        check("nixl_capi_get_available_plugins", unsafe {
+            sys::nixl_capi_get_available_plugins(self.raw, &mut list)
+        })?;
+        let list = StringList(list);
+        let mut n = 0usize;
+        // SAFETY: `list.0` is live.
+        check("nixl_capi_string_list_size", unsafe {
+            sys::nixl_capi_string_list_size(list.0, &mut n)
+        })?;
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut s: *const c_char = ptr::null();
+            // SAFETY: i < size; the returned string lives as long as the list.
+            check("nixl_capi_string_list_get", unsafe {
+                sys::nixl_capi_string_list_get(list.0, i, &mut s)
+            })?;
+            // SAFETY: non-null C string owned by the list.
+            out.push(unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned());
+        }
+        Ok(out)
+    }
+
+    /// A plugin's default parameters.
+    pub fn plugin_params(&self, plugin: &str) -> Result<BTreeMap<String, String>, NixlError> {
+        let params = self.plugin_param_handle(plugin)?;
+        params.to_map()
+    }
+
+    fn plugin_param_handle(&self, plugin: &str) -> Result<Params, NixlError> {
+        let cplugin = cstring("nixl_capi_get_plugin_params", plugin)?;
+        let (mut mems, mut params) = (ptr::null_mut(), ptr::null_mut());
+        // SAFETY: live agent, valid name; both outputs are owned and destroyed below/by Params.
+        let status = unsafe {
+            sys::nixl_capi_get_plugin_params(self.raw, cplugin.as_ptr(), &mut mems, &mut params)
+        };
+        if !mems.is_null() {
+            // SAFETY: owned mem list, not used again.
+            unsafe { sys::nixl_capi_destroy_mem_list(mems) };
+        }
+        let params = Params(params);
+        check("nixl_capi_get_plugin_params", status).map_err(|e| NixlError {
+            detail: format!("plugin {plugin} is not available in this runtime"),
+            ..e
+        })?;
+        Ok(params)
+    }
+
+    /// Creates a backend of `plugin`, its default parameters overridden by `overrides`.
+    pub fn create_backend(
+        self: &Arc<Self>,
+        plugin: &str,
+        overrides: &BTreeMap<String, String>,
+    ) -> Result<Arc<Backend>, NixlError> {
+        let params = self.plugin_param_handle(plugin)?;
+        for (k, v) in overrides {
+            let (ck, cv) = (
+                cstring("nixl_capi_params_add", k)?,
+                cstring("nixl_capi_params_add", v)?,
+            );
+            // SAFETY: live params, valid C strings (copied by NIXL).
+            check("nixl_capi_params_add", unsafe {
+                sys::nixl_capi_params_add(params.0, ck.as_ptr(), cv.as_ptr())
+            })?;
+        }
+        let cplugin = cstring("nixl_capi_create_backend", plugin)?;
+        let mut raw = ptr::null_mut();
+        // SAFETY: live agent and params.
+        let status = unsafe {
+            sys::nixl_capi_create_backend(self.raw, cplugin.as_ptr(), params.0, &mut raw)
+        };
+        check("nixl_capi_create_backend", status).map_err(|e| NixlError {
+            detail: format!("plugin {plugin} could not be initialised with {overrides:?} (see NIXL's log on stderr for the reason)"),
+            ..e
+        })?;
+        let mut opt = ptr::null_mut();
+        // SAFETY: `opt` receives an owned opt-args handle.
+        let status = unsafe { sys::nixl_capi_create_opt_args(&mut opt) };
+        let backend = Backend {
+            agent: Arc::clone(self),
+            raw,
+            opt,
+            plugin: plugin.to_string(),
+        };
+        check("nixl_capi_create_opt_args", status)?;
+        // SAFETY: both handles live.
+        check("nixl_capi_opt_args_add_backend", unsafe {
+            sys::nixl_capi_opt_args_add_backend(backend.opt, backend.raw)
+        })?;
+        Ok(Arc::new(backend))
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // SAFETY: every Backend, Registration and Transfer holds an Arc to this agent, so none
+        // is alive here.
+        unsafe { sys::nixl_capi_destroy_agent(self.raw) };
+    }
+}
+
+struct StringList(sys::string_list_t);
+impl Drop for StringList {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: owned handle.
+            unsafe { sys::nixl_capi_destroy_string_list(self.0) };
+        }
+    }
+}
+
+struct Params(sys::params_t);
+impl Params {
+    fn to_map(&self) -> Result<BTreeMap<String, String>, NixlError> {
+        let mut out = BTreeMap::new();
+        let mut empty = true;
+        // SAFETY: live params.
+        check("nixl_capi_params_is_empty", unsafe {
+            sys::nixl_capi_params_is_empty(self.0, &mut empty)
+        })?;
+        if empty {
+            return Ok(out);
+        }
+        let mut iter = ptr::null_mut();
+        // SAFETY: live params; iterator destroyed below.
+        check("nixl_capi_params_create_iterator", unsafe {
+            sys::nixl_capi_params_create_iterator(self.0, &mut iter)
+        })?;
+        let mut has_next = true;
+        let mut result = Ok(());
+        while has_next {
+            let (mut k, mut v): (*const c_char, *const c_char) = (ptr::null(), ptr::null());
+            // SAFETY: live iterator.
+            let status =
+                unsafe { sys::nixl_capi_params_iterator_next(iter, &mut k, &mut v, &mut has_next) };
+            if let Err(e) = check("nixl_capi_params_iterator_next", status) {
+                result = Err(e);
+                break;
+            }
+            if !k.is_null() && !v.is_null() {
+                // SAFETY: strings owned by the params, valid while it lives.
+                let (k, v) = unsafe { (CStr::from_ptr(k), CStr::from_ptr(v)) };
+                out.insert(
+                    k.to_string_lossy().into_owned(),
+                    v.to_string_lossy().into_owned(),
+                );
+            }
+        }
+        // SAFETY: owned iterator.
+        unsafe { sys::nixl_capi_params_destroy_iterator(iter) };
+        result.map(|()| out)
+    }
+}
+impl Drop for Params {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: owned handle.
+            unsafe { sys::nixl_capi_destroy_params(self.0) };
+        }
+    }
+}
+
+/// A backend (plugin instance) and the opt-args that direct calls to it.
+pub struct Backend {
+    agent: Arc<Agent>,
+    raw: sys::backend_t,
+    opt: sys::opt_args_t,
+    plugin: String,
+}
+
+// SAFETY: the handles are only used through the thread-synchronised agent.
+unsafe impl Send for Backend {}
+// SAFETY: as above.
+unsafe impl Sync for Backend {}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        // SAFETY: owned handles; destroying the backend handle frees only kvtier's wrapper, the
+        // engine itself lives until the agent is destroyed.
+        unsafe {
+            if !self.opt.is_null() {
+                sys::nixl_capi_destroy_opt_args(self.opt);
+            }
+            sys::nixl_capi_destroy_backend(self.raw);
+        }
+    }
+}
+
+impl Backend {
+    /// The plugin's name.
+    pub fn plugin(&self) -> &str {
+        &self.plugin
+    }
+
+    /// Registers descriptors of one kind with this backend. They are deregistered when the
+    /// returned [`Registration`] drops.
+    pub fn register(
+        self: &Arc<Self>,
+        kind: MemKind,
+        descs: &[Desc<'_>],
+    ) -> Result<Registration, NixlError> {
+        let list = RegList::new(kind, descs)?;
+        // SAFETY: live agent, list and opt-args.
+        let status = unsafe { sys::nixl_capi_register_mem(self.agent.raw, list.0, self.opt) };
+        check("nixl_capi_register_mem", status)?;
+        Ok(Registration {
+            backend: Arc::clone(self),
+            list,
+        })
+    }
+
+    /// Which of `descs` the backend reports as present (NIXL queryMem).
+    pub fn query(&self, kind: MemKind, descs: &[Desc<'_>]) -> Result<Vec<bool>, NixlError> {
+        let list = RegList::new(kind, descs)?;
+        let mut resp = ptr::null_mut();
+        // SAFETY: `resp` receives an owned list destroyed by the guard.
+        check("nixl_capi_create_query_resp_list", unsafe {
+            sys::nixl_capi_create_query_resp_list(&mut resp)
+        })?;
+        let resp = QueryResp(resp);
+        // SAFETY: live agent, list, response list and opt-args.
+        check("nixl_capi_query_mem", unsafe {
+            sys::nixl_capi_query_mem(self.agent.raw, list.0, resp.0, self.opt)
+        })?;
+        let mut n = 0usize;
+        // SAFETY: live list.
+        check("nixl_capi_query_resp_list_size", unsafe {
+            sys::nixl_capi_query_resp_list_size(resp.0, &mut n)
+        })?;
+        (0..n)
+            .map(|i| {
+                let mut has = false;
+                // SAFETY: i < size.
+                check("nixl_capi_query_resp_list_has_value", unsafe {
+                    sys::nixl_capi_query_resp_list_has_value(resp.0, i, &mut has)
+                })
+                .map(|()| has)
+            })
+            .collect()
+    }
+
+    /// Creates and posts a transfer between registered local DRAM and registered `remote`
+    /// descriptors. The caller must keep both registrations, and the memory they describe,
+    /// alive until the returned [`Transfer`] has completed or been released.
+    pub fn post(
+        self: &Arc<Self>,
+        op: XferOp,
+        local: &[Desc<'_>],
+        remote_kind: MemKind,
+        remote: &[Desc<'_>],
+    ) -> Result<Transfer, NixlError> {
+        let local = XferList::new(MemKind::Dram, local)?;
+        let remote = XferList::new(remote_kind, remote)?;
+        let mut req = ptr::null_mut();
+        let raw_op = match op {
+            XferOp::Read => sys::XFER_READ,
+            XferOp::Write => sys::XFER_WRITE,
+        };
+        // SAFETY: live agent, lists and opt-args; the remote agent is this agent (local storage).
+        let status = unsafe {
+            sys::nixl_capi_create_xfer_req(
+                self.agent.raw,
+                raw_op,
+                local.0,
+                remote.0,
+                self.agent.name.as_ptr(),
+                &mut req,
+                self.opt,
+            )
+        };
+        check("nixl_capi_create_xfer_req", status)?;
+        let transfer = Transfer {
+            backend: Arc::clone(self),
+            req,
+        };
+        // SAFETY: live request.
+        let status = unsafe { sys::nixl_capi_post_xfer_req(self.agent.raw, req, self.opt) };
+        if status != sys::SUCCESS && status != sys::IN_PROG {
+            check("nixl_capi_post_xfer_req", status)?;
+        }
+        Ok(transfer)
+    }
+}
+
+struct RegList(sys::reg_dlist_t);
+impl RegList {
+    fn new(kind: MemKind, descs: &[Desc<'_>]) -> Result<Self, NixlError> {
+        let mut raw = ptr::null_mut();
+        // SAFETY: `raw` receives an owned list.
+        check("nixl_capi_create_reg_dlist", unsafe {
+            sys::nixl_capi_create_reg_dlist(kind.raw(), &mut raw)
+        })?;
+        let list = Self(raw);
+        for d in descs {
+            let meta = if d.meta.is_empty() {
+                ptr::null()
+            } else {
+                d.meta.as_ptr().cast()
+            };
+            // SAFETY: live list; NIXL copies the metadata bytes.
+            check("nixl_capi_reg_dlist_add_desc", unsafe {
+                sys::nixl_capi_reg_dlist_add_desc(
+                    list.0,
+                    d.addr,
+                    d.len,
+                    d.dev_id,
+                    meta,
+                    d.meta.len(),
+                )
+            })?;
+        }
+        Ok(list)
+    }
+}
+impl Drop for RegList {
+    fn drop(&mut self) {
+        // SAFETY: owned handle.
+        unsafe { sys::nixl_capi_destroy_reg_dlist(self.0) };
+    }
+}
+
+struct XferList(sys::xfer_dlist_t);
+impl XferList {
+    fn new(kind: MemKind, descs: &[Desc<'_>]) -> Result<Self, NixlError> {
+        let mut raw = ptr::null_mut();
+        // SAFETY: `raw` receives an owned list.
+        check("nixl_capi_create_xfer_dlist", unsafe {
+            sys::nixl_capi_create_xfer_dlist(kind.raw(), &mut raw)
+        })?;
+        let list = Self(raw);
+        for d in descs {
+            // SAFETY: live list.
+            check("nixl_capi_xfer_dlist_add_desc", unsafe {
+                sys::nixl_capi_xfer_dlist_add_desc(list.0, d.addr, d.len, d.dev_id)
+            })?;
+        }
+        Ok(list)
+    }
+}
+impl Drop for XferList {
+    fn drop(&mut self) {
+        // SAFETY: owned handle; NIXL copied the list into any request made from it.
+        unsafe { sys::nixl_capi_destroy_xfer_dlist(self.0) };
+    }
+}
+
+struct QueryResp(sys::query_resp_list_t);
+impl Drop for QueryResp {
+    fn drop(&mut self) {
+        // SAFETY: owned handle.
+        unsafe { sys::nixl_capi_destroy_query_resp_list(self.0) };
+    }
+}
+
+/// Registered descriptors; deregistered on drop.
+pub struct Registration {
+    backend: Arc<Backend>,
+    list: RegList,
+}
+
+// SAFETY: used only through the thread-synchronised agent.
+unsafe impl Send for Registration {}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        // SAFETY: live agent, list and opt-args. A failure leaves nothing kvtier can do; NIXL
+        // logs it, and path-mode files are closed with the agent at the latest.
+        let status = unsafe {
+            sys::nixl_capi_deregister_mem(self.backend.agent.raw, self.list.0, self.backend.opt)
+        };
+        if status != sys::SUCCESS {
+            tracing::warn!(status, plugin = %self.backend.plugin, "NIXL deregistration failed");
+        }
+    }
+}
+
+/// A posted transfer request; released on drop.
+pub struct Transfer {
+    backend: Arc<Backend>,
+    req: sys::xfer_req_t,
+}
+
+// SAFETY: used only through the thread-synchronised agent.
+unsafe impl Send for Transfer {}
+
+/// How a transfer ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Completion {
+    /// All bytes moved.
+    Done,
+    /// The backend reported an error.
+    Failed(NixlError),
+    /// It did not finish within the bound.
+    TimedOut,
+}
+
+impl Transfer {
+    /// Waits for completion, at most `timeout`, without spinning a core: a short spin, then
+    /// sleeps growing from 5 µs to 1 ms.
+    pub fn wait(&self, timeout: Duration) -> Completion {
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_micros(5);
+        let mut spins = 0u32;
+        loop {
+            // SAFETY: live agent and request.
+            let status =
+                unsafe { sys::nixl_capi_get_xfer_status(self.backend.agent.raw, self.req) };
+            match status {
+                sys::SUCCESS => return Completion::Done,
+                sys::IN_PROG => {}
+                failed => {
+                    return Completion::Failed(NixlError {
+                        call: "nixl_capi_get_xfer_status",
+                        status: failed,
+                        detail: String::new(),
+                    })
+                }
+            }
+            if Instant::now() >= deadline {
+                return Completion::TimedOut;
+            }
+            if spins < 20 {
+                spins += 1;
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(1));
+            }
+        }
+    }
+
+    /// Releases the request. Returns false if NIXL refused (a transfer still in flight after a
+    /// timeout): the caller must then keep the memory and files it used alive for good.
+    pub fn release(mut self) -> bool {
+        let released = self.try_release();
+        if !released {
+            // Keep the request alive rather than free memory NIXL may still touch.
+            self.req = ptr::null_mut();
+        }
+        released
+    }
+
+    fn try_release(&mut self) -> bool {
+        if self.req.is_null() {
+            return true;
+        }
+        // SAFETY: live agent and request. On success NIXL nulls its inner handle, so destroy
+        // only frees the wrapper.
+        let status = unsafe { sys::nixl_capi_release_xfer_req(self.backend.agent.raw, self.req) };
+        if status != sys::SUCCESS {
+            tracing::error!(
+                status,
+                "NIXL refused to release a transfer; its memory is kept alive"
+            );
+            return false;
+        }
+        // SAFETY: released request wrapper.
+        unsafe { sys::nixl_capi_destroy_xfer_req(self.req) };
+        self.req = ptr::null_mut();
+        true
+    }
+}
+
+impl Drop for Transfer {
+    fn drop(&mut self) {
+        self.try_release();
+    }
+}

@@ -1,0 +1,190 @@
+//! Registered DRAM staging buffers, allocated on first use, registered with the backend once,
+//! reused for every batch. The pool bounds memory: at most `buffers x bytes` are ever live,
+//! and a batch waits (asynchronously) for a free buffer.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+
+use tier_core::TierError;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::nixl::{Backend, Desc, MemKind, Registration};
+
+/// Alignment of buffers and of page slots inside them (direct I/O needs 4 KiB).
+pub const ALIGN: usize = 4096;
+
+/// Rounds `n` up to a multiple of [`ALIGN`].
+pub fn align_up(n: usize) -> usize {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
+/// One registered, aligned buffer.
+pub struct StagingBuf {
+    // Declared first: deregistered before the memory is freed.
+    registration: Option<Registration>,
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain memory owned by this value.
+unsafe impl Send for StagingBuf {}
+
+impl StagingBuf {
+    fn new(backend: &Arc<Backend>, len: usize) -> Result<Self, TierError> {
+        let layout = Layout::from_size_align(len, ALIGN)
+            .map_err(|_| TierError::config("staging_bytes", "must be a positive size"))?;
+        // SAFETY: non-zero size (checked by config), valid alignment.
+        let raw = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).ok_or_else(|| {
+            TierError::Unavailable(format!("cannot allocate a {len}-byte staging buffer"))
+        })?;
+        let mut buf = Self {
+            registration: None,
+            ptr,
+            len,
+        };
+        let desc = Desc {
+            addr: buf.addr(),
+            len,
+            dev_id: 0,
+            meta: &[],
+        };
+        let registration =
+            backend
+                .register(MemKind::Dram, &[desc])
+                .map_err(|e| TierError::Backend {
+                    backend: format!("nixl {}", backend.plugin()),
+                    key: None,
+                    message: format!("registering a staging buffer: {e}"),
+                })?;
+        buf.registration = Some(registration);
+        Ok(buf)
+    }
+
+    /// Start address, for transfer descriptors.
+    pub fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The whole buffer.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` points to `len` initialised (zeroed) bytes owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The whole buffer, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` is unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for StagingBuf {
+    fn drop(&mut self) {
+        drop(self.registration.take());
+        // SAFETY: allocated in `new` with this layout.
+        unsafe {
+            dealloc(
+                self.ptr.as_ptr(),
+                Layout::from_size_align_unchecked(self.len, ALIGN),
+            )
+        };
+    }
+}
+
+/// A bounded pool of staging buffers.
+pub struct StagingPool {
+    backend: Arc<Backend>,
+    buf_bytes: usize,
+    free: Mutex<Vec<StagingBuf>>,
+    permits: Arc<Semaphore>,
+}
+
+impl StagingPool {
+    /// A pool of at most `buffers` buffers of `buf_bytes` each.
+    pub fn new(backend: Arc<Backend>, buffers: usize, buf_bytes: usize) -> Arc<Self> {
+        Arc::new(Self {
+            backend,
+            buf_bytes: align_up(buf_bytes),
+            free: Mutex::new(Vec::new()),
+            permits: Arc::new(Semaphore::new(buffers.max(1))),
+        })
+    }
+
+    /// Bytes per buffer.
+    pub fn buf_bytes(&self) -> usize {
+        self.buf_bytes
+    }
+
+    /// Waits for a free buffer.
+    pub async fn acquire(self: &Arc<Self>) -> Result<StagingLease, TierError> {
+        let permit = Arc::clone(&self.permits)
+            .acquire_owned()
+            .await
+            .map_err(|_| TierError::Unavailable("staging pool closed".into()))?;
+        let reused = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let buf = match reused {
+            Some(buf) => buf,
+            None => {
+                let (backend, bytes) = (Arc::clone(&self.backend), self.buf_bytes);
+                tokio::task::spawn_blocking(move || StagingBuf::new(&backend, bytes))
+                    .await
+                    .map_err(|e| {
+                        TierError::Unavailable(format!("staging allocation task failed: {e}"))
+                    })??
+            }
+        };
+        Ok(StagingLease {
+            buf: Some(buf),
+            pool: Arc::clone(self),
+            _permit: permit,
+        })
+    }
+}
+
+/// A buffer borrowed from the pool; returned on drop.
+pub struct StagingLease {
+    buf: Option<StagingBuf>,
+    pool: Arc<StagingPool>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl StagingLease {
+    /// The buffer.
+    pub fn buf(&mut self) -> &mut StagingBuf {
+        self.buf
+            .as_mut()
+            .expect("a lease holds its buffer until dropped or leaked")
+    }
+
+    /// The buffer's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        self.buf.as_ref().map_or(&[], StagingBuf::as_slice)
+    }
+
+    /// Gives the buffer up for good: NIXL may still be using it (a transfer it would not
+    /// release). The pool allocates a replacement on demand.
+    pub fn leak(mut self) {
+        if let Some(buf) = self.buf.take() {
+            std::mem::forget(buf);
+        }
+    }
+}
+
+impl Drop for StagingLease {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            self.pool
+                .free
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(buf);
+        }
+    }
+}

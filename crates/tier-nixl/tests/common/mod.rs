@@ -1,0 +1,86 @@
+//! Factories opening NIXL FILE tiers on the real runtime, for the conformance suite.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tier_core::TierError;
+use tier_nixl::{FileMode, NixlFileConfig, NixlFileTier, PathModeChoice};
+use tier_tests::suite::DynTier;
+use tier_tests::TierFactory;
+
+/// Opens tiers over two storage folders in a private temp folder, in one mode.
+pub struct FileFactory {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    mode: PathModeChoice,
+    bounded: std::sync::atomic::AtomicUsize,
+}
+
+impl FileFactory {
+    pub fn new(mode: PathModeChoice) -> Self {
+        let tmp = tempfile::tempdir().expect("a temp folder");
+        // Two levels down, so the suite's escape check watches folders nobody else touches.
+        let root = tmp.path().join("a").join("tier");
+        Self {
+            _tmp: tmp,
+            root,
+            mode,
+            bounded: Default::default(),
+        }
+    }
+
+    pub fn config(&self, dirs: &[PathBuf]) -> NixlFileConfig {
+        let mut config = NixlFileConfig::new(dirs.iter().cloned());
+        config.path_mode = self.mode;
+        config
+    }
+
+    fn dirs(&self) -> Vec<PathBuf> {
+        vec![self.root.join("disk0"), self.root.join("disk1")]
+    }
+
+    async fn open_with(&self, config: NixlFileConfig) -> Result<DynTier, TierError> {
+        let tier = NixlFileTier::open(config).await?;
+        let want = match self.mode {
+            PathModeChoice::Off => FileMode::Fd,
+            _ => FileMode::Path,
+        };
+        assert_eq!(
+            tier.mode(),
+            want,
+            "NIXL 1.5.1 must be used in {want} mode here"
+        );
+        Ok(Arc::new(tier))
+    }
+}
+
+#[tier_core::async_trait]
+impl TierFactory for FileFactory {
+    async fn open(&self) -> Result<DynTier, TierError> {
+        self.open_with(self.config(&self.dirs())).await
+    }
+
+    async fn open_bounded(&self, capacity_bytes: u64) -> Option<Result<DynTier, TierError>> {
+        let n = self
+            .bounded
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut config = self.config(&[self.root.join(format!("bounded{n}"))]);
+        config.capacity_bytes = Some(capacity_bytes);
+        Some(self.open_with(config).await)
+    }
+
+    fn root(&self) -> Option<PathBuf> {
+        Some(self.root.clone())
+    }
+
+    async fn break_storage(&self) -> Option<String> {
+        for dir in self.dirs() {
+            for entry in std::fs::read_dir(&dir).ok()?.flatten() {
+                if entry.path().is_dir() {
+                    std::fs::remove_dir_all(entry.path()).ok()?;
+                }
+            }
+        }
+        Some("its bucket folders were deleted".into())
+    }
+}
