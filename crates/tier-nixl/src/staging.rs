@@ -67,11 +67,6 @@ impl StagingBuf {
         self.ptr.as_ptr() as usize
     }
 
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
     /// The whole buffer.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `ptr` points to `len` initialised (zeroed) bytes owned by self.

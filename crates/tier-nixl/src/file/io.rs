@@ -12,10 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tier_core::{Bytes, PageKey, TierError};
+use tier_core::{PageKey, TierError};
 
 use crate::nixl::{Backend, Completion, Desc, MemKind, Registration, XferOp};
-use crate::staging::{align_up, StagingBuf};
+use crate::staging::align_up;
 
 /// How files are handed to NIXL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,47 +64,26 @@ pub fn probe_path_mode(backend: &Arc<Backend>) -> FileMode {
     }
 }
 
-/// One page to write.
-pub struct WriteItem {
-    /// Its key.
+/// One page to move: its file, its length, and the DRAM address of its bytes.
+pub struct Xfer {
+    /// The page's key.
     pub key: PageKey,
-    /// Its bytes.
-    pub data: Bytes,
-    /// Where it ends up.
+    /// The file: a temp file for writes, the page file for reads.
     pub path: PathBuf,
-    /// Where it is written first.
-    pub temp: PathBuf,
-    /// Whether to bypass the page cache.
-    pub direct: bool,
-}
-
-/// One page to read.
-pub struct ReadItem {
-    /// Its key.
-    pub key: PageKey,
-    /// Its file.
-    pub path: PathBuf,
-    /// Its length.
+    /// Length in bytes.
     pub len: usize,
     /// Whether to bypass the page cache.
     pub direct: bool,
+    /// Address of the page's bytes in registered DRAM.
+    pub local: usize,
 }
 
-/// Outcome of reading one page into the staging buffer.
-#[derive(Debug)]
-pub enum Staged {
-    /// The page is at this offset of the staging buffer.
-    At(usize),
-    /// The file is gone.
-    Missing,
-}
-
-/// Outcome of a batch: per-item results, and whether the staging buffer must be given up
+/// Outcome of a batch: per-item results, and whether memory the batch used must be given up
 /// because NIXL would not release a transfer that timed out.
-pub struct BatchOutcome<T> {
+pub struct BatchOutcome {
     /// One result per item, in order.
-    pub results: Vec<Result<T, TierError>>,
-    /// True if the staging buffer (and the batch's registrations) must never be reused.
+    pub results: Vec<Result<(), TierError>>,
+    /// True if the batch's DRAM (and its registrations) must never be reused or freed.
     pub poisoned: bool,
 }
 
@@ -116,7 +95,7 @@ pub struct FileIo {
     pub mode: FileMode,
     /// Bound on each transfer's completion.
     pub timeout: Duration,
-    /// Ask for synchronous writes (`O_SYNC` / path-mode `sync`).
+    /// Ask for synchronous writes (`O_DSYNC` / path-mode `sync`).
     pub sync: bool,
 }
 
@@ -140,96 +119,76 @@ impl FileIo {
         }
     }
 
-    /// Writes pages to their temp files, then renames each complete one into place. Temp files
-    /// of failed pages are removed.
-    pub fn write_batch(&self, staging: &mut StagingBuf, items: &[WriteItem]) -> BatchOutcome<()> {
-        let (offsets, end) = slots(items.iter().map(|i| i.data.len()));
-        debug_assert!(end <= staging.len());
-        let buf = staging.as_mut_slice();
-        for (item, off) in items.iter().zip(&offsets) {
-            buf[*off..*off + item.data.len()].copy_from_slice(&item.data);
-        }
+    /// Registers caller-owned DRAM (each distinct range once) for one batch's transfers.
+    pub fn register_local(&self, ranges: &[(usize, usize)]) -> Result<Registration, TierError> {
+        let mut unique: Vec<(usize, usize)> = ranges.to_vec();
+        unique.sort_unstable();
+        unique.dedup();
+        let descs: Vec<Desc<'_>> = unique
+            .iter()
+            .map(|&(addr, len)| Desc {
+                addr,
+                len,
+                dev_id: 0,
+                meta: &[],
+            })
+            .collect();
+        self.backend
+            .register(MemKind::Dram, &descs)
+            .map_err(|e| self.backend_error(None, format!("registering page memory: {e}")))
+    }
+
+    /// Moves every item with one registration and one transfer; if that fails as a whole,
+    /// retries each item alone so one bad page does not fail its neighbours.
+    ///
+    /// `borrowed` says the DRAM belongs to a caller who frees it on return: a transfer NIXL
+    /// will not release is then waited for (ten more timeouts) and, as the only memory-safe
+    /// way left, the process aborts if it still will not finish.
+    pub fn transfer_all(&self, op: XferOp, items: &[Xfer], borrowed: bool) -> BatchOutcome {
+        let mut results: Vec<Result<(), TierError>> = items.iter().map(|_| Ok(())).collect();
         let all: Vec<usize> = (0..items.len()).collect();
-        let mut results: Vec<Result<(), TierError>> = (0..items.len()).map(|_| Ok(())).collect();
-        let poisoned = self.transfer_isolating(
-            staging.addr(),
-            &offsets,
-            &all,
-            XferOp::Write,
-            &mut results,
-            |i| {
-                let it = &items[i];
-                (it.key.clone(), it.temp.clone(), it.data.len(), it.direct)
-            },
-        );
-        for (item, result) in items.iter().zip(results.iter_mut()) {
+        let poisoned =
+            !items.is_empty() && self.transfer_isolating(op, items, &all, borrowed, &mut results);
+        BatchOutcome { results, poisoned }
+    }
+
+    /// Renames each written temp file into place; removes temp files of failed pages.
+    pub fn commit_writes(items: &[Xfer], finals: &[PathBuf], outcome: &mut BatchOutcome) {
+        for ((item, path), result) in items.iter().zip(finals).zip(outcome.results.iter_mut()) {
             if result.is_ok() {
-                if let Err(e) = fs::rename(&item.temp, &item.path) {
+                if let Err(e) = fs::rename(&item.path, path) {
                     *result = Err(TierError::io(
                         "rename page into place",
                         Some(&item.key),
-                        Some(item.path.clone()),
+                        Some(path.clone()),
                         e,
                     ));
                 }
             }
-            if result.is_err() && !poisoned {
-                let _ = fs::remove_file(&item.temp);
+            if result.is_err() && !outcome.poisoned {
+                let _ = fs::remove_file(&item.path);
             }
         }
-        BatchOutcome { results, poisoned }
     }
 
-    /// Reads pages into the staging buffer.
-    pub fn read_batch(&self, staging: &mut StagingBuf, items: &[ReadItem]) -> BatchOutcome<Staged> {
-        let (offsets, end) = slots(items.iter().map(|i| i.len));
-        debug_assert!(end <= staging.len());
-        let all: Vec<usize> = (0..items.len()).collect();
-        let mut results: Vec<Result<(), TierError>> = (0..items.len()).map(|_| Ok(())).collect();
-        let poisoned = self.transfer_isolating(
-            staging.addr(),
-            &offsets,
-            &all,
-            XferOp::Read,
-            &mut results,
-            |i| {
-                let it = &items[i];
-                (it.key.clone(), it.path.clone(), it.len, it.direct)
-            },
-        );
-        let results = results
-            .into_iter()
-            .zip(items)
-            .zip(offsets)
-            .map(|((r, item), off)| match r {
-                Ok(()) => Ok(Staged::At(off)),
-                Err(_) if !item.path.exists() => Ok(Staged::Missing),
-                Err(e) => Err(e),
-            })
-            .collect();
-        BatchOutcome { results, poisoned }
-    }
-
-    /// Runs one registration + one transfer for `which` items; if that fails as a whole,
-    /// retries each item alone so one bad page does not fail its neighbours. Returns whether
-    /// a transfer could not be released.
+    /// Runs one registration + one transfer for `which` items; on a batch failure retries
+    /// each alone. Returns whether a transfer could not be released.
     fn transfer_isolating(
         &self,
-        base: usize,
-        offsets: &[usize],
-        which: &[usize],
         op: XferOp,
+        items: &[Xfer],
+        which: &[usize],
+        borrowed: bool,
         results: &mut [Result<(), TierError>],
-        item: impl Fn(usize) -> (PageKey, PathBuf, usize, bool) + Copy,
     ) -> bool {
-        match self.transfer(base, offsets, which, op, item) {
+        match self.transfer(op, items, which, borrowed) {
             Ok(()) => false,
             Err(Failure::Item(i, e)) if which.len() == 1 => {
                 results[i] = Err(e);
                 false
             }
             Err(Failure::Batch(message)) if which.len() == 1 => {
-                results[which[0]] = Err(self.backend_error(Some(&item(which[0]).0), message));
+                results[which[0]] = Err(self.backend_error(Some(&items[which[0]].key), message));
                 false
             }
             Err(failure @ (Failure::TimedOut | Failure::Poisoned)) => {
@@ -243,57 +202,55 @@ impl FileIo {
             }
             Err(_) => which
                 .iter()
-                .any(|&i| self.transfer_isolating(base, offsets, &[i], op, results, item)),
+                .any(|&i| self.transfer_isolating(op, items, &[i], borrowed, results)),
         }
     }
 
     fn transfer(
         &self,
-        base: usize,
-        offsets: &[usize],
-        which: &[usize],
         op: XferOp,
-        item: impl Fn(usize) -> (PageKey, PathBuf, usize, bool),
+        items: &[Xfer],
+        which: &[usize],
+        borrowed: bool,
     ) -> Result<(), Failure> {
-        let items: Vec<(PageKey, PathBuf, usize, bool)> = which.iter().map(|&i| item(i)).collect();
         // Fd mode: open every file first. Declared before the registration, so dropped after it.
         let mut files: Vec<File> = Vec::new();
         let mut metas: Vec<Vec<u8>> = Vec::new();
-        let mut dev_ids = Vec::with_capacity(items.len());
-        for (n, (key, path, _, direct)) in items.iter().enumerate() {
+        let mut dev_ids = Vec::with_capacity(which.len());
+        for &i in which {
+            let item = &items[i];
             match self.mode {
                 FileMode::Fd => {
-                    let file = open_page(path, op, *direct, self.sync).map_err(|e| {
+                    let file = open_page(&item.path, op, item.direct, self.sync).map_err(|e| {
                         Failure::Item(
-                            which[n],
-                            TierError::io(op_name(op), Some(key), Some(path.clone()), e),
+                            i,
+                            TierError::io(op_name(op), Some(&item.key), Some(item.path.clone()), e),
                         )
                     })?;
                     dev_ids.push(file.as_raw_fd() as u64);
                     files.push(file);
                 }
                 FileMode::Path => {
-                    metas.push(path_meta(path, op, *direct, self.sync));
+                    metas.push(path_meta(&item.path, op, item.direct, self.sync));
                     dev_ids.push(next_dev_id());
                 }
             }
         }
-        let remote: Vec<Desc<'_>> = items
+        let remote: Vec<Desc<'_>> = which
             .iter()
             .enumerate()
-            .map(|(n, (_, _, len, _))| Desc {
+            .map(|(n, &i)| Desc {
                 addr: 0,
-                len: *len,
+                len: items[i].len,
                 dev_id: dev_ids[n],
                 meta: metas.get(n).map_or(&[][..], Vec::as_slice),
             })
             .collect();
         let local: Vec<Desc<'_>> = which
             .iter()
-            .zip(&items)
-            .map(|(&i, (_, _, len, _))| Desc {
-                addr: base + offsets[i],
-                len: *len,
+            .map(|&i| Desc {
+                addr: items[i].local,
+                len: items[i].len,
                 dev_id: 0,
                 meta: &[],
             })
@@ -306,9 +263,25 @@ impl FileIo {
             .backend
             .post(op, &local, MemKind::File, &remote)
             .map_err(|e| Failure::Batch(format!("{}: posting the transfer: {e}", op_name(op))))?;
+        let mut transfer = transfer;
         let completion = transfer.wait(self.timeout);
-        if !transfer.release() {
-            // NIXL still owns the transfer: keep the registration and fds alive for good.
+        let mut released = transfer.release();
+        if !released && borrowed {
+            for _ in 0..10 {
+                transfer.wait(self.timeout);
+                if transfer.release() {
+                    released = true;
+                    break;
+                }
+            }
+            if !released {
+                eprintln!("kvtier: NIXL will not release a transfer into caller memory; aborting rather than corrupting it");
+                std::process::abort();
+            }
+        }
+        if !released {
+            // NIXL still owns the transfer: keep it, the registration and fds alive for good.
+            std::mem::forget(transfer);
             std::mem::forget(registration);
             std::mem::forget(files);
             return Err(Failure::Poisoned);

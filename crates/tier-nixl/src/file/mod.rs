@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tier_core::{
-    async_trait, GetResult, Lookup, Page, PageKey, PutResult, ReadSlot, RemoveResult,
+    async_trait, Bytes, GetResult, Lookup, Page, PageKey, PutResult, ReadSlot, RemoveResult,
     StatsRecorder, StorageTier, TierError, TierInfo, TierStats,
 };
 
@@ -35,9 +35,10 @@ pub use io::FileMode;
 pub use layout::{route_hash, BUCKETS};
 
 use crate::nixl::Agent;
+use crate::nixl::XferOp;
 use crate::staging::{align_up, StagingLease, StagingPool, ALIGN};
 use index::PageIndex;
-use io::{FileIo, ReadItem, Staged, WriteItem};
+use io::{BatchOutcome, FileIo, Xfer};
 use layout::Layout;
 
 /// Which NIXL FILE plugin moves the bytes.
@@ -175,6 +176,8 @@ struct Shared {
     index: Mutex<PageIndex>,
     io: FileIo,
     staging: Arc<StagingPool>,
+    /// Bounds zero-copy write jobs in flight (staged jobs are bounded by the staging pool).
+    inflight: Arc<tokio::sync::Semaphore>,
     stats: StatsRecorder,
     direct: bool,
     max_page: usize,
@@ -294,6 +297,7 @@ impl Shared {
             index: Mutex::new(index),
             io,
             staging,
+            inflight: Arc::new(tokio::sync::Semaphore::new(config.staging_buffers)),
             stats: StatsRecorder::default(),
             direct,
             max_page,
@@ -348,21 +352,27 @@ impl Shared {
         }
     }
 
-    /// Writes one staged chunk and commits what succeeded (blocking thread).
-    fn write_chunk(&self, mut lease: StagingLease, items: Vec<WriteItem>) -> Vec<PutResult> {
-        let outcome = self.io.write_batch(lease.buf(), &items);
+    /// Writes pages and commits what succeeded (blocking thread). With a lease, pages are
+    /// copied into it (direct I/O needs its alignment); without, NIXL reads each page's own
+    /// bytes, registered for this batch.
+    fn write_pages(&self, pages: Vec<PlannedWrite>, lease: Option<StagingLease>) -> Vec<PutResult> {
+        let finals: Vec<PathBuf> = pages.iter().map(|p| p.path.clone()).collect();
+        let (xfers, mut outcome) = match lease {
+            Some(lease) => self.write_staged(&pages, lease),
+            None => self.write_zero_copy(&pages),
+        };
+        FileIo::commit_writes(&xfers, &finals, &mut outcome);
         if outcome.poisoned {
-            lease.leak();
-        } else {
-            drop(lease);
+            // NIXL may still read these bytes: never free them.
+            std::mem::forget(pages.iter().map(|p| p.data.clone()).collect::<Vec<_>>());
         }
         {
             let mut index = self.index();
-            for (item, result) in items.iter().zip(&outcome.results) {
+            for (page, result) in pages.iter().zip(&outcome.results) {
                 match result {
                     Ok(()) => {
-                        index.insert(item.key.clone(), item.data.len() as u64);
-                        self.stats.put(item.data.len());
+                        index.insert(page.key.clone(), page.data.len() as u64);
+                        self.stats.put(page.data.len());
                     }
                     Err(_) => self.stats.errors(1),
                 }
@@ -372,31 +382,242 @@ impl Shared {
         outcome.results
     }
 
-    /// Reads one chunk into staging (blocking thread); unpins its pages.
-    fn read_chunk(
+    fn write_staged(
+        &self,
+        pages: &[PlannedWrite],
+        mut lease: StagingLease,
+    ) -> (Vec<Xfer>, BatchOutcome) {
+        let (offsets, _) = io::slots(pages.iter().map(|p| p.data.len()));
+        let base = lease.buf().addr();
+        let buf = lease.buf().as_mut_slice();
+        for (page, off) in pages.iter().zip(&offsets) {
+            buf[*off..*off + page.data.len()].copy_from_slice(&page.data);
+        }
+        let xfers = write_xfers(pages, |i| base + offsets[i]);
+        let outcome = self.io.transfer_all(XferOp::Write, &xfers, false);
+        if outcome.poisoned {
+            lease.leak();
+        }
+        (xfers, outcome)
+    }
+
+    fn write_zero_copy(&self, pages: &[PlannedWrite]) -> (Vec<Xfer>, BatchOutcome) {
+        let ranges: Vec<(usize, usize)> = pages
+            .iter()
+            .map(|p| (p.data.as_ptr() as usize, p.data.len()))
+            .collect();
+        match self.io.register_local(&ranges) {
+            Ok(registration) => {
+                let xfers = write_xfers(pages, |i| ranges[i].0);
+                let outcome = self.io.transfer_all(XferOp::Write, &xfers, false);
+                if outcome.poisoned {
+                    std::mem::forget(registration);
+                }
+                (xfers, outcome)
+            }
+            Err(e) => {
+                // The same bytes may be registered by a concurrent batch: copy them into memory
+                // of our own instead.
+                tracing::debug!(error = %e, "page memory not registrable; copying the batch");
+                let total: usize = pages.iter().map(|p| p.data.len()).sum();
+                let mut owned = vec![0u8; total].into_boxed_slice();
+                let mut offsets = Vec::with_capacity(pages.len());
+                let mut at = 0;
+                for page in pages {
+                    owned[at..at + page.data.len()].copy_from_slice(&page.data);
+                    offsets.push(at);
+                    at += page.data.len();
+                }
+                let base = owned.as_ptr() as usize;
+                let xfers = write_xfers(pages, |i| base + offsets[i]);
+                let outcome = match self.io.register_local(&[(base, total)]) {
+                    Ok(registration) => {
+                        let outcome = self.io.transfer_all(XferOp::Write, &xfers, false);
+                        if outcome.poisoned {
+                            std::mem::forget(registration);
+                            std::mem::forget(owned);
+                        }
+                        outcome
+                    }
+                    Err(e) => BatchOutcome {
+                        results: pages.iter().map(|_| Err(copy_error(&e))).collect(),
+                        poisoned: false,
+                    },
+                };
+                (xfers, outcome)
+            }
+        }
+    }
+
+    /// Reads pages straight into the caller's buffers, on the calling thread (and one helper
+    /// thread for big batches). No await happens while NIXL may write into the buffers, so a
+    /// dropped future cannot free them under a transfer.
+    fn read_in_place(
+        &self,
+        reads: &[PlannedRead],
+        bufs: &mut [&mut [u8]],
+    ) -> Vec<Result<bool, TierError>> {
+        const SPLIT_AT: usize = 32;
+        if reads.len() < SPLIT_AT {
+            return self.read_part(reads, bufs);
+        }
+        let mid = reads.len() / 2;
+        let (left_reads, right_reads) = reads.split_at(mid);
+        let (left_bufs, right_bufs) = bufs.split_at_mut(mid);
+        std::thread::scope(|scope| {
+            let helper = std::thread::Builder::new()
+                .name("kvtier-read".into())
+                .spawn_scoped(scope, || self.read_part(right_reads, right_bufs));
+            let mut results = self.read_part(left_reads, left_bufs);
+            let right = match helper {
+                Ok(handle) => handle
+                    .join()
+                    .map_err(|_| "a read helper thread panicked".to_string()),
+                Err(e) => Err(format!("cannot start a read helper thread: {e}")),
+            };
+            match right {
+                Ok(right) => results.extend(right),
+                Err(msg) => results.extend(
+                    right_reads
+                        .iter()
+                        .map(|_| Err(TierError::Unavailable(msg.clone()))),
+                ),
+            }
+            results
+        })
+    }
+
+    fn read_part(
+        &self,
+        reads: &[PlannedRead],
+        bufs: &mut [&mut [u8]],
+    ) -> Vec<Result<bool, TierError>> {
+        let ranges: Vec<(usize, usize)> = bufs
+            .iter_mut()
+            .map(|b| (b.as_mut_ptr() as usize, b.len()))
+            .collect();
+        let registration = match self.io.register_local(&ranges) {
+            Ok(registration) => registration,
+            Err(e) => return reads.iter().map(|_| Err(copy_error(&e))).collect(),
+        };
+        let xfers = read_xfers(reads, |i| ranges[i].0);
+        let outcome = self.io.transfer_all(XferOp::Read, &xfers, true);
+        drop(registration);
+        classify_reads(reads, outcome.results)
+    }
+
+    /// Reads a chunk into a staging lease (blocking thread), for direct I/O.
+    fn read_staged(
         &self,
         mut lease: StagingLease,
-        items: Vec<ReadItem>,
-    ) -> (Option<StagingLease>, Vec<Result<Staged, TierError>>) {
-        let outcome = self.io.read_batch(lease.buf(), &items);
+        reads: &[PlannedRead],
+    ) -> (
+        Option<StagingLease>,
+        Vec<usize>,
+        Vec<Result<bool, TierError>>,
+    ) {
+        let (offsets, _) = io::slots(reads.iter().map(|r| r.len));
+        let base = lease.buf().addr();
+        let xfers = read_xfers(reads, |i| base + offsets[i]);
+        let outcome = self.io.transfer_all(XferOp::Read, &xfers, false);
+        let results = classify_reads(reads, outcome.results);
+        if outcome.poisoned {
+            lease.leak();
+            return (None, offsets, results);
+        }
+        (Some(lease), offsets, results)
+    }
+
+    /// Unpins read pages; hits become most recent, vanished files are forgotten.
+    fn finish_reads(&self, reads: &[PlannedRead], results: &[Result<bool, TierError>]) {
         let mut index = self.index();
-        for (item, result) in items.iter().zip(&outcome.results) {
-            index.unpin(&item.key);
+        for (read, result) in reads.iter().zip(results) {
+            index.unpin(&read.key);
             match result {
-                Ok(Staged::At(_)) => index.touch(&item.key),
-                Ok(Staged::Missing) => {
-                    // Deleted underneath us: forget it.
-                    index.remove(&item.key);
+                Ok(true) => index.touch(&read.key),
+                Ok(false) => {
+                    index.remove(&read.key);
                 }
                 Err(_) => {}
             }
         }
-        drop(index);
-        if outcome.poisoned {
-            lease.leak();
-            return (None, outcome.results);
+    }
+}
+
+/// A page planned for writing.
+struct PlannedWrite {
+    key: PageKey,
+    data: Bytes,
+    path: PathBuf,
+    temp: PathBuf,
+    direct: bool,
+}
+
+/// A page planned for reading into slot `slot`.
+struct PlannedRead {
+    slot: usize,
+    key: PageKey,
+    path: PathBuf,
+    len: usize,
+    direct: bool,
+}
+
+fn write_xfers(pages: &[PlannedWrite], local: impl Fn(usize) -> usize) -> Vec<Xfer> {
+    pages
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Xfer {
+            key: p.key.clone(),
+            path: p.temp.clone(),
+            len: p.data.len(),
+            direct: p.direct,
+            local: local(i),
+        })
+        .collect()
+}
+
+fn read_xfers(reads: &[PlannedRead], local: impl Fn(usize) -> usize) -> Vec<Xfer> {
+    reads
+        .iter()
+        .enumerate()
+        .map(|(i, r)| Xfer {
+            key: r.key.clone(),
+            path: r.path.clone(),
+            len: r.len,
+            direct: r.direct,
+            local: local(i),
+        })
+        .collect()
+}
+
+/// Hit (`true`), vanished file (`false`), or the error.
+fn classify_reads(
+    reads: &[PlannedRead],
+    results: Vec<Result<(), TierError>>,
+) -> Vec<Result<bool, TierError>> {
+    results
+        .into_iter()
+        .zip(reads)
+        .map(|(r, read)| match r {
+            Ok(()) => Ok(true),
+            Err(_) if !read.path.exists() => Ok(false),
+            Err(e) => Err(e),
+        })
+        .collect()
+}
+
+fn copy_error(e: &TierError) -> TierError {
+    TierError::Unavailable(e.to_string())
+}
+
+/// Runs blocking work on the current thread, telling a multi-threaded runtime to move its
+/// other tasks elsewhere meanwhile.
+fn run_blocking<R>(work: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
         }
-        (Some(lease), outcome.results)
+        _ => work(),
     }
 }
 
@@ -485,11 +706,9 @@ impl StorageTier for NixlFileTier {
         let shared = &self.shared;
         let mut results: Vec<Option<PutResult>> = (0..pages.len()).map(|_| None).collect();
         // A key repeated in the batch: only its last page is written.
-        let mut last: HashMap<&PageKey, usize> = HashMap::new();
-        for (i, page) in pages.iter().enumerate() {
-            last.insert(&page.key, i);
-        }
-        let mut items: Vec<(usize, WriteItem)> = Vec::new();
+        let last: HashMap<&PageKey, usize> =
+            pages.iter().enumerate().map(|(i, p)| (&p.key, i)).collect();
+        let (mut direct, mut buffered) = (Vec::new(), Vec::new());
         for (i, page) in pages.iter().enumerate() {
             let planned = page
                 .check_len(shared.limit())
@@ -501,37 +720,61 @@ impl StorageTier for NixlFileTier {
                     results[i] = Some(Err(e));
                 }
                 Ok(_) if last[&page.key] != i => results[i] = Some(Ok(())),
-                Ok((direct, path)) => {
-                    let temp = shared.layout.temp_path(&path);
-                    items.push((
-                        i,
-                        WriteItem {
-                            key: page.key.clone(),
-                            data: page.data.clone(),
-                            path,
-                            temp,
-                            direct,
-                        },
-                    ));
+                Ok((is_direct, path)) => {
+                    let write = PlannedWrite {
+                        key: page.key.clone(),
+                        data: page.data.clone(),
+                        temp: shared.layout.temp_path(&path),
+                        path,
+                        direct: is_direct,
+                    };
+                    if is_direct {
+                        direct.push((i, write))
+                    } else {
+                        buffered.push((i, write))
+                    }
                 }
             }
         }
-        let lens: Vec<(usize, usize)> = items
+        // Jobs: direct pages in chunks that fit a staging buffer; buffered pages split across
+        // the in-flight budget so big batches use several cores.
+        let mut jobs: Vec<(bool, Vec<(usize, PlannedWrite)>)> = Vec::new();
+        let lens: Vec<(usize, usize)> = direct
             .iter()
             .enumerate()
-            .map(|(n, (_, it))| (n, it.data.len()))
+            .map(|(n, (_, w))| (n, w.data.len()))
             .collect();
-        let mut slots: Vec<Option<(usize, WriteItem)>> = items.into_iter().map(Some).collect();
-        let mut tasks = Vec::new();
+        let mut direct: Vec<Option<(usize, PlannedWrite)>> = direct.into_iter().map(Some).collect();
         for chunk in chunks(&lens, shared.staging.buf_bytes()) {
-            let (positions, chunk_items): (Vec<usize>, Vec<WriteItem>) =
-                chunk.iter().filter_map(|&n| slots[n].take()).unzip();
+            jobs.push((
+                true,
+                chunk.iter().filter_map(|&n| direct[n].take()).collect(),
+            ));
+        }
+        let parts = (buffered.len() / 32).clamp(1, shared.config.staging_buffers);
+        let per_part = buffered.len().div_ceil(parts).max(1);
+        while !buffered.is_empty() {
+            let rest = buffered.split_off(per_part.min(buffered.len()));
+            jobs.push((false, std::mem::replace(&mut buffered, rest)));
+        }
+        let mut tasks = Vec::new();
+        for (staged, job) in jobs {
+            let (positions, writes): (Vec<usize>, Vec<PlannedWrite>) = job.into_iter().unzip();
             let shared = Arc::clone(shared);
+            // Spawned, so a dropped `put` still finishes and commits (or cleans up) its pages.
             tasks.push((
                 positions,
                 tokio::spawn(async move {
-                    let lease = shared.staging.acquire().await?;
-                    tokio::task::spawn_blocking(move || shared.write_chunk(lease, chunk_items))
+                    let (lease, _permit) = if staged {
+                        (Some(shared.staging.acquire().await?), None)
+                    } else {
+                        let permit = Arc::clone(&shared.inflight)
+                            .acquire_owned()
+                            .await
+                            .map_err(|_| TierError::Unavailable("tier closed".into()))?;
+                        (None, Some(permit))
+                    };
+                    tokio::task::spawn_blocking(move || shared.write_pages(writes, lease))
                         .await
                         .map_err(|e| TierError::Unavailable(format!("write task failed: {e}")))
                 }),
@@ -568,102 +811,109 @@ impl StorageTier for NixlFileTier {
     async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
         let shared = &self.shared;
         let mut results: Vec<Option<GetResult>> = (0..slots.len()).map(|_| None).collect();
-        let mut items: Vec<(usize, ReadItem)> = Vec::new();
+        let (mut direct, mut buffered) = (Vec::new(), Vec::new());
         {
             let mut index = shared.index();
             for (i, slot) in slots.iter().enumerate() {
-                match index.len_of(&slot.key) {
-                    None => results[i] = Some(Ok(Lookup::Miss)),
-                    Some(len) if len as usize != slot.buf.len() => {
-                        results[i] = Some(Err(TierError::LengthMismatch {
-                            key: slot.key.clone(),
-                            stored: len as usize,
-                            buffer: slot.buf.len(),
-                        }))
+                let len = match index.len_of(&slot.key) {
+                    None => {
+                        results[i] = Some(Ok(Lookup::Miss));
+                        continue;
                     }
-                    Some(len) => {
-                        let len = len as usize;
-                        let planned = shared
-                            .direct_for(&slot.key, len)
-                            .or(Ok(false))
-                            .and_then(|direct| Ok((direct, shared.layout.page_path(&slot.key)?)));
-                        match planned {
-                            Ok((direct, path)) => {
-                                index.pin(&slot.key);
-                                items.push((
-                                    i,
-                                    ReadItem {
-                                        key: slot.key.clone(),
-                                        path,
-                                        len,
-                                        direct,
-                                    },
-                                ));
-                            }
-                            Err(e) => results[i] = Some(Err(e)),
+                    Some(len) => len as usize,
+                };
+                if len != slot.buf.len() {
+                    results[i] = Some(Err(TierError::LengthMismatch {
+                        key: slot.key.clone(),
+                        stored: len,
+                        buffer: slot.buf.len(),
+                    }));
+                    continue;
+                }
+                match shared.layout.page_path(&slot.key) {
+                    Ok(path) => {
+                        index.pin(&slot.key);
+                        let is_direct = shared.direct_for(&slot.key, len).unwrap_or(false);
+                        let read = PlannedRead {
+                            slot: i,
+                            key: slot.key.clone(),
+                            path,
+                            len,
+                            direct: is_direct,
+                        };
+                        if is_direct {
+                            direct.push(read)
+                        } else {
+                            buffered.push(read)
                         }
                     }
+                    Err(e) => results[i] = Some(Err(e)),
                 }
             }
         }
-        let lens: Vec<(usize, usize)> = items
-            .iter()
-            .enumerate()
-            .map(|(n, (_, it))| (n, it.len))
-            .collect();
-        let mut pending: Vec<Option<(usize, ReadItem)>> = items.into_iter().map(Some).collect();
-        let mut tasks = Vec::new();
+        if !buffered.is_empty() {
+            let mut wanted = vec![false; slots.len()];
+            for read in &buffered {
+                wanted[read.slot] = true;
+            }
+            let mut bufs: Vec<&mut [u8]> = slots
+                .iter_mut()
+                .zip(&wanted)
+                .filter(|(_, w)| **w)
+                .map(|(slot, _)| &mut *slot.buf)
+                .collect();
+            let outcome = run_blocking(|| shared.read_in_place(&buffered, &mut bufs));
+            shared.finish_reads(&buffered, &outcome);
+            for (read, r) in buffered.iter().zip(outcome) {
+                results[read.slot] =
+                    Some(r.map(|hit| if hit { Lookup::Hit } else { Lookup::Miss }));
+            }
+        }
+        // Direct I/O goes through aligned staging, one chunk at a time: a call never holds a
+        // staging buffer while waiting for another, so concurrent calls cannot deadlock.
+        let lens: Vec<(usize, usize)> =
+            direct.iter().enumerate().map(|(n, r)| (n, r.len)).collect();
+        let mut direct: Vec<Option<PlannedRead>> = direct.into_iter().map(Some).collect();
         for chunk in chunks(&lens, shared.staging.buf_bytes()) {
-            let (positions, chunk_items): (Vec<usize>, Vec<ReadItem>) =
-                chunk.iter().filter_map(|&n| pending[n].take()).unzip();
-            let shared = Arc::clone(shared);
-            tasks.push((
-                positions,
-                tokio::spawn(async move {
-                    let lease = match shared.staging.acquire().await {
-                        Ok(lease) => lease,
-                        Err(e) => {
-                            let mut index = shared.index();
-                            for item in &chunk_items {
-                                index.unpin(&item.key);
-                            }
-                            return Err(e);
-                        }
-                    };
-                    tokio::task::spawn_blocking(move || shared.read_chunk(lease, chunk_items))
+            let reads: Arc<[PlannedRead]> =
+                chunk.iter().filter_map(|&n| direct[n].take()).collect();
+            let outcome = match shared.staging.acquire().await {
+                Ok(lease) => {
+                    let (shared, job_reads) = (Arc::clone(shared), Arc::clone(&reads));
+                    tokio::task::spawn_blocking(move || shared.read_staged(lease, &job_reads))
                         .await
                         .map_err(|e| TierError::Unavailable(format!("read task failed: {e}")))
-                }),
-            ));
-        }
-        for (positions, task) in tasks {
-            let outcome = task
-                .await
-                .map_err(|e| TierError::Unavailable(format!("read task failed: {e}")))
-                .and_then(|r| r);
+                }
+                Err(e) => Err(e),
+            };
             match outcome {
-                Ok((lease, chunk_results)) => {
-                    for (pos, r) in positions.into_iter().zip(chunk_results) {
-                        let slot = &mut slots[pos];
-                        results[pos] = Some(match (r, &lease) {
-                            (Ok(Staged::At(off)), Some(lease)) => {
-                                let len = slot.buf.len();
-                                slot.buf.copy_from_slice(&lease.bytes()[off..off + len]);
+                Ok((lease, offsets, chunk_results)) => {
+                    shared.finish_reads(&reads, &chunk_results);
+                    for ((read, off), r) in reads.iter().zip(offsets).zip(chunk_results) {
+                        let slot = &mut slots[read.slot];
+                        results[read.slot] = Some(match (r, &lease) {
+                            (Ok(true), Some(lease)) => {
+                                slot.buf
+                                    .copy_from_slice(&lease.bytes()[off..off + read.len]);
                                 Ok(Lookup::Hit)
                             }
-                            (Ok(Staged::Missing), _) => Ok(Lookup::Miss),
-                            (Ok(Staged::At(_)), None) => Err(TierError::Timeout {
+                            (Ok(true), None) => Err(TierError::Timeout {
                                 op: "NIXL transfer",
                                 after: shared.config.transfer_timeout,
                             }),
+                            (Ok(false), _) => Ok(Lookup::Miss),
                             (Err(e), _) => Err(e),
                         });
                     }
                 }
                 Err(e) => {
-                    let msg = e.to_string();
-                    for pos in positions {
-                        results[pos] = Some(Err(TierError::Unavailable(msg.clone())));
+                    let failed: Vec<Result<bool, TierError>> = reads
+                        .iter()
+                        .map(|_| Err(TierError::Unavailable(e.to_string())))
+                        .collect();
+                    shared.finish_reads(&reads, &failed);
+                    for (read, r) in reads.iter().zip(failed) {
+                        results[read.slot] = Some(r.map(|_| Lookup::Miss));
                     }
                 }
             }

@@ -573,17 +573,9 @@ impl Transfer {
     }
 
     /// Releases the request. Returns false if NIXL refused (a transfer still in flight after a
-    /// timeout): the caller must then keep the memory and files it used alive for good.
-    pub fn release(mut self) -> bool {
-        let released = self.try_release();
-        if !released {
-            // Keep the request alive rather than free memory NIXL may still touch.
-            self.req = ptr::null_mut();
-        }
-        released
-    }
-
-    fn try_release(&mut self) -> bool {
+    /// timeout): the memory and files it uses must then stay alive until a later release
+    /// succeeds, or for good.
+    pub fn release(&mut self) -> bool {
         if self.req.is_null() {
             return true;
         }
@@ -591,10 +583,7 @@ impl Transfer {
         // only frees the wrapper.
         let status = unsafe { sys::nixl_capi_release_xfer_req(self.backend.agent.raw, self.req) };
         if status != sys::SUCCESS {
-            tracing::error!(
-                status,
-                "NIXL refused to release a transfer; its memory is kept alive"
-            );
+            tracing::error!(status, "NIXL refused to release a transfer");
             return false;
         }
         // SAFETY: released request wrapper.
@@ -606,6 +595,6 @@ impl Transfer {
 
 impl Drop for Transfer {
     fn drop(&mut self) {
-        self.try_release();
+        self.release();
     }
 }

@@ -1,0 +1,227 @@
+//! NIXL FILE tier throughput in path and fd mode beside plain `std::fs` file-per-page write and
+//! read of the same pages on the same folder, measured in one run, interleaved, medians quoted.
+//!
+//! `cargo bench -p tier-nixl --bench file_tier` (folder: `$KVTIER_BENCH_DIR` or a temp folder
+//! under the system temp folder; rounds: `$KVTIER_BENCH_ROUNDS`, default 5).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tier_core::{Bytes, Page, PageKey, ReadSlot, StorageTier};
+use tier_nixl::{NixlFileConfig, NixlFileTier, PathModeChoice};
+
+const BATCH: usize = 128;
+
+struct Workload {
+    page: usize,
+    keys: Vec<PageKey>,
+    data: Vec<Bytes>,
+}
+
+impl Workload {
+    fn new(page: usize, total: usize) -> Self {
+        let n = total / page;
+        let keys: Vec<PageKey> = (0..n)
+            .map(|i| {
+                PageKey::new(format!(
+                    "{:064x}",
+                    (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                ))
+                .unwrap()
+            })
+            .collect();
+        let data = keys
+            .iter()
+            .enumerate()
+            .map(|(i, _)| {
+                Bytes::from(
+                    (0..page)
+                        .map(|b| (b as u64 * 31 + i as u64) as u8)
+                        .collect::<Vec<u8>>(),
+                )
+            })
+            .collect();
+        Self { page, keys, data }
+    }
+}
+
+fn sync_disk() {
+    // SAFETY: plain syscall, flushes dirty pages so each write run starts clean.
+    unsafe { libc::sync() };
+}
+
+/// Plain baseline: one file per page in 256 bucket folders, like the tier.
+fn plain_paths(root: &Path, w: &Workload) -> Vec<PathBuf> {
+    for b in 0..256 {
+        fs::create_dir_all(root.join(format!("{b:02x}"))).unwrap();
+    }
+    w.keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| root.join(format!("{:02x}", i % 256)).join(k.as_str()))
+        .collect()
+}
+
+fn plain_write(paths: &[PathBuf], w: &Workload) -> Duration {
+    for p in paths {
+        let _ = fs::remove_file(p);
+    }
+    sync_disk();
+    let t = Instant::now();
+    for (p, d) in paths.iter().zip(&w.data) {
+        let mut f = fs::File::create(p).unwrap();
+        f.write_all(d).unwrap();
+    }
+    t.elapsed()
+}
+
+fn plain_read(paths: &[PathBuf], w: &Workload) -> Duration {
+    let mut bufs = vec![vec![0u8; w.page]; BATCH];
+    let t = Instant::now();
+    for (i, p) in paths.iter().enumerate() {
+        let mut f = fs::File::open(p).unwrap();
+        f.read_exact(&mut bufs[i % BATCH]).unwrap();
+    }
+    let el = t.elapsed();
+    assert_eq!(
+        bufs[(paths.len() - 1) % BATCH][..],
+        w.data[paths.len() - 1][..]
+    );
+    el
+}
+
+async fn tier_put(tier: &NixlFileTier, w: &Workload) -> Duration {
+    tier.clear().await.unwrap();
+    sync_disk();
+    let t = Instant::now();
+    for (keys, data) in w.keys.chunks(BATCH).zip(w.data.chunks(BATCH)) {
+        let pages: Vec<Page> = keys
+            .iter()
+            .zip(data)
+            .map(|(k, d)| Page::new(k.clone(), d.clone()))
+            .collect();
+        for r in tier.put(&pages).await {
+            r.unwrap();
+        }
+    }
+    t.elapsed()
+}
+
+async fn tier_get(tier: &NixlFileTier, w: &Workload) -> Duration {
+    let mut bufs = vec![vec![0u8; w.page]; BATCH];
+    let t = Instant::now();
+    for keys in w.keys.chunks(BATCH) {
+        let mut slots: Vec<ReadSlot<'_>> = keys
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(k, b)| ReadSlot::new(k.clone(), b))
+            .collect();
+        for r in tier.get(&mut slots).await {
+            assert_eq!(r.unwrap(), tier_core::Lookup::Hit);
+        }
+    }
+    let el = t.elapsed();
+    let last = w.keys.len() - 1;
+    assert_eq!(bufs[last % BATCH][..], w.data[last][..]);
+    el
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+async fn run(
+    root: &Path,
+    page: usize,
+    total: usize,
+    rounds: usize,
+    params: &BTreeMap<String, String>,
+) {
+    let w = Workload::new(page, total);
+    let plain_dir = root.join(format!("plain-{page}"));
+    let paths = plain_paths(&plain_dir, &w);
+    let mut tiers = Vec::new();
+    for (label, mode) in [("path", PathModeChoice::On), ("fd", PathModeChoice::Off)] {
+        let mut config = NixlFileConfig::new([root.join(format!("{label}-{page}"))]);
+        config.path_mode = mode;
+        config.plugin_params = params.clone();
+        tiers.push((label, NixlFileTier::open(config).await.unwrap()));
+    }
+    let mut times: BTreeMap<String, Vec<Duration>> = BTreeMap::new();
+    for _ in 0..rounds {
+        times
+            .entry("plain write".into())
+            .or_default()
+            .push(plain_write(&paths, &w));
+        for (label, tier) in &tiers {
+            times
+                .entry(format!("{label} put"))
+                .or_default()
+                .push(tier_put(tier, &w).await);
+        }
+        times
+            .entry("plain read".into())
+            .or_default()
+            .push(plain_read(&paths, &w));
+        for (label, tier) in &tiers {
+            times
+                .entry(format!("{label} get"))
+                .or_default()
+                .push(tier_get(tier, &w).await);
+        }
+    }
+    let n = w.keys.len();
+    let med: BTreeMap<String, Duration> = times.into_iter().map(|(k, v)| (k, median(v))).collect();
+    let row = |name: &str, base: &str| {
+        let t = med[name];
+        println!(
+            "{:>6} KiB  {name:<12} {:>9.0} pages/s {:>6.2} GB/s  {:>5.2} x {base}",
+            page >> 10,
+            n as f64 / t.as_secs_f64(),
+            (n * page) as f64 / t.as_secs_f64() / 1e9,
+            med[base].as_secs_f64() / t.as_secs_f64()
+        );
+    };
+    for name in ["plain write", "path put", "fd put"] {
+        row(name, "plain write");
+    }
+    for name in ["plain read", "path get", "fd get"] {
+        row(name, "plain read");
+    }
+    println!(
+        "{:>6} KiB  path put / fd put = {:.2}",
+        page >> 10,
+        med["fd put"].as_secs_f64() / med["path put"].as_secs_f64()
+    );
+    let _ = fs::remove_dir_all(&plain_dir);
+    for (_, tier) in &tiers {
+        tier.clear().await.unwrap();
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let tmp = tempfile::tempdir_in(
+        std::env::var_os("KVTIER_BENCH_DIR").unwrap_or_else(|| std::env::temp_dir().into()),
+    )
+    .unwrap();
+    let rounds = std::env::var("KVTIER_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(5);
+    let mut params = BTreeMap::new();
+    if let Ok(spec) = std::env::var("KVTIER_BENCH_POSIX_PARAMS") {
+        for kv in spec.split(',').filter(|s| !s.is_empty()) {
+            if let Some((k, v)) = kv.split_once('=') {
+                params.insert(k.to_string(), v.to_string());
+            }
+        }
+    }
+    println!("NIXL FILE tier vs plain std::fs, {BATCH}-page batches, medians of {rounds} interleaved rounds, POSIX params {params:?}");
+    run(tmp.path(), 64 << 10, 256 << 20, rounds, &params).await;
+    run(tmp.path(), 2 << 20, 256 << 20, rounds, &params).await;
+}
