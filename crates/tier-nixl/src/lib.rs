@@ -8,4 +8,6 @@ pub mod nixl;
 pub mod runtime;
 mod staging;
 
-pub use file::{DirectIo, FileMode, FilePlugin, NixlFileConfig, NixlFileTier, PathModeChoice};
+pub use file::{
+    DirectIo, FileMode, FilePlugin, NixlFileConfig, NixlFileTier, PathModeChoice, BUCKETS,
+};

@@ -54,6 +54,14 @@ pub fn load(configured_dir: Option<&Path>) -> Result<RuntimeSource, TierError> {
     if let Some(source) = loaded.as_ref() {
         return Ok(source.clone());
     }
+    let source = search(&candidates(configured_dir))?;
+    tracing::info!(%source, "NIXL runtime loaded");
+    *loaded = Some(source.clone());
+    Ok(source)
+}
+
+/// The places [`load`] searches, in order.
+pub fn candidates(configured_dir: Option<&Path>) -> Vec<RuntimeSource> {
     let mut candidates = Vec::new();
     if let Some(dir) = configured_dir {
         candidates.push(RuntimeSource::Config(dir.to_path_buf()));
@@ -63,10 +71,14 @@ pub fn load(configured_dir: Option<&Path>) -> Result<RuntimeSource, TierError> {
     }
     candidates.push(RuntimeSource::Default(PathBuf::from(DEFAULT_DIR)));
     candidates.push(RuntimeSource::SystemLoader);
+    candidates
+}
 
+/// Loads the runtime from the first of `candidates` that has it and is not a stub.
+pub fn search(candidates: &[RuntimeSource]) -> Result<RuntimeSource, TierError> {
     let mut tried = Vec::new();
     for source in candidates {
-        let target = match &source {
+        let target = match source {
             RuntimeSource::Config(d) | RuntimeSource::Env(d) | RuntimeSource::Default(d) => {
                 let path = d.join(LIBRARY);
                 if !path.is_file() {
@@ -85,9 +97,7 @@ pub fn load(configured_dir: Option<&Path>) -> Result<RuntimeSource, TierError> {
                     tried.push(format!("{source}: loaded, but nixl-sys still sees a stub"));
                     continue;
                 }
-                tracing::info!(%source, "NIXL runtime loaded");
-                *loaded = Some(source.clone());
-                return Ok(source);
+                return Ok(source.clone());
             }
             Err(e) => tried.push(format!("{source}: {e}")),
         }

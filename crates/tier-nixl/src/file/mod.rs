@@ -216,6 +216,16 @@ impl NixlFileTier {
     pub fn dirs(&self) -> &[PathBuf] {
         self.shared.layout.dirs()
     }
+
+    /// The file a page is stored in (whether or not it is present).
+    pub fn page_path(&self, key: &PageKey) -> Result<PathBuf, TierError> {
+        self.shared.layout.page_path(key)
+    }
+
+    /// Pages indexed now.
+    pub fn pages(&self) -> usize {
+        self.shared.index().pages()
+    }
 }
 
 impl Shared {

@@ -13,6 +13,7 @@ pub struct FileFactory {
     _tmp: tempfile::TempDir,
     root: PathBuf,
     mode: PathModeChoice,
+    direct: tier_nixl::DirectIo,
     bounded: std::sync::atomic::AtomicUsize,
 }
 
@@ -25,13 +26,22 @@ impl FileFactory {
             _tmp: tmp,
             root,
             mode,
+            direct: tier_nixl::DirectIo::Off,
             bounded: Default::default(),
         }
+    }
+
+    /// Requires O_DIRECT for every page.
+    #[allow(dead_code)]
+    pub fn direct(mut self) -> Self {
+        self.direct = tier_nixl::DirectIo::Required;
+        self
     }
 
     pub fn config(&self, dirs: &[PathBuf]) -> NixlFileConfig {
         let mut config = NixlFileConfig::new(dirs.iter().cloned());
         config.path_mode = self.mode;
+        config.direct_io = self.direct;
         config
     }
 

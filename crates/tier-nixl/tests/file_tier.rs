@@ -1,0 +1,435 @@
+//! NIXL FILE tier behaviour on the real runtime, beyond the shared suite: the probe, bucket
+//! pre-creation, fd counts under 10,000 operations with injected failures, crash leftovers,
+//! exclusive ownership, capacity eviction, direct I/O, and typed errors for bad setups.
+
+use std::path::{Path, PathBuf};
+
+use rstest::rstest;
+use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
+use tier_nixl::runtime::{self, RuntimeSource};
+use tier_nixl::{DirectIo, FileMode, NixlFileConfig, NixlFileTier, PathModeChoice, BUCKETS};
+use tier_tests::{content, fd};
+
+fn key(i: usize) -> PageKey {
+    PageKey::new(format!(
+        "{:064x}",
+        (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    ))
+    .unwrap()
+}
+
+fn page(i: usize, version: u64, len: usize) -> Page {
+    let k = key(i);
+    let data = content::page(&k, version, len);
+    Page::new(k, data)
+}
+
+async fn put_ok(tier: &NixlFileTier, pages: &[Page]) {
+    for (p, r) in pages.iter().zip(tier.put(pages).await) {
+        r.unwrap_or_else(|e| panic!("put {}: {e}", p.key));
+    }
+}
+
+async fn get_one(
+    tier: &NixlFileTier,
+    k: &PageKey,
+    len: usize,
+) -> (Result<Lookup, TierError>, Vec<u8>) {
+    let mut buf = vec![0u8; len];
+    let mut slots = [ReadSlot::new(k.clone(), &mut buf)];
+    let r = tier.get(&mut slots).await.pop().unwrap();
+    (r, buf)
+}
+
+async fn open(dirs: &[PathBuf], mode: PathModeChoice) -> NixlFileTier {
+    let mut config = NixlFileConfig::new(dirs.iter().cloned());
+    config.path_mode = mode;
+    NixlFileTier::open(config).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_is_real_and_the_probe_picks_path_mode() {
+    let source =
+        runtime::load(None).expect("the NIXL runtime must be installed (scripts/setup.sh nixl)");
+    let tmp = tempfile::tempdir().unwrap();
+    let tier = open(&[tmp.path().join("d")], PathModeChoice::Auto).await;
+    assert_eq!(tier.mode(), FileMode::Path, "NIXL 1.5.1 supports path mode");
+    println!(
+        "NIXL runtime: real (nixl-sys is not a stub), loaded from {source}; probe chose {} mode",
+        tier.mode()
+    );
+}
+
+#[tokio::test]
+async fn a_missing_runtime_is_a_typed_error_naming_where_it_looked() {
+    let nowhere = [
+        RuntimeSource::Config(PathBuf::from("/nonexistent/kvtier-nixl")),
+        RuntimeSource::Env(PathBuf::from("/also/missing")),
+    ];
+    match runtime::search(&nowhere) {
+        Err(TierError::Unavailable(msg)) => {
+            assert!(
+                msg.contains("/nonexistent/kvtier-nixl/libnixl_capi.so"),
+                "{msg}"
+            );
+            assert!(msg.contains("/also/missing"), "{msg}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[rstest]
+#[case::path(PathModeChoice::On)]
+#[case::fd(PathModeChoice::Off)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_bucket_folder_exists_right_after_start(#[case] mode: PathModeChoice) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs = [
+        tmp.path().join("d0"),
+        tmp.path().join("d1"),
+        tmp.path().join("d2"),
+    ];
+    let _tier = open(&dirs, mode).await;
+    for dir in &dirs {
+        let buckets = (0..BUCKETS)
+            .filter(|b| dir.join(format!("{b:02x}")).is_dir())
+            .count();
+        assert_eq!(buckets, BUCKETS, "{}", dir.display());
+    }
+}
+
+/// Ten thousand operations of every kind, with injected failures; the fd count never grows.
+#[rstest]
+#[case::path(PathModeChoice::On)]
+#[case::fd(PathModeChoice::Off)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fd_count_is_flat_over_10000_operations_with_injected_failures(
+    #[case] mode: PathModeChoice,
+) {
+    const OPS: usize = 10_000;
+    const KEYS: usize = 48;
+    const LEN: usize = 4096;
+    let tmp = tempfile::tempdir().unwrap();
+    let tier = open(&[tmp.path().join("d0"), tmp.path().join("d1")], mode).await;
+    put_ok(
+        &tier,
+        &(0..KEYS).map(|i| page(i, 0, LEN)).collect::<Vec<_>>(),
+    )
+    .await;
+    let baseline = fd::open_fds().unwrap();
+    let mut injected = [0usize; 4];
+    for op in 0..OPS {
+        let i = (op * 7) % KEYS;
+        match op % 10 {
+            0..=2 => {
+                put_ok(
+                    &tier,
+                    &[page(i, op as u64, LEN), page(i + 1, op as u64, LEN)],
+                )
+                .await
+            }
+            3 | 4 => {
+                let (r, _) = get_one(&tier, &key(i), LEN).await;
+                assert!(matches!(r, Ok(Lookup::Hit) | Ok(Lookup::Miss)), "{r:?}");
+            }
+            5 => {
+                tier.exists(&[key(i), key(i + 1), key(i + 2)])
+                    .await
+                    .unwrap();
+                let (r, _) = get_one(&tier, &key(i), LEN + 1).await;
+                assert!(
+                    matches!(r, Err(TierError::LengthMismatch { .. }) | Ok(Lookup::Miss)),
+                    "{r:?}"
+                );
+            }
+            6 => {
+                tier.remove(&[key(i)]).await;
+            }
+            7 => {
+                // A page file deleted behind the tier's back reads as a miss.
+                put_ok(&tier, &[page(i, 1, LEN)]).await;
+                std::fs::remove_file(tier.page_path(&key(i)).unwrap()).unwrap();
+                let (r, _) = get_one(&tier, &key(i), LEN).await;
+                assert_eq!(r.unwrap(), Lookup::Miss);
+                injected[0] += 1;
+            }
+            8 => {
+                // A transfer that fails: the page file replaced by a folder.
+                put_ok(&tier, &[page(i, 1, LEN)]).await;
+                let path = tier.page_path(&key(i)).unwrap();
+                std::fs::remove_file(&path).unwrap();
+                std::fs::create_dir(&path).unwrap();
+                let (r, _) = get_one(&tier, &key(i), LEN).await;
+                assert!(
+                    r.is_err(),
+                    "reading a folder as a page must fail, got {r:?}"
+                );
+                std::fs::remove_dir(&path).unwrap();
+                injected[1] += 1;
+            }
+            _ => {
+                // An unwritable bucket: its folder replaced by a file for one put.
+                let path = tier.page_path(&key(i)).unwrap();
+                let bucket = path.parent().unwrap().to_path_buf();
+                let aside = bucket.with_extension("aside");
+                std::fs::rename(&bucket, &aside).unwrap();
+                std::fs::write(&bucket, b"not a folder").unwrap();
+                let results = tier
+                    .put(&[page(i, 2, LEN), page(KEYS + 1000 + op, 2, LEN)])
+                    .await;
+                assert!(
+                    results[0].is_err(),
+                    "a put into an unwritable bucket must fail"
+                );
+                std::fs::remove_file(&bucket).unwrap();
+                std::fs::rename(&aside, &bucket).unwrap();
+                injected[2] += 1;
+                injected[3] += usize::from(results[1].is_ok());
+            }
+        }
+        if op % 1000 == 999 {
+            let now = fd::open_fds().unwrap();
+            assert_eq!(now, baseline, "open fds after {} operations", op + 1);
+        }
+    }
+    let end = fd::open_fds().unwrap();
+    assert_eq!(end, baseline);
+    println!(
+        "{mode:?}: {OPS} operations, fds {baseline} -> {end}; injected: {} deleted files, {} failing transfers, {} unwritable-bucket puts ({} neighbour pages still stored)",
+        injected[0], injected[1], injected[2], injected[3]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_leftovers_are_removed_at_start_and_never_visible() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs = [tmp.path().join("d0")];
+    let tier = open(&dirs, PathModeChoice::Auto).await;
+    put_ok(&tier, &[page(1, 1, 8192)]).await;
+    let stored = tier.page_path(&key(1)).unwrap();
+    let victim = tier.page_path(&key(2)).unwrap();
+    drop(tier);
+    // A crashed writer's temp file for key 2, half written.
+    let temp = victim.with_file_name(format!(
+        ".tmp-4242-7-{}",
+        victim.file_name().unwrap().to_string_lossy()
+    ));
+    std::fs::write(&temp, vec![7u8; 100]).unwrap();
+    let tier = open(&dirs, PathModeChoice::Auto).await;
+    assert!(!temp.exists(), "leftover removed at start");
+    assert_eq!(tier.exists(&[key(2)]).await.unwrap(), 0);
+    assert_eq!(tier.exists(&[key(1)]).await.unwrap(), 1);
+    let (r, buf) = get_one(&tier, &key(1), 8192).await;
+    assert_eq!(r.unwrap(), Lookup::Hit);
+    content::verify(&key(1), 1, &buf).unwrap();
+    assert!(stored.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_tier_on_the_same_folders_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs = [tmp.path().join("d0")];
+    let _first = open(&dirs, PathModeChoice::Auto).await;
+    match NixlFileTier::open(NixlFileConfig::new(dirs.iter().cloned())).await {
+        Err(TierError::Unavailable(msg)) => assert!(msg.contains("in use"), "{msg}"),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+}
+
+#[tokio::test]
+async fn duplicate_folders_by_real_path_are_rejected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let real = tmp.path().join("disk");
+    std::fs::create_dir(&real).unwrap();
+    std::os::unix::fs::symlink(&real, tmp.path().join("alias")).unwrap();
+    let config = NixlFileConfig::new([real, tmp.path().join("alias")]);
+    match NixlFileTier::open(config).await {
+        Err(TierError::Config { field, message }) => {
+            assert_eq!(field, "dirs[1]");
+            assert!(message.contains("same folder"), "{message}");
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+}
+
+#[tokio::test]
+async fn bad_settings_are_typed_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = NixlFileConfig::new([tmp.path().join("d")]);
+    config.staging_buffers = 0;
+    assert!(
+        matches!(NixlFileTier::open(config).await, Err(TierError::Config { field, .. }) if field == "staging_buffers")
+    );
+    let mut config = NixlFileConfig::new([tmp.path().join("d")]);
+    config.capacity_bytes = Some(0);
+    assert!(
+        matches!(NixlFileTier::open(config).await, Err(TierError::Config { field, .. }) if field == "capacity_bytes")
+    );
+    let config = NixlFileConfig::new(Vec::<PathBuf>::new());
+    assert!(
+        matches!(NixlFileTier::open(config).await, Err(TierError::Config { field, .. }) if field == "dirs")
+    );
+}
+
+#[tokio::test]
+async fn an_unavailable_plugin_is_named_in_the_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = NixlFileConfig::new([tmp.path().join("d")]);
+    config.plugin = tier_nixl::FilePlugin::Hf3fs;
+    match NixlFileTier::open(config).await {
+        Err(TierError::Backend {
+            backend, message, ..
+        }) => {
+            assert!(
+                backend.contains("HF3FS") && message.contains("HF3FS"),
+                "{backend}: {message}"
+            );
+        }
+        Ok(_) => {} // a runtime that ships HF3FS and has a 3FS mount may open it
+        Err(other) => panic!("{other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_evicts_least_recently_used_pages_and_their_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = NixlFileConfig::new([tmp.path().join("d")]);
+    config.capacity_bytes = Some(4 * 65536);
+    let tier = NixlFileTier::open(config).await.unwrap();
+    put_ok(
+        &tier,
+        &(0..4).map(|i| page(i, 1, 65536)).collect::<Vec<_>>(),
+    )
+    .await;
+    // Page 0 is read, so page 1 is now the least recently used.
+    assert_eq!(get_one(&tier, &key(0), 65536).await.0.unwrap(), Lookup::Hit);
+    put_ok(&tier, &[page(4, 1, 65536)]).await;
+    assert_eq!(tier.exists(&[key(0)]).await.unwrap(), 1);
+    assert_eq!(tier.exists(&[key(1)]).await.unwrap(), 0);
+    assert!(
+        !tier.page_path(&key(1)).unwrap().exists(),
+        "evicted page's file deleted"
+    );
+    assert_eq!(tier.stats().evictions, 1);
+    assert_eq!(tier.stats().resident_bytes, Some(4 * 65536));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_hold_the_page_bytes_and_reads_come_from_disk() {
+    let tmp = tempfile::tempdir().unwrap();
+    for mode in [PathModeChoice::On, PathModeChoice::Off] {
+        let tier = open(&[tmp.path().join(format!("{mode:?}"))], mode).await;
+        let pages: Vec<Page> = (0..130).map(|i| page(i, 3, 16384)).collect();
+        put_ok(&tier, &pages).await;
+        for p in &pages {
+            assert_eq!(
+                std::fs::read(tier.page_path(&p.key).unwrap()).unwrap(),
+                p.data,
+                "{mode:?} file of {}",
+                p.key
+            );
+        }
+        // Change a file on disk (same length): the tier returns the new bytes.
+        let changed = content::page(&key(5), 99, 16384);
+        std::fs::write(tier.page_path(&key(5)).unwrap(), &changed).unwrap();
+        let (r, buf) = get_one(&tier, &key(5), 16384).await;
+        assert_eq!(r.unwrap(), Lookup::Hit);
+        assert_eq!(buf, changed, "{mode:?} read must come from the file");
+    }
+}
+
+fn direct_config(dir: &Path, choice: DirectIo) -> NixlFileConfig {
+    let mut config = NixlFileConfig::new([dir.to_path_buf()]);
+    config.direct_io = choice;
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_io_round_trips_aligned_pages_and_refuses_unaligned_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tier =
+        match NixlFileTier::open(direct_config(&tmp.path().join("d"), DirectIo::Required)).await {
+            Ok(tier) => tier,
+            Err(TierError::Config { message, .. }) => {
+                panic!("this test needs a temp folder with O_DIRECT: {message}")
+            }
+            Err(e) => panic!("{e}"),
+        };
+    assert!(tier.direct_io());
+    let pages: Vec<Page> = (0..20).map(|i| page(i, 5, 4096 * (1 + i % 4))).collect();
+    put_ok(&tier, &pages).await;
+    for p in &pages {
+        let (r, buf) = get_one(&tier, &p.key, p.data.len()).await;
+        assert_eq!(r.unwrap(), Lookup::Hit);
+        assert_eq!(buf, p.data);
+    }
+    let results = tier.put(&[page(50, 1, 5000), page(51, 1, 8192)]).await;
+    assert!(
+        matches!(
+            &results[0],
+            Err(TierError::Unaligned {
+                len: 5000,
+                align: 4096,
+                ..
+            })
+        ),
+        "{:?}",
+        results[0]
+    );
+    assert!(results[1].is_ok());
+}
+
+/// A ramfs mount (no O_DIRECT), unmounted on drop. Needs root, as CI runs.
+struct Ramfs(tempfile::TempDir);
+
+impl Ramfs {
+    fn mount() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "ramfs", "kvtier-test", dir.path().to_str().unwrap()])
+            .status()
+            .expect("running mount");
+        assert!(
+            status.success(),
+            "this test mounts a ramfs and needs root (CI runs as root)"
+        );
+        Self(dir)
+    }
+}
+
+impl Drop for Ramfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_io_without_fs_support_is_an_error_when_required_and_buffered_when_preferred() {
+    let ramfs = Ramfs::mount();
+    match NixlFileTier::open(direct_config(
+        &ramfs.0.path().join("req"),
+        DirectIo::Required,
+    ))
+    .await
+    {
+        Err(TierError::Config { field, message }) => {
+            assert_eq!(field, "direct_io");
+            assert!(message.contains("O_DIRECT"), "{message}");
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    let tier = NixlFileTier::open(direct_config(
+        &ramfs.0.path().join("pref"),
+        DirectIo::Preferred,
+    ))
+    .await
+    .unwrap();
+    assert!(!tier.direct_io(), "falls back to buffered I/O");
+    put_ok(&tier, &[page(1, 1, 5000)]).await;
+    let (r, buf) = get_one(&tier, &key(1), 5000).await;
+    assert_eq!(r.unwrap(), Lookup::Hit);
+    content::verify(&key(1), 1, &buf).unwrap();
+    drop(tier);
+}
