@@ -22,15 +22,13 @@ struct Workload {
 }
 
 impl Workload {
-    fn new(page: usize, total: usize) -> Self {
+    /// `total` bytes of distinct pages; `tag` makes every run's keys (and files) fresh.
+    fn new(page: usize, total: usize, tag: u64) -> Self {
         let n = total / page;
         let keys: Vec<PageKey> = (0..n)
             .map(|i| {
-                PageKey::new(format!(
-                    "{:064x}",
-                    (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-                ))
-                .unwrap()
+                let h = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                PageKey::new(format!("{tag:08x}{h:056x}")).unwrap()
             })
             .collect();
         let data = keys
@@ -66,9 +64,6 @@ fn plain_paths(root: &Path, w: &Workload) -> Vec<PathBuf> {
 }
 
 fn plain_write(paths: &[PathBuf], w: &Workload) -> Duration {
-    for p in paths {
-        let _ = fs::remove_file(p);
-    }
     sync_disk();
     let t = Instant::now();
     for (p, d) in paths.iter().zip(&w.data) {
@@ -94,7 +89,6 @@ fn plain_read(paths: &[PathBuf], w: &Workload) -> Duration {
 }
 
 async fn tier_put(tier: &NixlFileTier, w: &Workload) -> Duration {
-    tier.clear().await.unwrap();
     sync_disk();
     let t = Instant::now();
     for (keys, data) in w.keys.chunks(BATCH).zip(w.data.chunks(BATCH)) {
@@ -134,6 +128,8 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
+/// Each round writes fresh files (deleting just before creating would time ext4's
+/// recently-deleted inode checks, not the writers), then reads back what it wrote.
 async fn run(
     root: &Path,
     page: usize,
@@ -141,40 +137,50 @@ async fn run(
     rounds: usize,
     params: &BTreeMap<String, String>,
 ) {
-    let w = Workload::new(page, total);
     let plain_dir = root.join(format!("plain-{page}"));
-    let paths = plain_paths(&plain_dir, &w);
     let mut tiers = Vec::new();
     for (label, mode) in [("path", PathModeChoice::On), ("fd", PathModeChoice::Off)] {
         let mut config = NixlFileConfig::new([root.join(format!("{label}-{page}"))]);
         config.path_mode = mode;
         config.plugin_params = params.clone();
+        if let Some(n) = std::env::var("KVTIER_BENCH_INFLIGHT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            config.staging_buffers = n;
+        }
         tiers.push((label, NixlFileTier::open(config).await.unwrap()));
     }
     let mut times: BTreeMap<String, Vec<Duration>> = BTreeMap::new();
-    for _ in 0..rounds {
+    let mut n = 0;
+    for round in 0..rounds as u64 {
+        let plain = Workload::new(page, total, round * 3);
+        n = plain.keys.len();
+        let paths = plain_paths(&plain_dir, &plain);
+        let per_tier: Vec<Workload> = (1..=2)
+            .map(|v| Workload::new(page, total, round * 3 + v))
+            .collect();
         times
             .entry("plain write".into())
             .or_default()
-            .push(plain_write(&paths, &w));
-        for (label, tier) in &tiers {
+            .push(plain_write(&paths, &plain));
+        for ((label, tier), w) in tiers.iter().zip(&per_tier) {
             times
                 .entry(format!("{label} put"))
                 .or_default()
-                .push(tier_put(tier, &w).await);
+                .push(tier_put(tier, w).await);
         }
         times
             .entry("plain read".into())
             .or_default()
-            .push(plain_read(&paths, &w));
-        for (label, tier) in &tiers {
+            .push(plain_read(&paths, &plain));
+        for ((label, tier), w) in tiers.iter().zip(&per_tier) {
             times
                 .entry(format!("{label} get"))
                 .or_default()
-                .push(tier_get(tier, &w).await);
+                .push(tier_get(tier, w).await);
         }
     }
-    let n = w.keys.len();
     let med: BTreeMap<String, Duration> = times.into_iter().map(|(k, v)| (k, median(v))).collect();
     let row = |name: &str, base: &str| {
         let t = med[name];
