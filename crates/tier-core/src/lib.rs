@@ -7,6 +7,7 @@
 
 mod error;
 mod evict;
+mod hierarchy;
 mod info;
 mod key;
 mod page;
@@ -15,6 +16,9 @@ mod tier;
 
 pub use error::TierError;
 pub use evict::{EvictedPage, EvictionCause, EvictionListener};
+pub use hierarchy::{
+    DemotionQueue, Hierarchy, HierarchyPolicy, HierarchyStats, LevelStats, WritePolicy,
+};
 pub use info::TierInfo;
 pub use key::PageKey;
 pub use page::{Lookup, Page, ReadSlot};

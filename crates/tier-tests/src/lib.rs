@@ -18,6 +18,7 @@
 
 pub mod broken;
 pub mod content;
+pub mod faulty;
 pub mod fd;
 pub mod model;
 pub mod suite;

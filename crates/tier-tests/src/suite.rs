@@ -356,7 +356,14 @@ where
     for _ in 0..rounds {
         op().await;
     }
-    let after = fd::open_fds().map_err(|e| format!("cannot count fds: {e}"))?;
+    // Background work (a hierarchy's queued copies) may hold fds briefly: a leak is growth
+    // that does not go away.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    let mut after = fd::open_fds().map_err(|e| format!("cannot count fds: {e}"))?;
+    while after > before && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        after = fd::open_fds().map_err(|e| format!("cannot count fds: {e}"))?;
+    }
     if after > before {
         return Err(format!(
             "fd leak: {rounds} rounds of `{name}` grew open fds from {before} to {after}"

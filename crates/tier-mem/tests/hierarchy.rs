@@ -1,0 +1,179 @@
+//! Hierarchies of DRAM tiers: the whole suite on write-through and write-back compositions,
+//! pages surviving eviction from the top tier, and a failing lower tier not failing top hits.
+
+use std::sync::Arc;
+
+use tier_core::{
+    DemotionQueue, Hierarchy, HierarchyPolicy, Lookup, Page, PageKey, ReadSlot, StorageTier,
+    TierError, WritePolicy,
+};
+use tier_mem::MemTier;
+use tier_tests::content;
+use tier_tests::faulty::{Faults, FaultyTier};
+use tier_tests::suite::DynTier;
+use tier_tests::TierFactory;
+
+fn policy(write: WritePolicy) -> HierarchyPolicy {
+    HierarchyPolicy {
+        write,
+        ..HierarchyPolicy::default()
+    }
+}
+
+/// DRAM (`top` bytes) over DRAM (256 MiB), wired for `write`.
+fn dram_over_dram(top: u64, write: WritePolicy) -> Result<Hierarchy, TierError> {
+    let queue = DemotionQueue::new(1024);
+    let mut upper = MemTier::builder(top).name("upper");
+    if write == WritePolicy::WriteBack {
+        upper = upper.on_evict(queue.listener(0));
+    }
+    let tiers: Vec<DynTier> = vec![
+        Arc::new(upper.build()?),
+        Arc::new(MemTier::builder(256 << 20).name("lower").build()?),
+    ];
+    Hierarchy::new("dram/dram", tiers, policy(write), Some(queue))
+}
+
+struct HierarchyFactory(WritePolicy);
+
+#[tier_core::async_trait]
+impl TierFactory for HierarchyFactory {
+    async fn open(&self) -> Result<DynTier, TierError> {
+        Ok(Arc::new(dram_over_dram(256 << 20, self.0)?))
+    }
+}
+
+mod write_through {
+    tier_tests::conformance_suite!(super::HierarchyFactory(
+        tier_core::WritePolicy::WriteThrough
+    ));
+}
+
+mod write_back {
+    tier_tests::conformance_suite!(super::HierarchyFactory(tier_core::WritePolicy::WriteBack));
+}
+
+fn key(i: usize) -> PageKey {
+    PageKey::new(format!("h{i:063x}")).unwrap()
+}
+
+async fn read_all(
+    tier: &dyn StorageTier,
+    n: usize,
+    len: usize,
+) -> Vec<(Result<Lookup, TierError>, Vec<u8>)> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let mut buf = vec![0u8; len];
+        let r = tier
+            .get(&mut [ReadSlot::new(key(i), &mut buf)])
+            .await
+            .pop()
+            .unwrap();
+        out.push((r, buf));
+    }
+    out
+}
+
+#[rstest::rstest]
+#[case(WritePolicy::WriteThrough)]
+#[case(WritePolicy::WriteBack)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_page_stays_readable_after_eviction_from_the_top(#[case] write: WritePolicy) {
+    const LEN: usize = 64 << 10;
+    const N: usize = 64; // 4 MiB through a 1 MiB top tier
+    let h = dram_over_dram(1 << 20, write).unwrap();
+    for chunk in (0..N).collect::<Vec<_>>().chunks(8) {
+        let pages: Vec<Page> = chunk
+            .iter()
+            .map(|&i| Page::new(key(i), content::page(&key(i), 1, LEN)))
+            .collect();
+        for r in h.put(&pages).await {
+            r.unwrap();
+        }
+    }
+    h.flush().await.unwrap();
+    let top = &h.tiers()[0];
+    assert!(top.stats().evictions > 0, "the top tier must have evicted");
+    for (i, (r, buf)) in read_all(&h, N, LEN).await.into_iter().enumerate() {
+        assert_eq!(r.unwrap(), Lookup::Hit, "page {i} lost under {write:?}");
+        content::verify(&key(i), 1, &buf).unwrap();
+    }
+    let s = h.hierarchy_stats();
+    assert!(
+        s.levels[1].served > 0,
+        "some pages came from the lower tier"
+    );
+    assert!(s.promotions > 0, "lower hits were promoted");
+    if write == WritePolicy::WriteBack {
+        assert!(s.demotions > 0 && s.demotions_dropped == 0, "{s:?}");
+    } else {
+        assert_eq!(s.copied_down as usize, N);
+    }
+    assert_eq!(
+        h.exists(&(0..N).map(key).collect::<Vec<_>>())
+            .await
+            .unwrap(),
+        N
+    );
+    h.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_lower_tier_never_fails_what_the_top_serves() {
+    let lower = Arc::new(FaultyTier::new(
+        Arc::new(MemTier::builder(64 << 20).build().unwrap()),
+        Faults::default(),
+    ));
+    lower.set_failing(true);
+    let tiers: Vec<DynTier> = vec![
+        Arc::new(MemTier::builder(64 << 20).build().unwrap()),
+        lower.clone(),
+    ];
+    let h = Hierarchy::new("dram/faulty", tiers, HierarchyPolicy::default(), None).unwrap();
+    let pages: Vec<Page> = (0..16)
+        .map(|i| Page::new(key(i), content::page(&key(i), 2, 4096)))
+        .collect();
+    for r in h.put(&pages).await {
+        r.unwrap();
+    }
+    h.flush().await.unwrap();
+    for (i, (r, buf)) in read_all(&h, 16, 4096).await.into_iter().enumerate() {
+        assert_eq!(r.unwrap(), Lookup::Hit);
+        content::verify(&key(i), 2, &buf).unwrap();
+    }
+    assert_eq!(
+        h.exists(&(0..17).map(key).collect::<Vec<_>>())
+            .await
+            .unwrap(),
+        16
+    );
+    // A key no tier holds: the lower tier's failure is the answer, typed.
+    let mut buf = vec![0u8; 4096];
+    let r = h
+        .get(&mut [ReadSlot::new(key(99), &mut buf)])
+        .await
+        .pop()
+        .unwrap();
+    assert!(matches!(r, Err(TierError::Backend { .. })), "{r:?}");
+    let s = h.hierarchy_stats();
+    assert!(s.lower_errors >= 16, "lower failures are counted: {s:?}");
+    assert!(lower.injected() > 0);
+    h.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_compositions_are_config_errors() {
+    assert!(matches!(
+        Hierarchy::new("empty", vec![], HierarchyPolicy::default(), None),
+        Err(TierError::Config { field, .. }) if field == "tiers"
+    ));
+    let queue = DemotionQueue::new(4);
+    let one = || -> Vec<DynTier> { vec![Arc::new(MemTier::builder(1 << 20).build().unwrap())] };
+    let _first =
+        Hierarchy::new("a", one(), HierarchyPolicy::default(), Some(queue.clone())).unwrap();
+    assert!(matches!(
+        Hierarchy::new("b", one(), HierarchyPolicy::default(), Some(queue)),
+        Err(TierError::Config { field, .. }) if field == "demotions"
+    ));
+}

@@ -1,0 +1,85 @@
+//! The whole conformance suite on DRAM over the NIXL FILE tier (write-through), and pages
+//! demoted by write-back reaching the files.
+mod common;
+
+use std::sync::Arc;
+
+use tier_core::{DemotionQueue, Hierarchy, HierarchyPolicy, StorageTier, TierError, WritePolicy};
+use tier_mem::MemTier;
+use tier_nixl::{NixlFileConfig, NixlFileTier, PathModeChoice};
+use tier_tests::suite::DynTier;
+use tier_tests::TierFactory;
+
+struct DramOverFile(common::FileFactory);
+
+#[tier_core::async_trait]
+impl TierFactory for DramOverFile {
+    async fn open(&self) -> Result<DynTier, TierError> {
+        let file = self.0.open().await?;
+        let dram: DynTier = Arc::new(MemTier::builder(64 << 20).build()?);
+        Ok(Arc::new(Hierarchy::new(
+            "dram/nixl-file",
+            vec![dram, file],
+            HierarchyPolicy::default(),
+            None,
+        )?))
+    }
+
+    fn root(&self) -> Option<std::path::PathBuf> {
+        self.0.root()
+    }
+}
+
+tier_tests::conformance_suite!(DramOverFile(common::FileFactory::new(PathModeChoice::On)));
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_back_demotes_evicted_pages_into_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let queue = DemotionQueue::new(256);
+    let dram = MemTier::builder(1 << 20)
+        .on_evict(queue.listener(0))
+        .build()
+        .unwrap();
+    let file = Arc::new(
+        NixlFileTier::open(NixlFileConfig::new([tmp.path().join("d")]))
+            .await
+            .unwrap(),
+    );
+    let policy = HierarchyPolicy {
+        write: WritePolicy::WriteBack,
+        ..HierarchyPolicy::default()
+    };
+    let h = Hierarchy::new(
+        "wb",
+        vec![Arc::new(dram), file.clone()],
+        policy,
+        Some(queue),
+    )
+    .unwrap();
+    let pages: Vec<tier_core::Page> = (0..64)
+        .map(|i| {
+            let k = tier_core::PageKey::new(format!("wb{i:062x}")).unwrap();
+            tier_core::Page::new(k.clone(), tier_tests::content::page(&k, 1, 64 << 10))
+        })
+        .collect();
+    for chunk in pages.chunks(8) {
+        for r in h.put(chunk).await {
+            r.unwrap();
+        }
+    }
+    h.flush().await.unwrap();
+    let demoted = h.hierarchy_stats().demotions as usize;
+    assert!(demoted > 0);
+    assert_eq!(file.pages(), demoted, "every demoted page is a file");
+    for p in &pages {
+        let mut buf = vec![0u8; p.data.len()];
+        let r = h
+            .get(&mut [tier_core::ReadSlot::new(p.key.clone(), &mut buf)])
+            .await
+            .pop()
+            .unwrap();
+        assert_eq!(r.unwrap(), tier_core::Lookup::Hit);
+        assert_eq!(buf, p.data);
+    }
+    h.close().await.unwrap();
+}
