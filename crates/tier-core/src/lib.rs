@@ -5,6 +5,7 @@
 //! bad page never fails its neighbours. Tiers compose into hierarchies; they are proven by the
 //! conformance suite in `tier-tests`.
 
+pub mod config;
 mod error;
 mod evict;
 mod hierarchy;

@@ -5,6 +5,8 @@
 //! caused have happened. Pages the tier evicts for room or expiry go to an optional
 //! [`EvictionListener`], which is how a hierarchy demotes them to the next tier down.
 
+pub mod config;
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -31,7 +31,7 @@ use tier_core::{
     StatsRecorder, StorageTier, TierError, TierInfo, TierStats,
 };
 
-pub use io::FileMode;
+pub use io::{probe_path_mode, FileMode};
 pub use layout::{route_hash, BUCKETS};
 
 use crate::nixl::Agent;
@@ -142,7 +142,14 @@ impl NixlFileConfig {
         }
     }
 
-    fn validate(&self) -> Result<(), TierError> {
+    /// Checks the settings that need no I/O.
+    pub fn validate(&self) -> Result<(), TierError> {
+        if self.dirs.is_empty() {
+            return Err(TierError::config(
+                "dirs",
+                "at least one storage folder is needed",
+            ));
+        }
         if self.staging_bytes < ALIGN {
             return Err(TierError::config(
                 "staging_bytes",

@@ -1,0 +1,246 @@
+//! Driving a trace through a hierarchy: per request, `exists` on its blocks, `get` the
+//! reusable prefix, `put` the rest; then the report.
+
+use std::time::{Duration, Instant};
+
+use tier_core::{Bytes, Hierarchy, Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
+
+use crate::sim::{self, Ratio};
+use crate::trace::Request;
+
+/// What a replay measured.
+pub struct Report {
+    /// Blocks reused (read back from a tier) over blocks requested.
+    pub ratio: Ratio,
+    /// Reused pages whose bytes were not the ones written.
+    pub corrupt: u64,
+    /// Requests replayed.
+    pub requests: usize,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// Per-request latencies, sorted.
+    pub latencies: Vec<Duration>,
+    /// Cumulative hit ratio after each request, for plots.
+    pub curve: Vec<f64>,
+    /// Errors seen (puts or gets that failed).
+    pub errors: u64,
+}
+
+/// The key of block `id`.
+pub fn key(id: u64) -> PageKey {
+    // 16 hex digits of the id, padded like a chain hash: always a valid key.
+    PageKey::new(format!("{:048x}{id:016x}", 0))
+        .unwrap_or_else(|_| unreachable!("hex keys are valid"))
+}
+
+/// The content of block `id`: its id in every 8-byte word, so a read is checkable.
+fn content(id: u64, len: usize) -> Bytes {
+    let word = id.to_le_bytes();
+    Bytes::from((0..len).map(|i| word[i % 8]).collect::<Vec<u8>>())
+}
+
+fn intact(id: u64, buf: &[u8]) -> bool {
+    let word = id.to_le_bytes();
+    buf.iter().enumerate().all(|(i, b)| *b == word[i % 8])
+}
+
+/// Replays `trace` through `hierarchy` with pages of `page_bytes`.
+pub async fn replay(
+    hierarchy: &Hierarchy,
+    trace: &[Request],
+    page_bytes: usize,
+    mut progress: impl FnMut(usize),
+) -> Result<Report, TierError> {
+    let mut ratio = Ratio::default();
+    let (mut corrupt, mut errors) = (0u64, 0u64);
+    let mut latencies = Vec::with_capacity(trace.len());
+    let mut curve = Vec::with_capacity(trace.len());
+    let mut bufs: Vec<Vec<u8>> = Vec::new();
+    let started = Instant::now();
+    for (n, request) in trace.iter().enumerate() {
+        let t = Instant::now();
+        let keys: Vec<PageKey> = request.hash_ids.iter().map(|id| key(*id)).collect();
+        let present = hierarchy.exists(&keys).await?;
+        if bufs.len() < present {
+            bufs.resize_with(present, || vec![0u8; page_bytes]);
+        }
+        let mut slots: Vec<ReadSlot<'_>> = keys[..present]
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(k, b)| ReadSlot::new(k.clone(), b))
+            .collect();
+        let results = hierarchy.get(&mut slots).await;
+        // The reusable prefix ends at the first page that could not be read.
+        let mut reused = 0;
+        for ((slot, result), id) in slots.iter().zip(&results).zip(&request.hash_ids) {
+            match result {
+                Ok(Lookup::Hit) if intact(*id, slot.buf) => reused += 1,
+                Ok(Lookup::Hit) => {
+                    corrupt += 1;
+                    break;
+                }
+                Ok(Lookup::Miss) => break,
+                Err(_) => {
+                    errors += 1;
+                    break;
+                }
+            }
+        }
+        drop(slots);
+        let pages: Vec<Page> = keys[reused..]
+            .iter()
+            .zip(&request.hash_ids[reused..])
+            .map(|(k, id)| Page::new(k.clone(), content(*id, page_bytes)))
+            .collect();
+        errors += hierarchy
+            .put(&pages)
+            .await
+            .iter()
+            .filter(|r| r.is_err())
+            .count() as u64;
+        ratio.reused += reused as u64;
+        ratio.requested += keys.len() as u64;
+        latencies.push(t.elapsed());
+        curve.push(ratio.value());
+        progress(n + 1);
+    }
+    hierarchy.flush().await?;
+    latencies.sort();
+    Ok(Report {
+        ratio,
+        corrupt,
+        requests: trace.len(),
+        elapsed: started.elapsed(),
+        latencies,
+        curve,
+        errors,
+    })
+}
+
+/// The report as text: per tier, in total, and beside the offline simulations.
+pub fn render(
+    hierarchy: &Hierarchy,
+    trace: &[Request],
+    report: &Report,
+    page_bytes: usize,
+) -> String {
+    let mut out = String::new();
+    let stats = hierarchy.hierarchy_stats();
+    let requested = report.ratio.requested.max(1) as f64;
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    out += &format!(
+        "replayed {} requests, {} blocks requested, {} KiB pages, in {:.2?}\n\n",
+        report.requests,
+        report.ratio.requested,
+        page_bytes >> 10,
+        report.elapsed
+    );
+    out += &format!(
+        "{:<12} {:<11} {:>9} {:>9} {:>11} {:>11} {:>10}\n",
+        "tier", "kind", "served", "hit %", "read MiB", "written MiB", "evictions"
+    );
+    for level in &stats.levels {
+        out += &format!(
+            "{:<12} {:<11} {:>9} {:>8.2}% {:>11.1} {:>11.1} {:>10}\n",
+            level.info.name,
+            level.info.kind,
+            level.served,
+            100.0 * level.served as f64 / requested,
+            mib(level.stats.bytes_read),
+            mib(level.stats.bytes_written),
+            level.stats.evictions
+        );
+    }
+    let total_served: u64 = stats.levels.iter().map(|l| l.served).sum();
+    out += &format!(
+        "{:<12} {:<11} {:>9} {:>8.2}%\n\n",
+        "total",
+        "",
+        total_served,
+        100.0 * total_served as f64 / requested
+    );
+    out += &format!(
+        "prefix-hit ratio (reused / requested blocks): {:.2}%   corrupt pages: {}   errors: {}\n",
+        100.0 * report.ratio.value(),
+        report.corrupt,
+        report.errors
+    );
+    let secs = report.elapsed.as_secs_f64().max(1e-9);
+    let pct = |p: f64| {
+        report
+            .latencies
+            .get(((report.latencies.len() as f64 - 1.0) * p) as usize)
+            .copied()
+            .unwrap_or_default()
+    };
+    out += &format!(
+        "throughput: {:.0} pages/s ({:.0} requests/s); request latency p50 {:.2?}, p99 {:.2?}\n",
+        report.ratio.requested as f64 / secs,
+        report.requests as f64 / secs,
+        pct(0.50),
+        pct(0.99)
+    );
+    out += &format!(
+        "moved between tiers: {:.1} MiB (promotions {}, copies down {}, demotions {}, dropped {})\n",
+        mib(stats.bytes_moved),
+        stats.promotions,
+        stats.copied_down,
+        stats.demotions,
+        stats.demotions_dropped
+    );
+    if let Some(top) = stats.levels.first().and_then(|l| l.info.capacity_bytes) {
+        // Entries of the DRAM tier weigh their key too.
+        let pages = (top / (page_bytes as u64 + 64)).max(1) as usize;
+        let (lru, belady, all) = (
+            sim::lru(trace, pages),
+            sim::belady(trace, pages),
+            sim::unbounded(trace),
+        );
+        out += &format!(
+            "\ntop tier ({} pages): served {:.2}% | offline at that size: LRU {:.2}%, Belady bound {:.2}% | unbounded cache {:.2}%\n",
+            pages,
+            100.0 * stats.levels[0].served as f64 / requested,
+            100.0 * lru.value(),
+            100.0 * belady.value(),
+            100.0 * all.value()
+        );
+    }
+    out
+}
+
+/// Hit ratio over requests as an SVG line chart.
+pub fn svg(report: &Report) -> String {
+    let (w, h) = (800.0, 300.0);
+    let n = report.curve.len().max(2) as f64;
+    let step = (report.curve.len() / 800).max(1);
+    let points: Vec<String> = report
+        .curve
+        .iter()
+        .enumerate()
+        .step_by(step)
+        .map(|(i, v)| {
+            format!(
+                "{:.1},{:.1}",
+                40.0 + (w - 60.0) * i as f64 / (n - 1.0),
+                h - 30.0 - (h - 60.0) * v
+            )
+        })
+        .collect();
+    format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<line x1="40" y1="{b}" x2="{r}" y2="{b}" stroke="black"/><line x1="40" y1="30" x2="40" y2="{b}" stroke="black"/>
+<text x="5" y="34">100%</text><text x="15" y="{b}">0%</text><text x="{mx}" y="{t}">requests ({n})</text>
+<text x="50" y="20">cumulative prefix-hit ratio: {last:.2}%</text>
+<polyline fill="none" stroke="steelblue" stroke-width="2" points="{pts}"/>
+</svg>
+"#,
+        b = h - 30.0,
+        r = w - 20.0,
+        mx = w / 2.0 - 40.0,
+        t = h - 8.0,
+        n = report.curve.len(),
+        last = 100.0 * report.ratio.value(),
+        pts = points.join(" ")
+    )
+}

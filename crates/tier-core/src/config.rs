@@ -1,0 +1,452 @@
+//! Hierarchies from a file: a TOML or JSON document listing tiers by `kind` with their
+//! parameters, and the policy. Kinds come from a [`Registry`]: built-in backends register
+//! themselves, and a user adds a kind with one [`Registry::register`] call.
+//!
+//! ```toml
+//! [hierarchy]
+//! write = "write-through"   # or "write-back"
+//! promote = true
+//!
+//! [[tiers]]
+//! kind = "mem"
+//! name = "dram"
+//! capacity = "8GiB"
+//!
+//! [[tiers]]
+//! kind = "nixl-file"
+//! dirs = ["/mnt/nvme0/kv"]
+//! ```
+//!
+//! Errors name the tier, the field and what was expected (`tiers[1].capacity: ...`).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer};
+
+use crate::{
+    DemotionQueue, EvictionListener, Hierarchy, HierarchyPolicy, StorageTier, TierError,
+    WritePolicy,
+};
+
+/// A byte count written as a number or with a unit: `4096`, `"64KiB"`, `"8GiB"`, `"1.5GB"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+impl ByteSize {
+    /// Parses `"8GiB"`-style text.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let t = text.trim();
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let value: f64 = num
+            .parse()
+            .map_err(|_| format!("{text:?} is not a size: expected a number with an optional unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"))?;
+        let scale: u64 = match unit.trim() {
+            "" | "B" => 1,
+            "KiB" | "K" => 1 << 10,
+            "MiB" | "M" => 1 << 20,
+            "GiB" | "G" => 1 << 30,
+            "TiB" | "T" => 1 << 40,
+            "KB" => 1_000,
+            "MB" => 1_000_000,
+            "GB" => 1_000_000_000,
+            "TB" => 1_000_000_000_000,
+            other => return Err(format!("unknown size unit {other:?} in {text:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)")),
+        };
+        let bytes = value * scale as f64;
+        if !bytes.is_finite() || bytes > (1u64 << 60) as f64 {
+            return Err(format!("{text:?} is larger than 1 EiB"));
+        }
+        Ok(Self(bytes as u64))
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let units = [
+            ("TiB", 1u64 << 40),
+            ("GiB", 1 << 30),
+            ("MiB", 1 << 20),
+            ("KiB", 1 << 10),
+        ];
+        for (name, scale) in units {
+            if self.0 >= scale && self.0.is_multiple_of(scale) {
+                return write!(f, "{}{name}", self.0 / scale);
+            }
+        }
+        write!(f, "{}B", self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(i64),
+            Float(f64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(n) if n >= 0 => Ok(Self(n as u64)),
+            Raw::Int(n) => Err(serde::de::Error::custom(format!(
+                "a size cannot be negative ({n})"
+            ))),
+            Raw::Float(x) => Err(serde::de::Error::custom(format!(
+                "a size in bytes must be a whole number, not {x}"
+            ))),
+            Raw::Text(t) => Self::parse(&t).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// A duration in seconds (`30`, `0.5`) or with a unit (`"500ms"`, `"2s"`, `"1m"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seconds(pub Duration);
+
+impl<'de> Deserialize<'de> for Seconds {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Num(f64),
+            Text(String),
+        }
+        let secs = match Raw::deserialize(d)? {
+            Raw::Num(x) => x,
+            Raw::Text(t) => {
+                let t = t.trim();
+                let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
+                    (n, 0.001)
+                } else if let Some(n) = t.strip_suffix('s') {
+                    (n, 1.0)
+                } else if let Some(n) = t.strip_suffix('m') {
+                    (n, 60.0)
+                } else {
+                    (t, 1.0)
+                };
+                num.trim().parse::<f64>().map_err(|_| {
+                    serde::de::Error::custom(format!(
+                        "{t:?} is not a duration (e.g. 30, \"500ms\", \"2s\", \"1m\")"
+                    ))
+                })? * scale
+            }
+        };
+        if !(secs.is_finite() && secs > 0.0 && secs < 1e9) {
+            return Err(serde::de::Error::custom(format!(
+                "a duration must be positive and finite, not {secs}"
+            )));
+        }
+        Ok(Self(Duration::from_secs_f64(secs)))
+    }
+}
+
+/// The `[hierarchy]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// `"write-through"` or `"write-back"`.
+    pub write: WriteMode,
+    /// Copy lower hits into upper tiers.
+    pub promote: bool,
+    /// Background queue length in jobs.
+    pub queue_jobs: usize,
+    /// Bound on flush and close.
+    pub flush_timeout: Option<Seconds>,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        let d = HierarchyPolicy::default();
+        Self {
+            write: WriteMode::WriteThrough,
+            promote: d.promote,
+            queue_jobs: d.queue_jobs,
+            flush_timeout: None,
+        }
+    }
+}
+
+/// Serde form of [`WritePolicy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WriteMode {
+    /// [`WritePolicy::WriteThrough`].
+    WriteThrough,
+    /// [`WritePolicy::WriteBack`].
+    WriteBack,
+}
+
+/// One `[[tiers]]` entry: its kind, optional name, and the kind's own parameters.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TierSpec {
+    /// Registered kind, e.g. `"mem"`.
+    pub kind: String,
+    /// Instance name; defaults to the kind.
+    pub name: Option<String>,
+    /// Everything else in the entry, for the kind's factory.
+    #[serde(flatten)]
+    pub params: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A whole config file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HierarchyConfig {
+    /// Policy.
+    #[serde(default)]
+    pub hierarchy: PolicyConfig,
+    /// Tiers, fastest first.
+    pub tiers: Vec<TierSpec>,
+}
+
+impl HierarchyConfig {
+    /// Reads a `.toml` or `.json` file.
+    pub fn from_file(path: &Path) -> Result<Self, TierError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| TierError::io("read config", None, Some(path.to_path_buf()), e))?;
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("json") => Self::from_json(&text),
+            _ => Self::from_toml(&text),
+        }
+    }
+
+    /// Parses TOML.
+    pub fn from_toml(text: &str) -> Result<Self, TierError> {
+        let value: toml::Value = toml::from_str(text)
+            .map_err(|e| TierError::config("(file)", format!("not valid TOML: {e}")))?;
+        let json =
+            serde_json::to_value(value).map_err(|e| TierError::config("(file)", e.to_string()))?;
+        Self::from_value(json)
+    }
+
+    /// Parses JSON.
+    pub fn from_json(text: &str) -> Result<Self, TierError> {
+        let value: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| TierError::config("(file)", format!("not valid JSON: {e}")))?;
+        Self::from_value(value)
+    }
+
+    fn from_value(value: serde_json::Value) -> Result<Self, TierError> {
+        let config: Self = deserialize_at("", value)?;
+        if config.tiers.is_empty() {
+            return Err(TierError::config("tiers", "list at least one tier"));
+        }
+        Ok(config)
+    }
+
+    /// The hierarchy policy.
+    pub fn policy(&self) -> HierarchyPolicy {
+        let d = HierarchyPolicy::default();
+        HierarchyPolicy {
+            write: match self.hierarchy.write {
+                WriteMode::WriteThrough => WritePolicy::WriteThrough,
+                WriteMode::WriteBack => WritePolicy::WriteBack,
+            },
+            promote: self.hierarchy.promote,
+            queue_jobs: self.hierarchy.queue_jobs,
+            flush_timeout: self
+                .hierarchy
+                .flush_timeout
+                .map_or(d.flush_timeout, |s| s.0),
+        }
+    }
+}
+
+/// Deserialises `value` into `T`, naming the failing field under `prefix`.
+pub fn deserialize_at<T: DeserializeOwned>(
+    prefix: &str,
+    value: serde_json::Value,
+) -> Result<T, TierError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let field = match (prefix.is_empty(), path.as_str()) {
+            (true, p) => p.to_string(),
+            (false, ".") => prefix.to_string(),
+            (false, p) => format!("{prefix}.{p}"),
+        };
+        TierError::config(field, e.into_inner().to_string())
+    })
+}
+
+/// What a factory gets: the entry's name, parameters, where it sits, and the eviction hook to
+/// install if the kind has one (write-back).
+pub struct TierContext {
+    /// Instance name.
+    pub name: String,
+    /// Position in the config, e.g. `tiers[1]`, for error messages.
+    pub field: String,
+    /// The entry's parameters (without `kind` and `name`).
+    pub params: serde_json::Map<String, serde_json::Value>,
+}
+
+impl TierContext {
+    /// Deserialises the parameters into the kind's typed config, naming failing fields.
+    pub fn params<T: DeserializeOwned>(&self) -> Result<T, TierError> {
+        deserialize_at(&self.field, serde_json::Value::Object(self.params.clone()))
+    }
+}
+
+/// A boxed future opening a tier.
+pub type OpenFuture = Pin<Box<dyn Future<Output = Result<Arc<dyn StorageTier>, TierError>> + Send>>;
+
+/// A validated tier entry, ready to open.
+pub trait TierPlan: Send {
+    /// The resolved settings, one line, for `kvtier check`.
+    fn describe(&self) -> String;
+    /// Whether the kind can hand evicted pages down (needed for write-back above another tier).
+    fn evicts(&self) -> bool {
+        false
+    }
+    /// Opens the tier; `on_evict` is set when evicted pages must go down.
+    fn open(self: Box<Self>, on_evict: Option<EvictionListener>) -> OpenFuture;
+}
+
+/// A tier's instance name and its validated plan.
+pub type NamedPlan = (String, Box<dyn TierPlan>);
+
+/// Turns a config entry into a [`TierPlan`], validating it.
+pub type TierFactory =
+    Arc<dyn Fn(&TierContext) -> Result<Box<dyn TierPlan>, TierError> + Send + Sync>;
+
+/// Kind name -> factory.
+#[derive(Clone, Default)]
+pub struct Registry {
+    kinds: BTreeMap<String, TierFactory>,
+}
+
+impl Registry {
+    /// Adds (or replaces) a kind.
+    pub fn register(
+        &mut self,
+        kind: impl Into<String>,
+        factory: impl Fn(&TierContext) -> Result<Box<dyn TierPlan>, TierError> + Send + Sync + 'static,
+    ) {
+        self.kinds.insert(kind.into(), Arc::new(factory));
+    }
+
+    /// Registered kinds.
+    pub fn kinds(&self) -> Vec<&str> {
+        self.kinds.keys().map(String::as_str).collect()
+    }
+
+    /// Validates every entry of `config`; returns the plans in order.
+    pub fn plan(&self, config: &HierarchyConfig) -> Result<Vec<NamedPlan>, TierError> {
+        let mut plans = Vec::new();
+        for (i, spec) in config.tiers.iter().enumerate() {
+            let field = format!("tiers[{i}]");
+            let factory = self.kinds.get(&spec.kind).ok_or_else(|| {
+                TierError::config(
+                    format!("{field}.kind"),
+                    format!(
+                        "unknown kind {:?}; registered kinds: {}",
+                        spec.kind,
+                        self.kinds().join(", ")
+                    ),
+                )
+            })?;
+            let name = spec.name.clone().unwrap_or_else(|| spec.kind.clone());
+            let ctx = TierContext {
+                name: name.clone(),
+                field: field.clone(),
+                params: spec.params.clone(),
+            };
+            let plan = factory(&ctx)?;
+            if config.hierarchy.write == WriteMode::WriteBack
+                && i + 1 < config.tiers.len()
+                && !plan.evicts()
+            {
+                return Err(TierError::config(
+                    format!("{field}.kind"),
+                    format!("write-back needs every tier above the last to evict into the next, and kind {:?} has no eviction hook", spec.kind),
+                ));
+            }
+            plans.push((name, plan));
+        }
+        Ok(plans)
+    }
+
+    /// Validates and opens every tier, then composes them.
+    pub async fn build(&self, config: &HierarchyConfig) -> Result<Hierarchy, TierError> {
+        let policy = config.policy();
+        let plans = self.plan(config)?;
+        let queue = DemotionQueue::new(policy.queue_jobs);
+        let last = plans.len() - 1;
+        let mut tiers = Vec::new();
+        for (i, (_, plan)) in plans.into_iter().enumerate() {
+            let hook =
+                (policy.write == WritePolicy::WriteBack && i < last).then(|| queue.listener(i));
+            tiers.push(plan.open(hook).await?);
+        }
+        Hierarchy::new("hierarchy", tiers, policy, Some(queue))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units_and_reject_nonsense() {
+        assert_eq!(ByteSize::parse("8GiB").unwrap().0, 8 << 30);
+        assert_eq!(ByteSize::parse("64KiB").unwrap().0, 64 << 10);
+        assert_eq!(ByteSize::parse("1.5GB").unwrap().0, 1_500_000_000);
+        assert_eq!(ByteSize::parse("4096").unwrap().0, 4096);
+        assert!(ByteSize::parse("8XB").unwrap_err().contains("unit"));
+        assert!(ByteSize::parse("-1GiB").is_err());
+        assert!(ByteSize::parse("99999999TiB")
+            .unwrap_err()
+            .contains("1 EiB"));
+        assert_eq!(ByteSize(8 << 30).to_string(), "8GiB");
+    }
+
+    #[test]
+    fn errors_name_the_tier_and_field() {
+        #[derive(Deserialize, Debug)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct MemParams {
+            capacity: ByteSize,
+        }
+        let config = HierarchyConfig::from_toml(
+            "[[tiers]]\nkind = \"mem\"\n\n[[tiers]]\nkind = \"mem\"\ncapacity = -5\n",
+        )
+        .unwrap();
+        let ctx = TierContext {
+            name: "m".into(),
+            field: "tiers[1]".into(),
+            params: config.tiers[1].params.clone(),
+        };
+        match ctx.params::<MemParams>() {
+            Err(TierError::Config { field, message }) => {
+                assert_eq!(field, "tiers[1].capacity");
+                assert!(message.contains("negative"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let unknown = Registry::default().plan(&config).err().unwrap();
+        assert!(
+            unknown.to_string().contains("tiers[0].kind")
+                && unknown.to_string().contains("unknown kind"),
+            "{unknown}"
+        );
+        match HierarchyConfig::from_toml(
+            "[hierarchy]\nwrite = \"sideways\"\n[[tiers]]\nkind = \"mem\"\n",
+        ) {
+            Err(TierError::Config { field, .. }) => assert_eq!(field, "hierarchy.write"),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            matches!(HierarchyConfig::from_json("{\"tiers\": []}"), Err(TierError::Config { field, .. }) if field == "tiers")
+        );
+    }
+}

@@ -1,0 +1,97 @@
+//! The `mem` kind for config files.
+//!
+//! ```toml
+//! [[tiers]]
+//! kind = "mem"
+//! capacity = "8GiB"      # required
+//! policy = "tinylfu"     # or "lru"
+//! ttl = "10m"            # optional time to live
+//! tti = "2m"             # optional time to idle
+//! ```
+
+use serde::Deserialize;
+use tier_core::config::{ByteSize, OpenFuture, Registry, Seconds, TierContext, TierPlan};
+use tier_core::{EvictionListener, TierError};
+
+use crate::{EvictionPolicy, MemTier};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MemParams {
+    capacity: ByteSize,
+    #[serde(default)]
+    policy: PolicyName,
+    ttl: Option<Seconds>,
+    tti: Option<Seconds>,
+}
+
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum PolicyName {
+    #[default]
+    Tinylfu,
+    Lru,
+}
+
+struct MemPlan {
+    name: String,
+    params: MemParams,
+}
+
+impl TierPlan for MemPlan {
+    fn describe(&self) -> String {
+        let p = &self.params;
+        let mut out = format!("mem: capacity {}, policy {:?}", p.capacity, p.policy);
+        if let Some(ttl) = p.ttl {
+            out += &format!(", ttl {:?}", ttl.0);
+        }
+        if let Some(tti) = p.tti {
+            out += &format!(", tti {:?}", tti.0);
+        }
+        out
+    }
+
+    fn evicts(&self) -> bool {
+        true
+    }
+
+    fn open(self: Box<Self>, on_evict: Option<EvictionListener>) -> OpenFuture {
+        Box::pin(async move {
+            let p = self.params;
+            let mut builder =
+                MemTier::builder(p.capacity.0)
+                    .name(self.name)
+                    .policy(match p.policy {
+                        PolicyName::Tinylfu => EvictionPolicy::TinyLfu,
+                        PolicyName::Lru => EvictionPolicy::Lru,
+                    });
+            if let Some(ttl) = p.ttl {
+                builder = builder.time_to_live(ttl.0);
+            }
+            if let Some(tti) = p.tti {
+                builder = builder.time_to_idle(tti.0);
+            }
+            if let Some(listener) = on_evict {
+                builder = builder.on_evict(listener);
+            }
+            Ok(std::sync::Arc::new(builder.build()?) as _)
+        })
+    }
+}
+
+/// Registers the `mem` kind.
+pub fn register(registry: &mut Registry) {
+    registry.register("mem", |ctx: &TierContext| {
+        let params: MemParams = ctx.params()?;
+        if params.capacity.0 == 0 {
+            return Err(TierError::config(
+                format!("{}.capacity", ctx.field),
+                "must be at least 1 byte",
+            ));
+        }
+        Ok(Box::new(MemPlan {
+            name: ctx.name.clone(),
+            params,
+        }) as Box<dyn TierPlan>)
+    });
+}
