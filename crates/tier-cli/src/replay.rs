@@ -151,7 +151,15 @@ pub fn render(
             level.stats.evictions
         );
     }
-    let total_served: u64 = stats.levels.iter().map(|l| l.served).sum();
+    out += &format!(
+        "{:<12} {:<11} {:>9} {:>8.2}%\n",
+        "(in flight)",
+        "queue",
+        stats.served_in_flight,
+        100.0 * stats.served_in_flight as f64 / requested
+    );
+    let total_served: u64 =
+        stats.levels.iter().map(|l| l.served).sum::<u64>() + stats.served_in_flight;
     out += &format!(
         "{:<12} {:<11} {:>9} {:>8.2}%\n\n",
         "total",

@@ -64,6 +64,47 @@ struct Job {
     demotion: bool,
 }
 
+/// Pages on their way down, readable until they land: `exists` and `get` see them, so a page
+/// the top tier evicted before its copy reached the tier below is never lost to a reader.
+#[derive(Default)]
+struct InFlight {
+    pages: Mutex<std::collections::HashMap<PageKey, (Bytes, u32)>>,
+}
+
+impl InFlight {
+    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<PageKey, (Bytes, u32)>> {
+        self.pages.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn add(&self, pages: &[Page]) {
+        let mut map = self.map();
+        for p in pages {
+            let entry = map
+                .entry(p.key.clone())
+                .or_insert_with(|| (p.data.clone(), 0));
+            entry.0 = p.data.clone();
+            entry.1 += 1;
+        }
+    }
+    fn done(&self, pages: &[Page]) {
+        let mut map = self.map();
+        for p in pages {
+            if let Some(entry) = map.get_mut(&p.key) {
+                entry.1 -= 1;
+                if entry.1 == 0 {
+                    map.remove(&p.key);
+                }
+            }
+        }
+    }
+    fn get(&self, key: &PageKey) -> Option<Bytes> {
+        self.map().get(key).map(|(data, _)| data.clone())
+    }
+    fn leading(&self, keys: &[PageKey]) -> usize {
+        let map = self.map();
+        keys.iter().take_while(|k| map.contains_key(*k)).count()
+    }
+}
+
 /// Pages queued for lower tiers, and a way to wait for none.
 #[derive(Default)]
 struct Backlog {
@@ -89,6 +130,7 @@ pub struct DemotionQueue {
     tx: mpsc::Sender<Job>,
     rx: Mutex<Option<mpsc::Receiver<Job>>>,
     backlog: Arc<Backlog>,
+    inflight: Arc<InFlight>,
     dropped: Arc<AtomicU64>,
 }
 
@@ -100,6 +142,7 @@ impl DemotionQueue {
             tx,
             rx: Mutex::new(Some(rx)),
             backlog: Arc::default(),
+            inflight: Arc::default(),
             dropped: Arc::default(),
         })
     }
@@ -153,6 +196,8 @@ pub struct HierarchyStats {
     pub demotions_dropped: u64,
     /// Pages waiting in the background queue now.
     pub queue_depth: usize,
+    /// Reads served from pages still on their way down.
+    pub served_in_flight: u64,
     /// Bytes moved between tiers (promotions and background writes).
     pub bytes_moved: u64,
     /// Failures of lower tiers (counted, never surfaced when an upper tier serves).
@@ -186,6 +231,8 @@ pub struct Hierarchy {
     stats: StatsRecorder,
     tx: Mutex<Option<mpsc::Sender<Job>>>,
     backlog: Arc<Backlog>,
+    inflight: Arc<InFlight>,
+    served_in_flight: AtomicU64,
     dropped: Arc<AtomicU64>,
     worker: Mutex<Option<JoinHandle<()>>>,
 }
@@ -235,6 +282,7 @@ impl Hierarchy {
             Arc::clone(&inner),
             rx,
             Arc::clone(&queue.backlog),
+            Arc::clone(&queue.inflight),
         ));
         Ok(Self {
             name: name.into(),
@@ -243,6 +291,8 @@ impl Hierarchy {
             stats: StatsRecorder::default(),
             tx: Mutex::new(Some(queue.tx.clone())),
             backlog: Arc::clone(&queue.backlog),
+            inflight: Arc::clone(&queue.inflight),
+            served_in_flight: AtomicU64::new(0),
             dropped: Arc::clone(&queue.dropped),
             worker: Mutex::new(Some(worker)),
         })
@@ -276,6 +326,7 @@ impl Hierarchy {
             demotions: c.demotions.load(Relaxed),
             demotions_dropped: self.dropped.load(Relaxed),
             queue_depth: self.backlog.pages.load(Relaxed),
+            served_in_flight: self.served_in_flight.load(Relaxed),
             bytes_moved: c.bytes_moved.load(Relaxed),
             lower_errors: c.lower_errors.load(Relaxed),
         }
@@ -326,7 +377,12 @@ impl Drop for Hierarchy {
     }
 }
 
-async fn background_writer(inner: Arc<Inner>, mut rx: mpsc::Receiver<Job>, backlog: Arc<Backlog>) {
+async fn background_writer(
+    inner: Arc<Inner>,
+    mut rx: mpsc::Receiver<Job>,
+    backlog: Arc<Backlog>,
+    inflight: Arc<InFlight>,
+) {
     while let Some(job) = rx.recv().await {
         let n = job.pages.len();
         let bytes: u64 = job.pages.iter().map(|p| p.data.len() as u64).sum();
@@ -344,6 +400,7 @@ async fn background_writer(inner: Arc<Inner>, mut rx: mpsc::Receiver<Job>, backl
                 c.demotions.fetch_add((n - failed) as u64, Relaxed);
             }
         }
+        inflight.done(&job.pages);
         backlog.done(n);
     }
 }
@@ -408,13 +465,15 @@ impl StorageTier for Hierarchy {
             if let Some(tx) = self.sender() {
                 let n = stored.len();
                 self.backlog.add(n);
+                self.inflight.add(&stored);
                 let job = Job {
                     targets: 1..levels,
                     pages: stored,
                     demotion: false,
                 };
                 // Backpressure: waits while the queue is full.
-                if tx.send(job).await.is_err() {
+                if let Err(mpsc::error::SendError(job)) = tx.send(job).await {
+                    self.inflight.done(&job.pages);
                     self.backlog.done(n);
                 }
             }
@@ -471,6 +530,22 @@ impl StorageTier for Hierarchy {
             if !promote.is_empty() {
                 self.promote(depth, &promote).await;
             }
+            if depth == 0 {
+                // Pages on their way down are served before the lower tiers are asked.
+                still.retain(|&i| {
+                    let slot = &mut slots[i];
+                    match self.inflight.get(&slot.key) {
+                        Some(data) if data.len() == slot.buf.len() => {
+                            slot.buf.copy_from_slice(&data);
+                            self.served_in_flight.fetch_add(1, Relaxed);
+                            results[i] = Some(Ok(Lookup::Hit));
+                            first_error[i] = None;
+                            false
+                        }
+                        _ => true,
+                    }
+                });
+            }
             pending = still;
         }
         for i in pending {
@@ -497,7 +572,7 @@ impl StorageTier for Hierarchy {
     async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
         let mut at = 0;
         while at < keys.len() {
-            let mut best = 0;
+            let mut best = self.inflight.leading(&keys[at..]);
             for (depth, level) in self.inner.levels.iter().enumerate() {
                 match level.tier.exists(&keys[at..]).await {
                     Ok(n) => best = best.max(n),
