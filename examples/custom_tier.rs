@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use serde::Deserialize;
 use tier_core::config::{HierarchyConfig, OpenFuture, Registry, TierContext, TierPlan};
 use tier_core::{
-    async_trait, Bytes, EvictionListener, GetResult, Lookup, Page, PageKey, PutResult, ReadSlot,
+    async_trait, Bytes, EvictionListener, GetResult, Page, PageKey, PutResult, ReadSlot,
     RemoveResult, StatsRecorder, StorageTier, TierError, TierInfo, TierStats,
 };
 use tier_tests::suite::{run_all, DynTier};
@@ -87,25 +87,7 @@ impl StorageTier for ShardedMapTier {
             .iter_mut()
             .map(|slot| {
                 let page = self.shard(&slot.key).get(&slot.key).cloned();
-                match page {
-                    None => {
-                        self.stats.miss();
-                        Ok(Lookup::Miss)
-                    }
-                    Some(data) if data.len() != slot.buf.len() => {
-                        self.stats.errors(1);
-                        Err(TierError::LengthMismatch {
-                            key: slot.key.clone(),
-                            stored: data.len(),
-                            buffer: slot.buf.len(),
-                        })
-                    }
-                    Some(data) => {
-                        slot.buf.copy_from_slice(&data);
-                        self.stats.hit(data.len());
-                        Ok(Lookup::Hit)
-                    }
-                }
+                slot.answer(page.as_deref(), &self.stats)
             })
             .collect()
     }

@@ -1,6 +1,6 @@
 use bytes::Bytes;
 
-use crate::{PageKey, TierError};
+use crate::{PageKey, StatsRecorder, TierError};
 
 /// A page to store: its key and its bytes (shared, so tiers may keep them without copying).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +55,34 @@ impl<'a> ReadSlot<'a> {
     /// Creates a slot.
     pub fn new(key: PageKey, buf: &'a mut [u8]) -> Self {
         Self { key, buf }
+    }
+
+    /// Answers the slot from a page held in memory, or from its absence: copies the bytes in
+    /// (a hit), reports a miss, or a [`TierError::LengthMismatch`]; records it in `stats`.
+    pub fn answer(
+        &mut self,
+        page: Option<&[u8]>,
+        stats: &StatsRecorder,
+    ) -> Result<Lookup, TierError> {
+        match page {
+            None => {
+                stats.miss();
+                Ok(Lookup::Miss)
+            }
+            Some(data) if data.len() != self.buf.len() => {
+                stats.errors(1);
+                Err(TierError::LengthMismatch {
+                    key: self.key.clone(),
+                    stored: data.len(),
+                    buffer: self.buf.len(),
+                })
+            }
+            Some(data) => {
+                self.buf.copy_from_slice(data);
+                stats.hit(data.len());
+                Ok(Lookup::Hit)
+            }
+        }
     }
 }
 

@@ -14,9 +14,8 @@ use moka::future::Cache;
 use moka::notification::RemovalCause;
 use moka::policy::EvictionPolicy as MokaPolicy;
 use tier_core::{
-    async_trait, Bytes, EvictedPage, EvictionCause, EvictionListener, GetResult, Lookup, Page,
-    PageKey, PutResult, ReadSlot, RemoveResult, StatsRecorder, StorageTier, TierError, TierInfo,
-    TierStats,
+    async_trait, Bytes, EvictedPage, EvictionCause, EvictionListener, GetResult, Page, PageKey,
+    PutResult, ReadSlot, RemoveResult, StatsRecorder, StorageTier, TierError, TierInfo, TierStats,
 };
 
 /// Which page a full tier lets go first.
@@ -195,26 +194,8 @@ impl StorageTier for MemTier {
     async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
         let mut results = Vec::with_capacity(slots.len());
         for slot in slots.iter_mut() {
-            let outcome = match self.cache.get(&slot.key).await {
-                None => {
-                    self.stats.miss();
-                    Ok(Lookup::Miss)
-                }
-                Some(data) if data.len() != slot.buf.len() => {
-                    self.stats.errors(1);
-                    Err(TierError::LengthMismatch {
-                        key: slot.key.clone(),
-                        stored: data.len(),
-                        buffer: slot.buf.len(),
-                    })
-                }
-                Some(data) => {
-                    slot.buf.copy_from_slice(&data);
-                    self.stats.hit(data.len());
-                    Ok(Lookup::Hit)
-                }
-            };
-            results.push(outcome);
+            let page = self.cache.get(&slot.key).await;
+            results.push(slot.answer(page.as_deref(), &self.stats));
         }
         results
     }

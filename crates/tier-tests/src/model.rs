@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use tier_core::{
-    async_trait, Bytes, GetResult, Lookup, Page, PageKey, PutResult, ReadSlot, RemoveResult,
-    StatsRecorder, StorageTier, TierError, TierInfo, TierStats,
+    async_trait, Bytes, GetResult, Page, PageKey, PutResult, ReadSlot, RemoveResult, StatsRecorder,
+    StorageTier, TierError, TierInfo, TierStats,
 };
 
 /// A `HashMap` behind a mutex. Unbounded and not persistent.
@@ -58,25 +58,7 @@ impl StorageTier for ModelTier {
         let pages = self.pages();
         slots
             .iter_mut()
-            .map(|slot| match pages.get(&slot.key) {
-                None => {
-                    self.stats.miss();
-                    Ok(Lookup::Miss)
-                }
-                Some(data) if data.len() != slot.buf.len() => {
-                    self.stats.errors(1);
-                    Err(TierError::LengthMismatch {
-                        key: slot.key.clone(),
-                        stored: data.len(),
-                        buffer: slot.buf.len(),
-                    })
-                }
-                Some(data) => {
-                    slot.buf.copy_from_slice(data);
-                    self.stats.hit(data.len());
-                    Ok(Lookup::Hit)
-                }
-            })
+            .map(|slot| slot.answer(pages.get(&slot.key).map(|p| &p[..]), &self.stats))
             .collect()
     }
 
