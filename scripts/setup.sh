@@ -2,11 +2,14 @@
 # Installs what kvtier's build and tests need on a fresh Debian machine, idempotently.
 #   scripts/setup.sh build   apt packages for the build (libclang for nixl-sys's bindgen)
 #   scripts/setup.sh nixl    the NIXL runtime (libnixl_capi.so + plugins) from the nixl-cu12 wheel
-#   scripts/setup.sh all     both
+#   scripts/setup.sh s3      s3s-fs, a real S3 server the object-storage tests start on loopback
+#   scripts/setup.sh all     all of them
 set -euo pipefail
 
 NIXL_VERSION=1.5.1
 NIXL_DIR=${KVTIER_NIXL_DIR:-/opt/kvtier/nixl}
+S3S_VERSION=0.14.1
+S3S_ROOT=${KVTIER_S3S_ROOT:-/opt/kvtier/s3s}
 
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -43,9 +46,19 @@ setup_nixl() {
   echo "setup: NIXL runtime ready: $NIXL_DIR/lib/libnixl_capi.so"
 }
 
+setup_s3() {
+  if [ -x "$S3S_ROOT/bin/s3s-fs" ]; then
+    return
+  fi
+  echo "setup: building s3s-fs $S3S_VERSION into $S3S_ROOT (about 2 minutes)"
+  # The pin matters: newer s3s-fs needs a newer rustc.
+  cargo install "s3s-fs@$S3S_VERSION" --locked --features binary --root "$S3S_ROOT"
+}
+
 case "${1:-all}" in
   build) setup_build ;;
   nixl) setup_nixl ;;
-  all) setup_build; setup_nixl ;;
-  *) echo "usage: $0 [build|nixl|all]" >&2; exit 2 ;;
+  s3) setup_s3 ;;
+  all) setup_build; setup_nixl; setup_s3 ;;
+  *) echo "usage: $0 [build|nixl|s3|all]" >&2; exit 2 ;;
 esac

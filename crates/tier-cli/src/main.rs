@@ -57,13 +57,14 @@ fn registry() -> Registry {
     let mut registry = Registry::default();
     tier_mem::config::register(&mut registry);
     tier_nixl::config::register(&mut registry);
+    tier_object::config::register(&mut registry);
     registry
 }
 
 const DEFAULT_REQUESTS: usize = 3000;
 
-/// The default hierarchy: 32 MiB of DRAM over a NIXL FILE tier in `dir`, or DRAM alone (with
-/// a notice) where the NIXL runtime is missing.
+/// The default hierarchy: 32 MiB of DRAM over a NIXL FILE tier in `dir`, or over an
+/// object_store tier on a local folder (with a notice) where the NIXL runtime is missing.
 fn default_config(dir: &Path) -> HierarchyConfig {
     let dram = "[[tiers]]\nkind = \"mem\"\nname = \"dram\"\ncapacity = \"32MiB\"\n";
     let text = match tier_nixl::runtime::load(None) {
@@ -72,8 +73,11 @@ fn default_config(dir: &Path) -> HierarchyConfig {
             dir.display().to_string()
         ),
         Err(e) => {
-            eprintln!("notice: NIXL runtime not found ({e}); replaying on DRAM alone");
-            dram.to_string()
+            eprintln!("notice: NIXL runtime not found ({e}); replaying on DRAM over a local object_store folder");
+            format!(
+                "{dram}\n[[tiers]]\nkind = \"object\"\nname = \"objects\"\nstore = \"local\"\nprefix = \"replay\"\ndir = {:?}\n",
+                dir.display().to_string()
+            )
         }
     };
     HierarchyConfig::from_toml(&text)
@@ -294,6 +298,44 @@ mod tests {
             "the file tier served reuses: {stats:?}"
         );
         assert_eq!(report.ratio.reused, sim::unbounded(&trace[..1500]).reused);
+        h.close().await.unwrap();
+    }
+
+    #[test]
+    fn every_example_config_checks() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "toml")
+                && path.file_name().is_some_and(|n| n != "Cargo.toml")
+            {
+                let config = HierarchyConfig::from_file(&path)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                registry()
+                    .plan(&config)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                checked += 1;
+            }
+        }
+        assert!(checked >= 4, "example configs checked: {checked}");
+    }
+
+    /// The fallback default (DRAM over a local object_store folder) loses nothing either.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dram_over_local_objects_replays_exactly() {
+        let trace = synthetic();
+        let tmp = tempfile::tempdir().unwrap();
+        let h = hierarchy(&format!(
+            "[[tiers]]\nkind = \"mem\"\ncapacity = \"1MiB\"\n[[tiers]]\nkind = \"object\"\nstore = \"local\"\nprefix = \"replay\"\ndir = {:?}\n",
+            tmp.path().join("objects").display().to_string()
+        ))
+        .await;
+        let report = replay::replay(&h, &trace[..800], 4096, |_| {})
+            .await
+            .unwrap();
+        assert_eq!((report.corrupt, report.errors), (0, 0));
+        assert_eq!(report.ratio.reused, sim::unbounded(&trace[..800]).reused);
         h.close().await.unwrap();
     }
 

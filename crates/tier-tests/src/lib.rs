@@ -21,6 +21,7 @@ pub mod content;
 pub mod faulty;
 pub mod fd;
 pub mod model;
+pub mod s3;
 pub mod suite;
 
 pub use suite::{Failure, TierFactory};

@@ -1,0 +1,147 @@
+//! The `object` kind for config files.
+//!
+//! ```toml
+//! [[tiers]]
+//! kind = "object"
+//! store = "s3"                  # s3, local or memory
+//! prefix = "models/llama-8b"    # the tier's namespace; clear() touches nothing else
+//! endpoint = "http://127.0.0.1:9000"
+//! bucket = "kv"
+//! access_key = "..."
+//! secret_key = "..."
+//! region = "us-east-1"
+//! concurrency = 16
+//! op_timeout = "30s"
+//! # store = "local": dir = "/mnt/shared/kv"
+//! ```
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use object_store::ObjectStore;
+use serde::Deserialize;
+use tier_core::config::{OpenFuture, Registry, Seconds, TierContext, TierPlan};
+use tier_core::{EvictionListener, TierError};
+
+use crate::{ObjectTier, ObjectTierConfig, S3Settings};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ObjectParams {
+    store: StoreKind,
+    prefix: String,
+    endpoint: Option<String>,
+    bucket: Option<String>,
+    access_key: Option<String>,
+    secret_key: Option<String>,
+    region: Option<String>,
+    dir: Option<PathBuf>,
+    concurrency: Option<usize>,
+    op_timeout: Option<Seconds>,
+    #[serde(default)]
+    create_only: bool,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum StoreKind {
+    S3,
+    Local,
+    Memory,
+}
+
+struct ObjectPlan {
+    store: Arc<dyn ObjectStore>,
+    config: ObjectTierConfig,
+    describe: String,
+}
+
+impl TierPlan for ObjectPlan {
+    fn describe(&self) -> String {
+        self.describe.clone()
+    }
+
+    fn open(self: Box<Self>, _on_evict: Option<EvictionListener>) -> OpenFuture {
+        Box::pin(async move { Ok(Arc::new(ObjectTier::new(self.store, self.config)?) as _) })
+    }
+}
+
+fn required(ctx: &TierContext, field: &str, value: Option<String>) -> Result<String, TierError> {
+    value.ok_or_else(|| {
+        TierError::config(
+            format!("{}.{field}", ctx.field),
+            "required for store = \"s3\"",
+        )
+    })
+}
+
+/// Registers the `object` kind.
+pub fn register(registry: &mut Registry) {
+    registry.register("object", |ctx: &TierContext| {
+        let p: ObjectParams = ctx.params()?;
+        let field = |f: &str| format!("{}.{f}", ctx.field);
+        let (store, where_): (Arc<dyn ObjectStore>, String) = match p.store {
+            StoreKind::S3 => {
+                let mut s = S3Settings::endpoint(
+                    "",
+                    &required(ctx, "bucket", p.bucket.clone())?,
+                    &required(ctx, "access_key", p.access_key.clone())?,
+                    &required(ctx, "secret_key", p.secret_key.clone())?,
+                );
+                s.endpoint = p.endpoint.clone();
+                if let Some(region) = p.region.clone() {
+                    s.region = region;
+                }
+                let store = s
+                    .build()
+                    .map_err(|e| TierError::config(field("store"), e.to_string()))?;
+                (
+                    store,
+                    format!(
+                        "s3 bucket {} at {}",
+                        s.bucket,
+                        s.endpoint.as_deref().unwrap_or("AWS")
+                    ),
+                )
+            }
+            StoreKind::Local => {
+                let dir = p.dir.clone().ok_or_else(|| {
+                    TierError::config(field("dir"), "required for store = \"local\"")
+                })?;
+                std::fs::create_dir_all(&dir).map_err(|e| {
+                    TierError::io("create object folder", None, Some(dir.clone()), e)
+                })?;
+                let store = object_store::local::LocalFileSystem::new_with_prefix(&dir)
+                    .map_err(|e| TierError::config(field("dir"), e.to_string()))?;
+                (Arc::new(store), format!("local folder {}", dir.display()))
+            }
+            StoreKind::Memory => (
+                Arc::new(object_store::memory::InMemory::new()),
+                "memory".to_string(),
+            ),
+        };
+        let mut config = ObjectTierConfig::new(p.prefix.clone());
+        config.name = ctx.name.clone();
+        config.create_only = p.create_only;
+        if let Some(n) = p.concurrency {
+            config.concurrency = n;
+        }
+        if let Some(t) = p.op_timeout {
+            config.op_timeout = t.0;
+        }
+        // Checks prefix and limits now, so `kvtier check` reports them.
+        ObjectTier::new(Arc::clone(&store), config.clone()).map_err(|e| match e {
+            TierError::Config { field: f, message } => TierError::config(field(&f), message),
+            other => other,
+        })?;
+        let describe = format!(
+            "object: {where_}, prefix {:?}, concurrency {}",
+            config.prefix, config.concurrency
+        );
+        Ok(Box::new(ObjectPlan {
+            store,
+            config,
+            describe,
+        }) as Box<dyn TierPlan>)
+    });
+}

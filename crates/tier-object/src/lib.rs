@@ -1,0 +1,415 @@
+//! A tier over any [`object_store::ObjectStore`]: S3 and S3-compatible endpoints, GCS, Azure,
+//! a local folder, memory. The shared, distributed tier for when one machine is not enough.
+//!
+//! Pages are objects named `<prefix>/<escaped key>`; the prefix is the tier's namespace (per
+//! model or deployment) and `clear` removes only it. Batches run concurrently up to
+//! `concurrency`; every call is bounded by `op_timeout` on top of the store's own retries and
+//! timeouts. Pages above `multipart_threshold` are uploaded in parts. With `create_only`, a
+//! page is written with `PutMode::Create`: two writers of one key never interleave and the
+//! first complete page wins (pages are content-addressed, so both hold the same bytes).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::{Path, PathPart};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
+use tier_core::{
+    async_trait, Bytes, GetResult, Page, PageKey, PutResult, ReadSlot, RemoveResult, StatsRecorder,
+    StorageTier, TierError, TierInfo, TierStats,
+};
+
+pub mod config;
+mod s3;
+
+/// Longest escaped object name (stores that keep objects as files need it under NAME_MAX).
+const MAX_NAME: usize = 200;
+pub use s3::S3Settings;
+
+/// Configuration of an [`ObjectTier`].
+#[derive(Debug, Clone)]
+pub struct ObjectTierConfig {
+    /// Instance name.
+    pub name: String,
+    /// Namespace: `/`-separated parts of `[A-Za-z0-9._-]`, none `.` or `..`.
+    pub prefix: String,
+    /// Requests in flight per batch.
+    pub concurrency: usize,
+    /// Hard bound on each request (on top of the store's own retries).
+    pub op_timeout: Duration,
+    /// Pages larger than this are uploaded in parts.
+    pub multipart_threshold: usize,
+    /// Largest page accepted.
+    pub max_page_bytes: usize,
+    /// Write with `PutMode::Create`: the first complete page of a key wins.
+    pub create_only: bool,
+}
+
+impl ObjectTierConfig {
+    /// Defaults under `prefix`.
+    pub fn new(prefix: impl Into<String>) -> Self {
+        Self {
+            name: "object".into(),
+            prefix: prefix.into(),
+            concurrency: 16,
+            op_timeout: Duration::from_secs(30),
+            multipart_threshold: 16 << 20,
+            max_page_bytes: 256 << 20,
+            create_only: false,
+        }
+    }
+}
+
+/// Pages as objects in any object store.
+pub struct ObjectTier {
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+    config: ObjectTierConfig,
+    backend: String,
+    stats: StatsRecorder,
+}
+
+impl ObjectTier {
+    /// A tier over `store`; checks the config (no request is made).
+    pub fn new(store: Arc<dyn ObjectStore>, config: ObjectTierConfig) -> Result<Self, TierError> {
+        if config.concurrency == 0 {
+            return Err(TierError::config("concurrency", "must be at least 1"));
+        }
+        if config.op_timeout.is_zero() {
+            return Err(TierError::config("op_timeout", "must be positive"));
+        }
+        let prefix = parse_prefix(&config.prefix)?;
+        Ok(Self {
+            backend: format!("object store {store}"),
+            store,
+            prefix,
+            config,
+            stats: StatsRecorder::default(),
+        })
+    }
+
+    /// The object a page is stored as, or `KeyRejected` if its escaped name is too long for
+    /// stores that keep objects as files.
+    pub fn object_path(&self, key: &PageKey) -> Result<Path, TierError> {
+        let name = escape(key);
+        if name.len() > MAX_NAME {
+            return Err(TierError::KeyRejected {
+                key: key.clone(),
+                reason: "the key escaped as an object name exceeds 200 bytes",
+            });
+        }
+        Ok(self.prefix.clone().join(PathPart::from(name.as_str())))
+    }
+
+    fn error(&self, key: Option<&PageKey>, e: object_store::Error) -> TierError {
+        let message = match &e {
+            object_store::Error::Unauthenticated { .. }
+            | object_store::Error::PermissionDenied { .. } => {
+                format!("authentication failed: {e}")
+            }
+            _ => e.to_string(),
+        };
+        TierError::Backend {
+            backend: self.backend.clone(),
+            key: key.cloned(),
+            message,
+        }
+    }
+
+    async fn bounded<T>(
+        &self,
+        op: &'static str,
+        fut: impl std::future::Future<Output = Result<T, TierError>>,
+    ) -> Result<T, TierError> {
+        tokio::time::timeout(self.config.op_timeout, fut)
+            .await
+            .unwrap_or(Err(TierError::Timeout {
+                op,
+                after: self.config.op_timeout,
+            }))
+    }
+
+    async fn put_one(&self, page: &Page) -> PutResult {
+        page.check_len(Some(self.config.max_page_bytes))?;
+        let path = self.object_path(&page.key)?;
+        let mode = if self.config.create_only {
+            PutMode::Create
+        } else {
+            PutMode::Overwrite
+        };
+        self.bounded("object put", async {
+            let result = if page.data.len() > self.config.multipart_threshold {
+                self.put_multipart(&path, &page.data).await
+            } else {
+                let opts = PutOptions {
+                    mode,
+                    ..Default::default()
+                };
+                self.store
+                    .put_opts(&path, PutPayload::from(page.data.clone()), opts)
+                    .await
+                    .map(|_| ())
+            };
+            match result {
+                Ok(()) => Ok(()),
+                // Create-only: the key is already stored, by this or another writer.
+                Err(object_store::Error::AlreadyExists { .. }) if self.config.create_only => Ok(()),
+                Err(e) => Err(self.error(Some(&page.key), e)),
+            }
+        })
+        .await
+    }
+
+    async fn put_multipart(&self, path: &Path, data: &Bytes) -> object_store::Result<()> {
+        let upload = self.store.put_multipart(path).await?;
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, 8 << 20);
+        writer.put(data.clone());
+        writer.finish().await.map(|_| ())
+    }
+
+    async fn get_one(&self, slot: &mut ReadSlot<'_>) -> GetResult {
+        let path = match self.object_path(&slot.key) {
+            Ok(path) => path,
+            Err(_) => return slot.answer(None, &self.stats),
+        };
+        let key = slot.key.clone();
+        let fetched = self
+            .bounded("object get", async {
+                match self.store.get(&path).await {
+                    Ok(result) => result
+                        .bytes()
+                        .await
+                        .map(Some)
+                        .map_err(|e| self.error(Some(&key), e)),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(self.error(Some(&key), e)),
+                }
+            })
+            .await;
+        match fetched {
+            Ok(page) => slot.answer(page.as_deref(), &self.stats),
+            Err(e) => {
+                self.stats.errors(1);
+                Err(e)
+            }
+        }
+    }
+
+    async fn present(&self, key: &PageKey) -> Result<bool, TierError> {
+        let Ok(path) = self.object_path(key) else {
+            return Ok(false);
+        };
+        self.bounded("object head", async {
+            match self.store.head(&path).await {
+                Ok(_) => Ok(true),
+                Err(object_store::Error::NotFound { .. }) => Ok(false),
+                Err(e) => Err(self.error(Some(key), e)),
+            }
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl StorageTier for ObjectTier {
+    fn info(&self) -> TierInfo {
+        TierInfo {
+            name: self.config.name.clone(),
+            kind: "object".into(),
+            capacity_bytes: None,
+            max_page_bytes: Some(self.config.max_page_bytes),
+            persistent: true,
+        }
+    }
+
+    fn stats(&self) -> TierStats {
+        self.stats.snapshot(None)
+    }
+
+    async fn put(&self, pages: &[Page]) -> Vec<PutResult> {
+        // A key repeated in the batch: only its last page is written.
+        let last: HashMap<&PageKey, usize> =
+            pages.iter().enumerate().map(|(i, p)| (&p.key, i)).collect();
+        let jobs: Vec<Job<'_, PutResult>> = pages
+            .iter()
+            .enumerate()
+            .map(|(i, page)| -> Job<'_, PutResult> {
+                if last[&page.key] != i {
+                    let checked = page.check_len(Some(self.config.max_page_bytes));
+                    Box::pin(async move { checked })
+                } else {
+                    Box::pin(self.put_one(page))
+                }
+            })
+            .collect();
+        let results = run_ordered(jobs, self.config.concurrency).await;
+        for (page, r) in pages.iter().zip(&results) {
+            match r {
+                Ok(()) => self.stats.put(page.data.len()),
+                Err(_) => self.stats.errors(1),
+            }
+        }
+        results
+    }
+
+    async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
+        let jobs: Vec<Job<'_, GetResult>> = slots
+            .iter_mut()
+            .map(|slot| -> Job<'_, GetResult> { Box::pin(self.get_one(slot)) })
+            .collect();
+        run_ordered(jobs, self.config.concurrency).await
+    }
+
+    async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
+        // HEADs run concurrently, a window at a time; the run ends at the first absent key.
+        let mut run = 0;
+        for window in keys.chunks(self.config.concurrency) {
+            let jobs: Vec<Job<'_, Result<bool, TierError>>> = window
+                .iter()
+                .map(|k| -> Job<'_, Result<bool, TierError>> { Box::pin(self.present(k)) })
+                .collect();
+            let present = run_ordered(jobs, self.config.concurrency)
+                .await
+                .into_iter()
+                .collect::<Result<Vec<bool>, TierError>>()?;
+            let lead = present.iter().take_while(|p| **p).count();
+            run += lead;
+            if lead < window.len() {
+                break;
+            }
+        }
+        Ok(run)
+    }
+
+    async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
+        let jobs: Vec<Job<'_, RemoveResult>> = keys
+            .iter()
+            .map(|key| -> Job<'_, RemoveResult> { Box::pin(self.remove_one(key)) })
+            .collect();
+        run_ordered(jobs, self.config.concurrency).await
+    }
+
+    async fn clear(&self) -> Result<(), TierError> {
+        let listed: Vec<object_store::ObjectMeta> = self
+            .bounded("object list", async {
+                self.store
+                    .list(Some(&self.prefix))
+                    .try_collect()
+                    .await
+                    .map_err(|e| self.error(None, e))
+            })
+            .await?;
+        let jobs: Vec<Job<'_, Result<(), TierError>>> = listed
+            .iter()
+            .map(|meta| -> Job<'_, Result<(), TierError>> {
+                Box::pin(self.delete_path(&meta.location, None))
+            })
+            .collect();
+        run_ordered(jobs, self.config.concurrency)
+            .await
+            .into_iter()
+            .collect()
+    }
+}
+
+impl ObjectTier {
+    async fn remove_one(&self, key: &PageKey) -> RemoveResult {
+        let was = self.present(key).await?;
+        if was {
+            self.delete_path(&self.object_path(key)?, Some(key)).await?;
+            self.stats.removed();
+        }
+        Ok(was)
+    }
+
+    async fn delete_path(&self, path: &Path, key: Option<&PageKey>) -> Result<(), TierError> {
+        self.bounded("object delete", async {
+            match self.store.delete(path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(self.error(key, e)),
+            }
+        })
+        .await
+    }
+}
+
+/// One request of a batch.
+type Job<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Runs `jobs` with at most `limit` in flight; results in input order.
+async fn run_ordered<T>(jobs: Vec<Job<'_, T>>, limit: usize) -> Vec<T> {
+    futures::stream::iter(jobs).buffered(limit).collect().await
+}
+
+/// Parses and checks the namespace prefix.
+fn parse_prefix(prefix: &str) -> Result<Path, TierError> {
+    let parts: Vec<&str> = prefix.split('/').filter(|p| !p.is_empty()).collect();
+    if parts.is_empty() {
+        return Err(TierError::config(
+            "prefix",
+            "a namespace is required, so clear() cannot touch other data",
+        ));
+    }
+    for part in &parts {
+        let ok = part
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+            && *part != "."
+            && *part != "..";
+        if !ok {
+            return Err(TierError::config(
+                "prefix",
+                format!("{part:?} is not a plain name ([A-Za-z0-9._-], not . or ..)"),
+            ));
+        }
+    }
+    Ok(Path::from_iter(parts))
+}
+
+/// Escapes a key into one plain object-name part: `[A-Za-z0-9_-]` and non-leading `.` kept,
+/// every other byte written `=XX`.
+fn escape(key: &PageKey) -> String {
+    let mut out = String::with_capacity(key.len());
+    for (i, b) in key.as_str().bytes().enumerate() {
+        if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || (b == b'.' && i > 0) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("={b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_become_single_plain_parts() {
+        for k in ["../../etc/passwd", "a/b", "..", ".", "x=y", "%2e"] {
+            let e = escape(&PageKey::new(k).unwrap());
+            assert!(
+                !e.contains('/') && !e.starts_with('.') && !e.contains('%'),
+                "{e}"
+            );
+        }
+        assert_ne!(
+            escape(&PageKey::new("x=2F").unwrap()),
+            escape(&PageKey::new("x/").unwrap())
+        );
+    }
+
+    #[test]
+    fn prefixes_are_checked() {
+        assert!(parse_prefix("models/llama-8b").is_ok());
+        for bad in ["", "/", "a/../b", "a b", "."] {
+            assert!(
+                matches!(parse_prefix(bad), Err(TierError::Config { .. })),
+                "{bad}"
+            );
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! Building an S3 (or S3-compatible) store with bounded retries and timeouts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::aws::AmazonS3Builder;
+use object_store::{ClientOptions, ObjectStore, RetryConfig};
+use tier_core::TierError;
+
+/// Where and how to reach an S3 bucket.
+#[derive(Debug, Clone)]
+pub struct S3Settings {
+    /// Endpoint URL, e.g. `http://127.0.0.1:9000`; `None` for AWS.
+    pub endpoint: Option<String>,
+    /// Bucket.
+    pub bucket: String,
+    /// Region.
+    pub region: String,
+    /// Access key id.
+    pub access_key: String,
+    /// Secret access key.
+    pub secret_key: String,
+    /// Virtual-hosted-style addressing (`bucket.host`) instead of path style.
+    pub virtual_hosted: bool,
+    /// Per-request timeout (and connect timeout).
+    pub request_timeout: Duration,
+    /// Retries of a failed request.
+    pub max_retries: usize,
+    /// Bound on all retries of one request.
+    pub retry_timeout: Duration,
+    /// Idle connections kept per host (`None`: the HTTP client's default). Each holds an fd.
+    pub max_idle_connections: Option<usize>,
+}
+
+impl S3Settings {
+    /// Path-style settings for an S3-compatible endpoint.
+    pub fn endpoint(endpoint: &str, bucket: &str, access_key: &str, secret_key: &str) -> Self {
+        Self {
+            endpoint: Some(endpoint.to_string()),
+            bucket: bucket.to_string(),
+            region: "us-east-1".into(),
+            access_key: access_key.to_string(),
+            secret_key: secret_key.to_string(),
+            virtual_hosted: false,
+            request_timeout: Duration::from_secs(10),
+            max_retries: 3,
+            retry_timeout: Duration::from_secs(20),
+            max_idle_connections: None,
+        }
+    }
+
+    /// Builds the store (no request is made).
+    pub fn build(&self) -> Result<Arc<dyn ObjectStore>, TierError> {
+        if self.access_key.is_empty() || self.secret_key.is_empty() {
+            return Err(TierError::config(
+                "access_key",
+                "S3 credentials are missing",
+            ));
+        }
+        let mut client = ClientOptions::new()
+            .with_timeout(self.request_timeout)
+            .with_connect_timeout(self.request_timeout)
+            .with_allow_http(true);
+        if let Some(max) = self.max_idle_connections {
+            client = client.with_pool_max_idle_per_host(max);
+        }
+        let mut builder = AmazonS3Builder::new()
+            .with_bucket_name(&self.bucket)
+            .with_region(&self.region)
+            .with_access_key_id(&self.access_key)
+            .with_secret_access_key(&self.secret_key)
+            .with_virtual_hosted_style_request(self.virtual_hosted)
+            .with_retry(RetryConfig {
+                max_retries: self.max_retries,
+                retry_timeout: self.retry_timeout,
+                ..Default::default()
+            })
+            .with_client_options(client);
+        if let Some(endpoint) = &self.endpoint {
+            builder = builder.with_endpoint(endpoint);
+        }
+        builder
+            .build()
+            .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
+            .map_err(|e| TierError::config("s3", e.to_string()))
+    }
+}
