@@ -43,37 +43,99 @@ pub fn unbounded(trace: &[Request]) -> Ratio {
     r
 }
 
-/// LRU with room for `capacity` blocks.
-pub fn lru(trace: &[Request], capacity: usize) -> Ratio {
-    let mut last_use: HashMap<u64, u64> = HashMap::new();
-    let mut by_age: BTreeSet<(u64, u64)> = BTreeSet::new();
-    let mut clock = 0u64;
+/// A cache of block ids the simulation drives: presence, then each access in trace order.
+trait SimCache {
+    fn contains(&self, id: u64) -> bool;
+    /// Accesses `id`, the `pos`-th block access of the trace, evicting as needed.
+    fn access(&mut self, id: u64, pos: usize);
+}
+
+/// Reused over requested blocks when each request reuses its cached leading run, then
+/// accesses all its blocks.
+fn simulate(trace: &[Request], cache: &mut impl SimCache) -> Ratio {
     let mut r = Ratio::default();
+    let mut pos = 0;
     for req in trace {
         r.requested += req.hash_ids.len() as u64;
         r.reused += req
             .hash_ids
             .iter()
-            .take_while(|id| last_use.contains_key(*id))
+            .take_while(|id| cache.contains(**id))
             .count() as u64;
         for &id in &req.hash_ids {
-            clock += 1;
-            if let Some(old) = last_use.insert(id, clock) {
-                by_age.remove(&(old, id));
-            }
-            by_age.insert((clock, id));
-            while last_use.len() > capacity {
-                let Some((_, victim)) = by_age.pop_first() else {
-                    break;
-                };
-                last_use.remove(&victim);
-            }
+            cache.access(id, pos);
+            pos += 1;
         }
     }
     r
 }
 
-/// Belady's optimal replacement with room for `capacity` blocks.
+/// Blocks ordered by a rank (last use for LRU, next use for Belady), bounded in count.
+struct Ranked {
+    rank: HashMap<u64, u64>,
+    order: BTreeSet<(u64, u64)>,
+    capacity: usize,
+}
+
+impl Ranked {
+    fn new(capacity: usize) -> Self {
+        Self {
+            rank: HashMap::new(),
+            order: BTreeSet::new(),
+            capacity,
+        }
+    }
+
+    /// Sets `id`'s rank, then evicts the lowest (`evict_highest = false`) or highest rank.
+    fn set(&mut self, id: u64, rank: u64, evict_highest: bool) {
+        if let Some(old) = self.rank.insert(id, rank) {
+            self.order.remove(&(old, id));
+        }
+        self.order.insert((rank, id));
+        while self.rank.len() > self.capacity {
+            let victim = if evict_highest {
+                self.order.pop_last()
+            } else {
+                self.order.pop_first()
+            };
+            let Some((_, victim)) = victim else { break };
+            self.rank.remove(&victim);
+        }
+    }
+}
+
+struct Lru(Ranked);
+
+impl SimCache for Lru {
+    fn contains(&self, id: u64) -> bool {
+        self.0.rank.contains_key(&id)
+    }
+    fn access(&mut self, id: u64, pos: usize) {
+        self.0.set(id, pos as u64, false);
+    }
+}
+
+struct Belady {
+    cache: Ranked,
+    next_use: Vec<u64>,
+}
+
+impl SimCache for Belady {
+    fn contains(&self, id: u64) -> bool {
+        self.cache.rank.contains_key(&id)
+    }
+    fn access(&mut self, id: u64, pos: usize) {
+        self.cache.set(id, self.next_use[pos], true);
+    }
+}
+
+/// LRU with room for `capacity` blocks.
+pub fn lru(trace: &[Request], capacity: usize) -> Ratio {
+    simulate(trace, &mut Lru(Ranked::new(capacity)))
+}
+
+/// Belady's optimal replacement with room for `capacity` blocks: evict the block whose next
+/// use is farthest away.
 pub fn belady(trace: &[Request], capacity: usize) -> Ratio {
     let accesses: Vec<u64> = trace
         .iter()
@@ -87,33 +149,13 @@ pub fn belady(trace: &[Request], capacity: usize) -> Ratio {
         }
         later.insert(*id, i as u64);
     }
-    let mut cached: HashMap<u64, u64> = HashMap::new();
-    let mut by_next: BTreeSet<(u64, u64)> = BTreeSet::new();
-    let mut r = Ratio::default();
-    let mut pos = 0usize;
-    for req in trace {
-        r.requested += req.hash_ids.len() as u64;
-        r.reused += req
-            .hash_ids
-            .iter()
-            .take_while(|id| cached.contains_key(*id))
-            .count() as u64;
-        for &id in &req.hash_ids {
-            let next = next_use[pos];
-            pos += 1;
-            if let Some(old) = cached.insert(id, next) {
-                by_next.remove(&(old, id));
-            }
-            by_next.insert((next, id));
-            while cached.len() > capacity {
-                let Some((_, victim)) = by_next.pop_last() else {
-                    break;
-                };
-                cached.remove(&victim);
-            }
-        }
-    }
-    r
+    simulate(
+        trace,
+        &mut Belady {
+            cache: Ranked::new(capacity),
+            next_use,
+        },
+    )
 }
 
 #[cfg(test)]
