@@ -46,6 +46,23 @@ impl PageKey {
         self.0.is_empty()
     }
 
+    /// The key as one plain file or object name: `[A-Za-z0-9_-]` and non-leading `.` kept,
+    /// every other byte written as `marker` and two uppercase hex digits. The result never
+    /// holds `/`, never starts with `.`, and differs for different keys (given a marker
+    /// outside the kept set).
+    pub fn escaped_name(&self, marker: char) -> String {
+        let mut out = String::with_capacity(self.len());
+        for (i, b) in self.0.bytes().enumerate() {
+            if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || (b == b'.' && i > 0) {
+                out.push(char::from(b));
+            } else {
+                out.push(marker);
+                out.push_str(&format!("{b:02X}"));
+            }
+        }
+        out
+    }
+
     fn check(key: &[u8]) -> Result<(), TierError> {
         if key.is_empty() {
             return Err(invalid(key, "key is empty"));

@@ -369,18 +369,9 @@ fn parse_prefix(prefix: &str) -> Result<Path, TierError> {
     Ok(Path::from_iter(parts))
 }
 
-/// Escapes a key into one plain object-name part: `[A-Za-z0-9_-]` and non-leading `.` kept,
-/// every other byte written `=XX`.
+/// A key as one plain object-name part (`=XX` escapes; see [`PageKey::escaped_name`]).
 fn escape(key: &PageKey) -> String {
-    let mut out = String::with_capacity(key.len());
-    for (i, b) in key.as_str().bytes().enumerate() {
-        if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || (b == b'.' && i > 0) {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("={b:02X}"));
-        }
-    }
-    out
+    key.escaped_name('=')
 }
 
 #[cfg(test)]

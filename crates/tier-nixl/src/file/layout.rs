@@ -188,16 +188,7 @@ pub fn route_hash(bytes: &[u8]) -> u64 {
 }
 
 fn encode(key: &PageKey) -> String {
-    let mut out = String::with_capacity(key.len());
-    for (i, b) in key.as_str().bytes().enumerate() {
-        let keep = b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || (b == b'.' && i > 0);
-        if keep {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    key.escaped_name('%')
 }
 
 fn decode(name: &str) -> Option<PageKey> {
