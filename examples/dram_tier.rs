@@ -16,7 +16,12 @@ const BATCH: usize = 128;
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tier = MemTier::builder(CAPACITY).name("dram").build()?;
     let keys: Vec<PageKey> = (0..PAGES)
-        .map(|i| PageKey::new(format!("{:064x}", i as u64 * 0x9e37_79b9_7f4a_7c15)))
+        .map(|i| {
+            PageKey::new(format!(
+                "{:064x}",
+                (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ))
+        })
         .collect::<Result<_, _>>()?;
 
     let started = Instant::now();
@@ -44,7 +49,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         for (slot, result) in slots.iter().zip(results) {
             if result? == Lookup::Hit {
                 hits += 1;
-                exact += usize::from(slot.buf.iter().all(|b| *b == slot.key.as_bytes_hint()));
+                let hint = slot.key.as_bytes_hint();
+                exact += usize::from(slot.buf.iter().all(|b| *b == hint));
             }
         }
     }

@@ -21,7 +21,13 @@ fn rss_bytes() -> u64 {
 
 fn keys(n: usize) -> Vec<PageKey> {
     (0..n)
-        .map(|i| PageKey::new(format!("{:064x}", i as u64 * 0x9e37_79b9_7f4a_7c15)).unwrap())
+        .map(|i| {
+            PageKey::new(format!(
+                "{:064x}",
+                (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ))
+            .unwrap()
+        })
         .collect()
 }
 
