@@ -3,15 +3,18 @@
 // Link nixl-sys's library (its C API forwarders) even though only raw symbols are called.
 extern crate nixl_sys;
 
+mod batch;
 pub mod config;
 pub mod file;
 pub mod nixl;
+pub mod obj;
 pub mod runtime;
 mod staging;
 
 pub use file::{
     DirectIo, FileMode, FilePlugin, NixlFileConfig, NixlFileTier, PathModeChoice, BUCKETS,
 };
+pub use obj::{NixlObjConfig, NixlObjTier, RequestChecksum};
 
 /// What `kvtier probe` reports about the NIXL runtime.
 #[derive(Debug, Clone)]

@@ -199,17 +199,47 @@ impl ObjectTier {
     }
 
     async fn present(&self, key: &PageKey) -> Result<bool, TierError> {
+        Ok(self.stored_len(key).await?.is_some())
+    }
+
+    /// The stored length of a key's object (`None`: absent), by one HEAD.
+    pub async fn stored_len(&self, key: &PageKey) -> Result<Option<u64>, TierError> {
         let Ok(path) = self.object_path(key) else {
-            return Ok(false);
+            return Ok(None);
         };
         self.bounded("object head", async {
             match self.store.head(&path).await {
-                Ok(_) => Ok(true),
-                Err(object_store::Error::NotFound { .. }) => Ok(false),
+                Ok(meta) => Ok(Some(meta.size)),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
                 Err(e) => Err(self.error(Some(key), e)),
             }
         })
         .await
+    }
+
+    /// Checks that the store answers for this tier's prefix, by one HEAD of a name no page
+    /// uses; the error says why not (unreachable, authentication, ...).
+    pub async fn check_access(&self) -> Result<(), TierError> {
+        let probe = self
+            .prefix
+            .clone()
+            .join(PathPart::from(".kvtier-access-check"));
+        self.bounded("object head", async {
+            match self.store.head(&probe).await {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(self.error(None, e)),
+            }
+        })
+        .await
+    }
+
+    /// [`Self::stored_len`] of each key, `concurrency` HEADs in flight.
+    pub async fn stored_lens(&self, keys: &[PageKey]) -> Vec<Result<Option<u64>, TierError>> {
+        let jobs: Vec<Job<'_, Result<Option<u64>, TierError>>> = keys
+            .iter()
+            .map(|k| -> Job<'_, Result<Option<u64>, TierError>> { Box::pin(self.stored_len(k)) })
+            .collect();
+        run_ordered(jobs, self.config.concurrency).await
     }
 }
 

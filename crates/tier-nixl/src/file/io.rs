@@ -8,13 +8,13 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tier_core::{PageKey, TierError};
 
-use crate::nixl::{Backend, Completion, Desc, MemKind, Registration, XferOp};
+use crate::batch::{move_isolating, BatchOutcome, Failure};
+use crate::nixl::{next_dev_id, Backend, Desc, Finished, MemKind, Registration, XferOp};
 use crate::staging::align_up;
 
 /// How files are handed to NIXL.
@@ -33,13 +33,6 @@ impl std::fmt::Display for FileMode {
             Self::Fd => "fd",
         })
     }
-}
-
-/// Device ids for path-mode registrations: unique among live registrations in the process.
-static NEXT_DEV_ID: AtomicU64 = AtomicU64::new(1);
-
-fn next_dev_id() -> u64 {
-    NEXT_DEV_ID.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Registers a path that must not exist, without `create`: a path-mode NIXL fails to open it,
@@ -78,15 +71,6 @@ pub struct Xfer {
     pub local: usize,
 }
 
-/// Outcome of a batch: per-item results, and whether memory the batch used must be given up
-/// because NIXL would not release a transfer that timed out.
-pub struct BatchOutcome {
-    /// One result per item, in order.
-    pub results: Vec<Result<(), TierError>>,
-    /// True if the batch's DRAM (and its registrations) must never be reused or freed.
-    pub poisoned: bool,
-}
-
 /// A FILE backend and how to use it.
 pub struct FileIo {
     /// The backend.
@@ -121,35 +105,23 @@ impl FileIo {
 
     /// Registers caller-owned DRAM (each distinct range once) for one batch's transfers.
     pub fn register_local(&self, ranges: &[(usize, usize)]) -> Result<Registration, TierError> {
-        let mut unique: Vec<(usize, usize)> = ranges.to_vec();
-        unique.sort_unstable();
-        unique.dedup();
-        let descs: Vec<Desc<'_>> = unique
-            .iter()
-            .map(|&(addr, len)| Desc {
-                addr,
-                len,
-                dev_id: 0,
-                meta: &[],
-            })
-            .collect();
         self.backend
-            .register(MemKind::Dram, &descs)
+            .register_dram(ranges)
             .map_err(|e| self.backend_error(None, format!("registering page memory: {e}")))
     }
 
     /// Moves every item with one registration and one transfer; if that fails as a whole,
     /// retries each item alone so one bad page does not fail its neighbours.
     ///
-    /// `borrowed` says the DRAM belongs to a caller who frees it on return: a transfer NIXL
-    /// will not release is then waited for (ten more timeouts) and, as the only memory-safe
-    /// way left, the process aborts if it still will not finish.
+    /// `borrowed` says the DRAM belongs to a caller who frees it on return (see
+    /// [`crate::nixl::Transfer::finish`]).
     pub fn transfer_all(&self, op: XferOp, items: &[Xfer], borrowed: bool) -> BatchOutcome {
-        let mut results: Vec<Result<(), TierError>> = items.iter().map(|_| Ok(())).collect();
-        let all: Vec<usize> = (0..items.len()).collect();
-        let poisoned =
-            !items.is_empty() && self.transfer_isolating(op, items, &all, borrowed, &mut results);
-        BatchOutcome { results, poisoned }
+        move_isolating(
+            items.len(),
+            self.timeout,
+            &mut |which| self.transfer(op, items, which, borrowed),
+            &|i, message| self.backend_error(Some(&items[i].key), message),
+        )
     }
 
     /// Renames each written temp file into place; removes temp files of failed pages.
@@ -168,41 +140,6 @@ impl FileIo {
             if result.is_err() && !outcome.poisoned {
                 let _ = fs::remove_file(&item.path);
             }
-        }
-    }
-
-    /// Runs one registration + one transfer for `which` items; on a batch failure retries
-    /// each alone. Returns whether a transfer could not be released.
-    fn transfer_isolating(
-        &self,
-        op: XferOp,
-        items: &[Xfer],
-        which: &[usize],
-        borrowed: bool,
-        results: &mut [Result<(), TierError>],
-    ) -> bool {
-        match self.transfer(op, items, which, borrowed) {
-            Ok(()) => false,
-            Err(Failure::Item(i, e)) if which.len() == 1 => {
-                results[i] = Err(e);
-                false
-            }
-            Err(Failure::Batch(message)) if which.len() == 1 => {
-                results[which[0]] = Err(self.backend_error(Some(&items[which[0]].key), message));
-                false
-            }
-            Err(failure @ (Failure::TimedOut | Failure::Poisoned)) => {
-                for &i in which {
-                    results[i] = Err(TierError::Timeout {
-                        op: "NIXL transfer",
-                        after: self.timeout,
-                    });
-                }
-                matches!(failure, Failure::Poisoned)
-            }
-            Err(_) => which
-                .iter()
-                .any(|&i| self.transfer_isolating(op, items, &[i], borrowed, results)),
         }
     }
 
@@ -263,35 +200,16 @@ impl FileIo {
             .backend
             .post(op, &local, MemKind::File, &remote)
             .map_err(|e| Failure::Batch(format!("{}: posting the transfer: {e}", op_name(op))))?;
-        let mut transfer = transfer;
-        let completion = transfer.wait(self.timeout);
-        let mut released = transfer.release();
-        if !released && borrowed {
-            for _ in 0..10 {
-                transfer.wait(self.timeout);
-                if transfer.release() {
-                    released = true;
-                    break;
-                }
+        match transfer.finish(self.timeout, borrowed) {
+            Finished::Done => Ok(()),
+            Finished::Failed(e) => Err(Failure::Batch(format!("{}: transfer: {e}", op_name(op)))),
+            Finished::TimedOut => Err(Failure::TimedOut),
+            Finished::Poisoned => {
+                // NIXL still owns the transfer: keep the registration and fds alive for good.
+                std::mem::forget(registration);
+                std::mem::forget(files);
+                Err(Failure::Poisoned)
             }
-            if !released {
-                eprintln!("kvtier: NIXL will not release a transfer into caller memory; aborting rather than corrupting it");
-                std::process::abort();
-            }
-        }
-        if !released {
-            // NIXL still owns the transfer: keep it, the registration and fds alive for good.
-            std::mem::forget(transfer);
-            std::mem::forget(registration);
-            std::mem::forget(files);
-            return Err(Failure::Poisoned);
-        }
-        drop(registration);
-        drop(files);
-        match completion {
-            Completion::Done => Ok(()),
-            Completion::Failed(e) => Err(Failure::Batch(format!("{}: transfer: {e}", op_name(op)))),
-            Completion::TimedOut => Err(Failure::TimedOut),
         }
     }
 }
@@ -301,17 +219,6 @@ fn op_name(op: XferOp) -> &'static str {
         XferOp::Read => "read page",
         XferOp::Write => "write page",
     }
-}
-
-enum Failure {
-    /// One item failed before the transfer (fd mode open).
-    Item(usize, TierError),
-    /// The registration or transfer failed as a whole.
-    Batch(String),
-    /// The transfer did not complete in time (it was released: nothing is in flight).
-    TimedOut,
-    /// A transfer timed out and NIXL would not release it.
-    Poisoned,
 }
 
 fn open_page(path: &Path, op: XferOp, direct: bool, sync: bool) -> std::io::Result<File> {

@@ -34,11 +34,12 @@ use tier_core::{
 pub use io::{probe_path_mode, FileMode};
 pub use layout::{route_hash, BUCKETS};
 
+use crate::batch::{send_pages, BatchOutcome};
 use crate::nixl::Agent;
 use crate::nixl::XferOp;
 use crate::staging::{align_up, StagingLease, StagingPool, ALIGN};
 use index::PageIndex;
-use io::{BatchOutcome, FileIo, Xfer};
+use io::{FileIo, Xfer};
 use layout::Layout;
 
 /// Which NIXL FILE plugin moves the bytes.
@@ -427,51 +428,13 @@ impl Shared {
     }
 
     fn write_zero_copy(&self, io: &FileIo, pages: &[PlannedWrite]) -> (Vec<Xfer>, BatchOutcome) {
-        let ranges: Vec<(usize, usize)> = pages
-            .iter()
-            .map(|p| (p.data.as_ptr() as usize, p.data.len()))
-            .collect();
-        match io.register_local(&ranges) {
-            Ok(registration) => {
-                let xfers = write_xfers(pages, |i| ranges[i].0);
-                let outcome = io.transfer_all(XferOp::Write, &xfers, false);
-                if outcome.poisoned {
-                    std::mem::forget(registration);
-                }
-                (xfers, outcome)
-            }
-            Err(e) => {
-                // The same bytes may be registered by a concurrent batch: copy them into memory
-                // of our own instead.
-                tracing::debug!(error = %e, "page memory not registrable; copying the batch");
-                let total: usize = pages.iter().map(|p| p.data.len()).sum();
-                let mut owned = vec![0u8; total].into_boxed_slice();
-                let mut offsets = Vec::with_capacity(pages.len());
-                let mut at = 0;
-                for page in pages {
-                    owned[at..at + page.data.len()].copy_from_slice(&page.data);
-                    offsets.push(at);
-                    at += page.data.len();
-                }
-                let base = owned.as_ptr() as usize;
-                let xfers = write_xfers(pages, |i| base + offsets[i]);
-                let outcome = match io.register_local(&[(base, total)]) {
-                    Ok(registration) => {
-                        let outcome = io.transfer_all(XferOp::Write, &xfers, false);
-                        if outcome.poisoned {
-                            std::mem::forget(registration);
-                            std::mem::forget(owned);
-                        }
-                        outcome
-                    }
-                    Err(e) => BatchOutcome {
-                        results: pages.iter().map(|_| Err(copy_error(&e))).collect(),
-                        poisoned: false,
-                    },
-                };
-                (xfers, outcome)
-            }
-        }
+        let data: Vec<&[u8]> = pages.iter().map(|p| &p.data[..]).collect();
+        let mut xfers = Vec::new();
+        let outcome = send_pages(&io.backend, &data, &mut |addrs| {
+            xfers = write_xfers(pages, |i| addrs[i]);
+            io.transfer_all(XferOp::Write, &xfers, false)
+        });
+        (xfers, outcome)
     }
 
     /// Reads pages straight into the caller's buffers, on the calling thread (and one helper

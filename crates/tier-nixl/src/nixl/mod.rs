@@ -61,6 +61,15 @@ fn cstring(call: &'static str, s: &str) -> Result<CString, NixlError> {
     })
 }
 
+/// Device ids for path-mode and object registrations: unique among live registrations in the
+/// process (NIXL >= 1.3.1 rejects a reused one).
+static NEXT_DEV_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A device id no other registration in this process uses.
+pub fn next_dev_id() -> u64 {
+    NEXT_DEV_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Memory kinds kvtier registers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemKind {
@@ -352,6 +361,26 @@ impl Backend {
         })
     }
 
+    /// Registers host memory ranges (each distinct range once) for transfers.
+    pub fn register_dram(
+        self: &Arc<Self>,
+        ranges: &[(usize, usize)],
+    ) -> Result<Registration, NixlError> {
+        let mut unique: Vec<(usize, usize)> = ranges.to_vec();
+        unique.sort_unstable();
+        unique.dedup();
+        let descs: Vec<Desc<'_>> = unique
+            .iter()
+            .map(|&(addr, len)| Desc {
+                addr,
+                len,
+                dev_id: 0,
+                meta: &[],
+            })
+            .collect();
+        self.register(MemKind::Dram, &descs)
+    }
+
     /// Which of `descs` the backend reports as present (NIXL queryMem).
     pub fn query(&self, kind: MemKind, descs: &[Desc<'_>]) -> Result<Vec<bool>, NixlError> {
         let list = RegList::new(kind, descs)?;
@@ -590,6 +619,54 @@ impl Transfer {
         unsafe { sys::nixl_capi_destroy_xfer_req(self.req) };
         self.req = ptr::null_mut();
         true
+    }
+}
+
+/// How a transfer ended once [`Transfer::finish`] has released it.
+#[derive(Debug)]
+pub enum Finished {
+    /// All bytes moved.
+    Done,
+    /// The backend reported an error.
+    Failed(NixlError),
+    /// It did not complete in time; it was released, nothing is in flight.
+    TimedOut,
+    /// It did not complete in time and NIXL would not release it. The request is leaked: the
+    /// memory and registrations it uses must never be freed or reused.
+    Poisoned,
+}
+
+impl Transfer {
+    /// Waits (bounded by `timeout`) and releases the request.
+    ///
+    /// `borrowed` says the local memory belongs to a caller who frees it on return: a transfer
+    /// NIXL will not release is then waited for (ten more timeouts) and, as the only
+    /// memory-safe way left, the process aborts if it still will not finish.
+    pub fn finish(mut self, timeout: Duration, borrowed: bool) -> Finished {
+        let completion = self.wait(timeout);
+        let mut released = self.release();
+        if !released && borrowed {
+            for _ in 0..10 {
+                self.wait(timeout);
+                if self.release() {
+                    released = true;
+                    break;
+                }
+            }
+            if !released {
+                eprintln!("kvtier: NIXL will not release a transfer into caller memory; aborting rather than corrupting it");
+                std::process::abort();
+            }
+        }
+        if !released {
+            std::mem::forget(self);
+            return Finished::Poisoned;
+        }
+        match completion {
+            Completion::Done => Finished::Done,
+            Completion::Failed(e) => Finished::Failed(e),
+            Completion::TimedOut => Finished::TimedOut,
+        }
     }
 }
 

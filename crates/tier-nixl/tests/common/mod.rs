@@ -18,6 +18,7 @@ pub struct FileFactory {
 }
 
 impl FileFactory {
+    #[allow(dead_code)]
     pub fn new(mode: PathModeChoice) -> Self {
         let tmp = tempfile::tempdir().expect("a temp folder");
         // Two levels down, so the suite's escape check watches folders nobody else touches.
@@ -92,5 +93,50 @@ impl TierFactory for FileFactory {
             }
         }
         Some("its bucket folders were deleted".into())
+    }
+}
+
+/// Opens NIXL OBJ tiers on one s3s-fs server started for the factory, all under one prefix.
+pub struct ObjFactory {
+    pub server: tier_tests::s3::S3Server,
+    pub prefix: String,
+}
+
+impl ObjFactory {
+    #[allow(dead_code)]
+    pub fn new() -> Self {
+        Self {
+            server: tier_tests::s3::S3Server::start(),
+            prefix: "suite/run".into(),
+        }
+    }
+
+    /// The tier's config for this server.
+    #[allow(dead_code)]
+    pub fn config(&self) -> tier_nixl::NixlObjConfig {
+        let s = &self.server;
+        let mut s3 = tier_object::S3Settings::endpoint(
+            &s.endpoint(),
+            &s.bucket,
+            &s.access_key,
+            &s.secret_key,
+        );
+        s3.max_idle_connections = Some(OBJ_POOL);
+        tier_nixl::NixlObjConfig::new(s3, &self.prefix)
+    }
+}
+
+/// Idle `object_store` connections an OBJ tier keeps.
+pub const OBJ_POOL: usize = 2;
+
+#[tier_core::async_trait]
+impl TierFactory for ObjFactory {
+    fn fd_slack(&self) -> usize {
+        // Idle pooled object_store connections (NIXL's S3 client kept none open here).
+        OBJ_POOL
+    }
+
+    async fn open(&self) -> Result<DynTier, TierError> {
+        Ok(Arc::new(tier_nixl::NixlObjTier::open(self.config()).await?))
     }
 }

@@ -1,0 +1,136 @@
+//! One registration + one transfer per batch, with isolation: when a batch fails as a whole,
+//! each item is retried alone so one bad page does not fail its neighbours.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tier_core::TierError;
+
+use crate::nixl::Backend;
+
+/// Why an attempt at moving some items failed.
+pub enum Failure {
+    /// One item failed before the transfer (e.g. its file would not open).
+    Item(usize, TierError),
+    /// The registration or transfer failed as a whole.
+    Batch(String),
+    /// The transfer did not complete in time (it was released: nothing is in flight).
+    TimedOut,
+    /// A transfer timed out and NIXL would not release it.
+    Poisoned,
+}
+
+/// Outcome of a batch: per-item results, and whether memory the batch used must be given up
+/// because NIXL would not release a transfer that timed out.
+pub struct BatchOutcome {
+    /// One result per item, in order.
+    pub results: Vec<Result<(), TierError>>,
+    /// True if the batch's DRAM (and its registrations) must never be reused or freed.
+    pub poisoned: bool,
+}
+
+/// Moves items `0..n` with `attempt` (one registration + one transfer for the items it is
+/// given); on a batch failure retries each item alone. `item_error` turns a batch failure
+/// message into the error of one item.
+pub fn move_isolating(
+    n: usize,
+    timeout: Duration,
+    attempt: &mut dyn FnMut(&[usize]) -> Result<(), Failure>,
+    item_error: &dyn Fn(usize, String) -> TierError,
+) -> BatchOutcome {
+    let mut results: Vec<Result<(), TierError>> = (0..n).map(|_| Ok(())).collect();
+    let all: Vec<usize> = (0..n).collect();
+    let poisoned = n > 0 && isolate(&all, timeout, attempt, item_error, &mut results);
+    BatchOutcome { results, poisoned }
+}
+
+fn isolate(
+    which: &[usize],
+    timeout: Duration,
+    attempt: &mut dyn FnMut(&[usize]) -> Result<(), Failure>,
+    item_error: &dyn Fn(usize, String) -> TierError,
+    results: &mut [Result<(), TierError>],
+) -> bool {
+    match attempt(which) {
+        Ok(()) => false,
+        Err(Failure::Item(i, e)) if which.len() == 1 => {
+            results[i] = Err(e);
+            false
+        }
+        Err(Failure::Batch(message)) if which.len() == 1 => {
+            results[which[0]] = Err(item_error(which[0], message));
+            false
+        }
+        Err(failure @ (Failure::TimedOut | Failure::Poisoned)) => {
+            for &i in which {
+                results[i] = Err(TierError::Timeout {
+                    op: "NIXL transfer",
+                    after: timeout,
+                });
+            }
+            matches!(failure, Failure::Poisoned)
+        }
+        Err(_) => {
+            let mut poisoned = false;
+            for &i in which {
+                poisoned |= isolate(&[i], timeout, attempt, item_error, results);
+            }
+            poisoned
+        }
+    }
+}
+
+/// Moves pages out of their own bytes: registers them (zero-copy) or, when NIXL refuses (the
+/// same memory may be registered by a concurrent batch), a private copy. `send` gets each
+/// page's address. A copy a poisoned transfer may still read is leaked, never freed; the
+/// caller must do the same with the pages.
+pub fn send_pages(
+    backend: &Arc<Backend>,
+    pages: &[&[u8]],
+    send: &mut dyn FnMut(&[usize]) -> BatchOutcome,
+) -> BatchOutcome {
+    let ranges: Vec<(usize, usize)> = pages
+        .iter()
+        .map(|p| (p.as_ptr() as usize, p.len()))
+        .collect();
+    if let Ok(registration) = backend.register_dram(&ranges) {
+        let addrs: Vec<usize> = ranges.iter().map(|r| r.0).collect();
+        let outcome = send(&addrs);
+        if outcome.poisoned {
+            std::mem::forget(registration);
+        }
+        return outcome;
+    }
+    let total: usize = pages.iter().map(|p| p.len()).sum();
+    let mut owned = vec![0u8; total.max(1)].into_boxed_slice();
+    let base = owned.as_ptr() as usize;
+    let mut addrs = Vec::with_capacity(pages.len());
+    let mut at = 0;
+    for page in pages {
+        owned[at..at + page.len()].copy_from_slice(page);
+        addrs.push(base + at);
+        at += page.len();
+    }
+    match backend.register_dram(&[(base, owned.len())]) {
+        Ok(registration) => {
+            let outcome = send(&addrs);
+            if outcome.poisoned {
+                std::mem::forget(registration);
+                std::mem::forget(owned);
+            }
+            outcome
+        }
+        Err(e) => BatchOutcome {
+            results: pages
+                .iter()
+                .map(|_| {
+                    Err(TierError::Unavailable(format!(
+                        "nixl {}: registering page memory: {e}",
+                        backend.plugin()
+                    )))
+                })
+                .collect(),
+            poisoned: false,
+        },
+    }
+}

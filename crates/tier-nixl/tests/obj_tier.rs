@@ -1,0 +1,290 @@
+//! The NIXL OBJ tier on the real runtime and a real S3 server (s3s-fs on loopback): objects
+//! shared with the object_store tier, large pages, an unreachable server, wrong credentials,
+//! the server killed and restarted mid-run, and `clear` confined to its prefix.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use object_store::{ObjectStoreExt, PutPayload};
+use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
+use tier_nixl::{NixlObjConfig, NixlObjTier};
+use tier_object::{ObjectTier, ObjectTierConfig, S3Settings};
+use tier_tests::content;
+use tier_tests::s3::S3Server;
+
+use common::ObjFactory;
+
+fn key(i: usize) -> PageKey {
+    PageKey::new(format!("{i:064x}")).unwrap()
+}
+
+fn pages(range: std::ops::Range<usize>, len: usize) -> Vec<Page> {
+    range
+        .map(|i| Page::new(key(i), content::page(&key(i), 1, len)))
+        .collect()
+}
+
+/// Short timeouts, one retry: outage tests finish quickly.
+fn quick(config: &mut NixlObjConfig) {
+    config.s3.request_timeout = Duration::from_millis(500);
+    config.s3.max_retries = 1;
+    config.s3.retry_timeout = Duration::from_secs(1);
+    config.transfer_timeout = Duration::from_secs(5);
+}
+
+async fn read(
+    tier: &dyn StorageTier,
+    i: usize,
+    len: usize,
+) -> (Result<Lookup, TierError>, Vec<u8>) {
+    let mut buf = vec![0u8; len];
+    let r = tier
+        .get(&mut [ReadSlot::new(key(i), &mut buf)])
+        .await
+        .pop()
+        .unwrap();
+    (r, buf)
+}
+
+fn store_of(server: &S3Server) -> Arc<dyn object_store::ObjectStore> {
+    S3Settings::endpoint(
+        &server.endpoint(),
+        &server.bucket,
+        &server.access_key,
+        &server.secret_key,
+    )
+    .build()
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_are_plain_objects_shared_with_the_object_store_tier() {
+    let f = ObjFactory::new();
+    let nixl = NixlObjTier::open(f.config()).await.unwrap();
+    let plain = ObjectTier::new(store_of(&f.server), ObjectTierConfig::new(&f.prefix)).unwrap();
+    for r in nixl.put(&pages(0..16, 65536)).await {
+        r.unwrap();
+    }
+    for r in plain.put(&pages(16..32, 65536)).await {
+        r.unwrap();
+    }
+    // Each tier reads what the other wrote, byte for byte.
+    for i in 0..32 {
+        for tier in [&nixl as &dyn StorageTier, &plain] {
+            let (r, buf) = read(tier, i, 65536).await;
+            assert_eq!(r.unwrap(), Lookup::Hit, "page {i}");
+            content::verify(&key(i), 1, &buf).unwrap();
+        }
+    }
+    // The bytes NIXL wrote are the object, exactly (no aws-chunked framing, no trailer).
+    let object = f
+        .server
+        .data_dir()
+        .join(&f.server.bucket)
+        .join(nixl.object_name(&key(3)).unwrap());
+    assert_eq!(
+        std::fs::read(&object).unwrap(),
+        content::page(&key(3), 1, 65536).to_vec()
+    );
+    assert_eq!(nixl.exists(&[key(0), key(20), key(99)]).await.unwrap(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_pages_round_trip_through_both_s3_clients() {
+    let f = ObjFactory::new();
+    let len = 20 << 20;
+    // Default client, then NIXL's CRT client (multipart) for objects from 8 MiB.
+    for crt in [None, Some(8u64 << 20)] {
+        let mut config = f.config();
+        config.crt_min_bytes = crt;
+        let tier = NixlObjTier::open(config).await.unwrap();
+        let batch = vec![
+            Page::new(key(1), content::page(&key(1), 7, len)),
+            Page::new(key(2), content::page(&key(2), 7, 4096)),
+        ];
+        for r in tier.put(&batch).await {
+            r.unwrap();
+        }
+        let mut big = vec![0u8; len];
+        let mut small = vec![0u8; 4096];
+        let got = tier
+            .get(&mut [
+                ReadSlot::new(key(1), &mut big),
+                ReadSlot::new(key(2), &mut small),
+            ])
+            .await;
+        assert!(
+            got.iter().all(|r| matches!(r, Ok(Lookup::Hit))),
+            "crt {crt:?}: {got:?}"
+        );
+        content::verify(&key(1), 7, &big).unwrap();
+        content::verify(&key(2), 7, &small).unwrap();
+        tier.clear().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_gives_typed_errors_within_the_bound() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let s3 = S3Settings::endpoint(&format!("http://127.0.0.1:{port}"), "kvtier", "k", "s");
+    let mut config = NixlObjConfig::new(s3, "down");
+    quick(&mut config);
+    let bound = config.transfer_timeout;
+    let t = NixlObjTier::open(config).await.unwrap();
+    let mut longest = Duration::ZERO;
+    let mut timed = |started: Instant| longest = longest.max(started.elapsed());
+    let started = Instant::now();
+    let put = t.put(&pages(0..4, 4096)).await;
+    timed(started);
+    let started = Instant::now();
+    let (get, _) = read(&t, 0, 4096).await;
+    timed(started);
+    let started = Instant::now();
+    let exists = t.exists(&[key(0)]).await;
+    timed(started);
+    let started = Instant::now();
+    let removed = t.remove(&[key(0)]).await;
+    timed(started);
+    let started = Instant::now();
+    let cleared = t.clear().await;
+    timed(started);
+    let typed = |r: &Result<(), TierError>| {
+        matches!(
+            r,
+            Err(TierError::Backend { .. } | TierError::Timeout { .. })
+        )
+    };
+    assert!(put.iter().all(typed), "{put:?}");
+    assert!(typed(&get.map(|_| ())), "get");
+    assert!(exists.is_err() && removed[0].is_err() && cleared.is_err());
+    assert!(
+        longest < bound + Duration::from_secs(1),
+        "a call took {longest:?}, bound {bound:?}"
+    );
+    println!("unreachable server: every call failed with a typed error, longest {longest:?} (bound {bound:?})");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_credentials_are_a_clear_auth_error() {
+    let f = ObjFactory::new();
+    let mut config = f.config();
+    config.s3.secret_key = "not-the-secret".into();
+    quick(&mut config);
+    let t = NixlObjTier::open(config).await.unwrap();
+    let put = t.put(&pages(0..1, 4096)).await.pop().unwrap();
+    let (get, _) = read(&t, 0, 4096).await;
+    for (op, r) in [("put", put), ("get", get.map(|_| ()))] {
+        match r {
+            Err(TierError::Backend { message, .. }) => {
+                assert!(message.contains("authentication failed"), "{op}: {message}");
+                println!("wrong secret, {op}: {message}");
+            }
+            other => panic!("{op}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_serves_again_and_nothing_read_is_corrupt() {
+    let mut f = ObjFactory::new();
+    let mut config = f.config();
+    quick(&mut config);
+    let bound = config.transfer_timeout;
+    let t = NixlObjTier::open(config).await.unwrap();
+    for r in t.put(&pages(0..32, 65536)).await {
+        r.unwrap();
+    }
+    f.server.stop();
+    let started = Instant::now();
+    let during = t.put(&pages(32..40, 65536)).await;
+    let (get_during, _) = read(&t, 0, 65536).await;
+    let outage = started.elapsed();
+    assert!(during.iter().all(|r| r.is_err()) && get_during.is_err());
+    assert!(outage < 2 * bound, "outage calls took {outage:?}");
+    f.server.restart();
+    for r in t.put(&pages(32..40, 65536)).await {
+        r.unwrap();
+    }
+    for i in 0..40 {
+        let (r, buf) = read(&t, i, 65536).await;
+        assert_eq!(r.unwrap(), Lookup::Hit, "page {i}");
+        content::verify(&key(i), 1, &buf).unwrap();
+    }
+    println!("outage: put and get failed in {outage:?}; after restart 40 pages read back exact");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clear_removes_only_the_tiers_prefix() {
+    let f = ObjFactory::new();
+    let store = store_of(&f.server);
+    let outside = ["other/model/page", "suite/run-not/x", "suite/y"];
+    for name in outside {
+        store
+            .put(
+                &object_store::path::Path::from(name),
+                PutPayload::from_static(b"keep"),
+            )
+            .await
+            .unwrap();
+    }
+    let t = NixlObjTier::open(f.config()).await.unwrap();
+    for r in t.put(&pages(0..8, 4096)).await {
+        r.unwrap();
+    }
+    t.clear().await.unwrap();
+    assert_eq!(t.exists(&[key(0)]).await.unwrap(), 0);
+    for name in outside {
+        let kept = store
+            .get(&object_store::path::Path::from(name))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        assert_eq!(&kept[..], b"keep", "{name} must survive clear()");
+    }
+}
+
+#[tokio::test]
+async fn bad_settings_are_config_errors() {
+    let s3 = || S3Settings::endpoint("http://127.0.0.1:9", "kvtier", "k", "s");
+    let cases: Vec<(&str, NixlObjConfig)> = vec![
+        ("prefix", NixlObjConfig::new(s3(), "a/../b")),
+        ("prefix", NixlObjConfig::new(s3(), "")),
+        (
+            "lanes",
+            NixlObjConfig {
+                lanes: 0,
+                ..NixlObjConfig::new(s3(), "p")
+            },
+        ),
+        (
+            "endpoint",
+            NixlObjConfig::new(S3Settings::endpoint("127.0.0.1:9", "b", "k", "s"), "p"),
+        ),
+        (
+            "access_key",
+            NixlObjConfig::new(S3Settings::endpoint("http://127.0.0.1:9", "b", "", ""), "p"),
+        ),
+        (
+            "bucket",
+            NixlObjConfig::new(
+                S3Settings::endpoint("http://127.0.0.1:9", "", "k", "s"),
+                "p",
+            ),
+        ),
+    ];
+    for (field, config) in cases {
+        match NixlObjTier::open(config).await {
+            Err(TierError::Config { field: f, .. }) => assert_eq!(f, field),
+            Err(other) => panic!("{field}: {other}"),
+            Ok(_) => panic!("{field}: opened"),
+        }
+    }
+}
