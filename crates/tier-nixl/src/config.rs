@@ -1,4 +1,4 @@
-//! The `nixl-file` kind for config files.
+//! The `nixl-file` and `nixl-obj` kinds for config files.
 //!
 //! ```toml
 //! [[tiers]]
@@ -14,6 +14,24 @@
 //! staging_buffers = 2
 //! transfer_timeout = "30s"
 //! runtime_dir = "/opt/kvtier/nixl/lib"
+//!
+//! [[tiers]]
+//! kind = "nixl-obj"
+//! prefix = "models/llama-8b"    # the tier's namespace; clear() touches nothing else
+//! bucket = "kv"
+//! endpoint = "http://127.0.0.1:9000"   # optional (AWS when absent); http:// or https://
+//! access_key = "..."
+//! secret_key = "..."
+//! region = "us-east-1"
+//! virtual_hosted = false
+//! checksum = "required"         # required or supported
+//! ca_bundle = "/etc/ssl/certs/ca-certificates.crt"
+//! crt_min_bytes = "8MiB"        # objects from this size go through the S3 CRT client
+//! plugin_params = { num_threads = "8" }
+//! lanes = 2
+//! concurrency = 16
+//! max_page = "256MiB"
+//! transfer_timeout = "30s"
 //! ```
 
 use std::collections::BTreeMap;
@@ -24,7 +42,10 @@ use serde::Deserialize;
 use tier_core::config::{ByteSize, OpenFuture, Registry, Seconds, TierContext, TierPlan};
 use tier_core::{EvictionListener, TierError};
 
-use crate::{DirectIo, FilePlugin, NixlFileConfig, NixlFileTier, PathModeChoice};
+use crate::{
+    DirectIo, FilePlugin, NixlFileConfig, NixlFileTier, NixlObjConfig, NixlObjTier, PathModeChoice,
+    RequestChecksum,
+};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -136,17 +157,111 @@ impl TierPlan for FilePlan {
     }
 }
 
-/// Registers the `nixl-file` kind.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ObjParams {
+    prefix: String,
+    bucket: String,
+    endpoint: Option<String>,
+    access_key: String,
+    secret_key: String,
+    region: Option<String>,
+    #[serde(default)]
+    virtual_hosted: bool,
+    #[serde(default)]
+    checksum: ChecksumName,
+    ca_bundle: Option<PathBuf>,
+    crt_min_bytes: Option<ByteSize>,
+    #[serde(default)]
+    plugin_params: BTreeMap<String, String>,
+    lanes: Option<usize>,
+    concurrency: Option<usize>,
+    max_page: Option<ByteSize>,
+    transfer_timeout: Option<Seconds>,
+    runtime_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ChecksumName {
+    #[default]
+    Required,
+    Supported,
+}
+
+fn to_obj_config(name: &str, p: ObjParams) -> NixlObjConfig {
+    let mut s3 = tier_object::S3Settings::endpoint("", &p.bucket, &p.access_key, &p.secret_key);
+    s3.endpoint = p.endpoint;
+    s3.virtual_hosted = p.virtual_hosted;
+    if let Some(region) = p.region {
+        s3.region = region;
+    }
+    let mut c = NixlObjConfig::new(s3, p.prefix);
+    c.name = name.to_string();
+    c.checksum = match p.checksum {
+        ChecksumName::Required => RequestChecksum::Required,
+        ChecksumName::Supported => RequestChecksum::Supported,
+    };
+    c.ca_bundle = p.ca_bundle;
+    c.crt_min_bytes = p.crt_min_bytes.map(|b| b.0);
+    c.plugin_params = p.plugin_params;
+    if let Some(n) = p.lanes {
+        c.lanes = n;
+    }
+    if let Some(n) = p.concurrency {
+        c.concurrency = n;
+    }
+    if let Some(b) = p.max_page {
+        c.max_page_bytes = usize::try_from(b.0).unwrap_or(usize::MAX);
+    }
+    if let Some(t) = p.transfer_timeout {
+        c.transfer_timeout = t.0;
+    }
+    c.runtime_dir = p.runtime_dir;
+    c
+}
+
+struct ObjPlan(NixlObjConfig);
+
+impl TierPlan for ObjPlan {
+    fn describe(&self) -> String {
+        let c = &self.0;
+        format!(
+            "nixl-obj: bucket {} at {}, prefix {:?}, {} lane(s), max page {}",
+            c.s3.bucket,
+            c.s3.endpoint.as_deref().unwrap_or("AWS"),
+            c.prefix,
+            c.lanes,
+            ByteSize(c.max_page_bytes as u64),
+        )
+    }
+
+    fn open(self: Box<Self>, _on_evict: Option<EvictionListener>) -> OpenFuture {
+        Box::pin(async move { Ok(Arc::new(NixlObjTier::open(self.0).await?) as _) })
+    }
+}
+
+fn field_error(ctx: &TierContext, e: TierError) -> TierError {
+    match e {
+        TierError::Config { field, message } => {
+            TierError::config(format!("{}.{field}", ctx.field), message)
+        }
+        other => other,
+    }
+}
+
+/// Registers the `nixl-file` and `nixl-obj` kinds.
 pub fn register(registry: &mut Registry) {
+    registry.register("nixl-obj", |ctx: &TierContext| {
+        let params: ObjParams = ctx.params()?;
+        let config = to_obj_config(&ctx.name, params);
+        config.validate().map_err(|e| field_error(ctx, e))?;
+        Ok(Box::new(ObjPlan(config)) as Box<dyn TierPlan>)
+    });
     registry.register("nixl-file", |ctx: &TierContext| {
         let params: FileParams = ctx.params()?;
         let config = to_config(&ctx.name, params);
-        config.validate().map_err(|e| match e {
-            TierError::Config { field, message } => {
-                TierError::config(format!("{}.{field}", ctx.field), message)
-            }
-            other => other,
-        })?;
+        config.validate().map_err(|e| field_error(ctx, e))?;
         Ok(Box::new(FilePlan(config)) as Box<dyn TierPlan>)
     });
 }

@@ -121,6 +121,16 @@ async fn large_pages_round_trip_through_both_s3_clients() {
         );
         content::verify(&key(1), 7, &big).unwrap();
         content::verify(&key(2), 7, &small).unwrap();
+        // A multipart upload's ETag ends in "-<parts>": the CRT client split the big page.
+        let path = object_store::path::Path::from(tier.object_name(&key(1)).unwrap());
+        let etag = store_of(&f.server)
+            .head(&path)
+            .await
+            .unwrap()
+            .e_tag
+            .unwrap_or_default();
+        println!("20 MiB page, CRT from {crt:?}: ETag {etag}");
+        assert_eq!(etag.contains('-'), crt.is_some(), "{etag}");
         tier.clear().await.unwrap();
     }
 }
@@ -286,5 +296,73 @@ async fn bad_settings_are_config_errors() {
             Err(other) => panic!("{field}: {other}"),
             Ok(_) => panic!("{field}: opened"),
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_file_puts_dram_over_nixl_obj() {
+    let f = ObjFactory::new();
+    let s = &f.server;
+    let toml = format!(
+        "[[tiers]]\nkind = \"mem\"\ncapacity = \"1MiB\"\n\
+         [[tiers]]\nkind = \"nixl-obj\"\nname = \"s3\"\nprefix = \"cfg\"\nbucket = {:?}\nendpoint = {:?}\naccess_key = {:?}\nsecret_key = {:?}\ntransfer_timeout = \"10s\"\n",
+        s.bucket,
+        s.endpoint(),
+        s.access_key,
+        s.secret_key
+    );
+    let mut registry = tier_core::config::Registry::default();
+    tier_mem::config::register(&mut registry);
+    tier_nixl::config::register(&mut registry);
+    let config = tier_core::config::HierarchyConfig::from_toml(&toml).unwrap();
+    let h = registry.build(&config).await.unwrap();
+    // 64 pages of 64 KiB: four times the DRAM tier, so most are read back from S3.
+    for chunk in pages(0..64, 65536).chunks(16) {
+        for r in h.put(chunk).await {
+            r.unwrap();
+        }
+    }
+    h.flush().await.unwrap();
+    for i in 0..64 {
+        let (r, buf) = read(&h, i, 65536).await;
+        assert_eq!(r.unwrap(), Lookup::Hit, "page {i}");
+        content::verify(&key(i), 1, &buf).unwrap();
+    }
+    let bucket = s.data_dir().join(&s.bucket).join("cfg");
+    assert_eq!(
+        std::fs::read_dir(bucket).unwrap().count(),
+        64,
+        "every page is an object"
+    );
+    h.close().await.unwrap();
+
+    for (params, field) in [
+        (
+            "prefix = \"a/../b\"\nbucket = \"b\"\naccess_key = \"k\"\nsecret_key = \"s\"\n",
+            "prefix",
+        ),
+        (
+            "prefix = \"p\"\nbucket = \"b\"\naccess_key = \"\"\nsecret_key = \"\"\n",
+            "access_key",
+        ),
+        (
+            "prefix = \"p\"\nbucket = \"b\"\naccess_key = \"k\"\n",
+            "secret_key",
+        ),
+        (
+            "prefix = \"p\"\nbucket = \"b\"\naccess_key = \"k\"\nsecret_key = \"s\"\nlanes = -1\n",
+            "lanes",
+        ),
+    ] {
+        let text = format!("[[tiers]]\nkind = \"nixl-obj\"\n{params}");
+        let err = registry
+            .plan(&tier_core::config::HierarchyConfig::from_toml(&text).unwrap())
+            .err()
+            .unwrap_or_else(|| panic!("{params} was accepted"))
+            .to_string();
+        assert!(
+            err.contains(&format!("tiers[0].{field}")) || err.contains(field),
+            "{field}: {err}"
+        );
     }
 }

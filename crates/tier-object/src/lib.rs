@@ -374,6 +374,11 @@ async fn run_ordered<T>(jobs: Vec<Job<'_, T>>, limit: usize) -> Vec<T> {
     futures::stream::iter(jobs).buffered(limit).collect().await
 }
 
+/// Checks a namespace prefix: `/`-separated parts of `[A-Za-z0-9._-]`, none `.` or `..`.
+pub fn check_prefix(prefix: &str) -> Result<(), TierError> {
+    parse_prefix(prefix).map(|_| ())
+}
+
 /// Parses and checks the namespace prefix.
 fn parse_prefix(prefix: &str) -> Result<Path, TierError> {
     let parts: Vec<&str> = prefix.split('/').filter(|p| !p.is_empty()).collect();

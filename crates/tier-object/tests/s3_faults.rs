@@ -202,3 +202,40 @@ fn bad_prefixes_and_settings_are_config_errors() {
         matches!(ObjectTier::new(store, config), Err(TierError::Config { field, .. }) if field == "concurrency")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_over_the_threshold_go_up_in_parts() {
+    let server = S3Server::start();
+    let store = S3Settings::endpoint(
+        &server.endpoint(),
+        &server.bucket,
+        &server.access_key,
+        &server.secret_key,
+    )
+    .build()
+    .unwrap();
+    let mut config = ObjectTierConfig::new("parts");
+    config.multipart_threshold = 8 << 20;
+    let t = ObjectTier::new(Arc::clone(&store), config).unwrap();
+    let len = 20 << 20;
+    let batch = vec![
+        Page::new(key(1), content::page(&key(1), 3, len)),
+        Page::new(key(2), content::page(&key(2), 3, 4096)),
+    ];
+    for r in t.put(&batch).await {
+        r.unwrap();
+    }
+    let (r, buf) = read(&t, 1, len).await;
+    assert_eq!(r.unwrap(), Lookup::Hit);
+    content::verify(&key(1), 3, &buf).unwrap();
+    // A multipart upload's ETag ends in "-<parts>"; a single PUT's does not.
+    let etag = |i: usize| {
+        let path = t.object_path(&key(i)).unwrap();
+        let store = Arc::clone(&store);
+        async move { store.head(&path).await.unwrap().e_tag.unwrap_or_default() }
+    };
+    let (big, small) = (etag(1).await, etag(2).await);
+    println!("ETags: 20 MiB page {big}, 4 KiB page {small}");
+    assert!(big.trim_matches('"').ends_with("-3"), "{big}");
+    assert!(!small.contains('-'), "{small}");
+}

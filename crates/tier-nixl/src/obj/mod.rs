@@ -91,6 +91,13 @@ impl NixlObjConfig {
 
     /// Checks the settings that need no I/O.
     pub fn validate(&self) -> Result<(), TierError> {
+        tier_object::check_prefix(&self.prefix)?;
+        if self.s3.access_key.is_empty() || self.s3.secret_key.is_empty() {
+            return Err(TierError::config(
+                "access_key",
+                "S3 credentials are missing",
+            ));
+        }
         if self.lanes == 0 {
             return Err(TierError::config("lanes", "must be at least 1"));
         }
