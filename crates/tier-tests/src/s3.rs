@@ -50,6 +50,11 @@ impl S3Server {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The folder the bucket lives in.
     pub fn data_dir(&self) -> PathBuf {
         self.data.path().to_path_buf()

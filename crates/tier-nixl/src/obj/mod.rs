@@ -60,7 +60,8 @@ pub struct NixlObjConfig {
     pub plugin_params: BTreeMap<String, String>,
     /// NIXL agents, i.e. batches moving at once.
     pub lanes: usize,
-    /// `object_store` requests in flight per batch (HEADs, deletes).
+    /// Requests in flight per batch: `object_store` HEADs and deletes, and the threads of NIXL's
+    /// S3 client (`num_threads`, unless `plugin_params` sets it).
     pub concurrency: usize,
     /// Largest page accepted.
     pub max_page_bytes: usize,
@@ -149,6 +150,9 @@ impl NixlObjConfig {
         if let Some(min) = self.crt_min_bytes {
             p.insert("crtMinLimit".into(), min.to_string());
         }
+        // The plugin's thread pool bounds its requests in flight; its default is one thread
+        // per core (2 here), which left gets at a tenth of an object_store client's rate.
+        p.insert("num_threads".into(), self.concurrency.to_string());
         p.extend(self.plugin_params.clone());
         p
     }
