@@ -1,6 +1,7 @@
 //! [`FaultyTier`]: wraps any tier and injects failures: everything failing on a switch, a rate
-//! of failed calls, added latency, the Nth call failing, and torn reads (a hit whose buffer is
-//! only partly filled).
+//! of failed calls, added latency, the Nth call failing, and torn reads (a get that delivers
+//! only part of a page: half the buffer overwritten with garbage and an error for that key, as a
+//! storage read that came back short).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -22,7 +23,8 @@ pub struct Faults {
     pub latency: Duration,
     /// Fail exactly the Nth call (1-based).
     pub fail_nth: Option<u64>,
-    /// Report hits whose second half was never written.
+    /// Every other hit comes back torn: its buffer's second half overwritten with garbage and
+    /// the key's result an error (a short read).
     pub torn_reads: bool,
 }
 
@@ -34,6 +36,7 @@ pub struct FaultyTier {
     calls: AtomicU64,
     rng: AtomicU64,
     injected: AtomicU64,
+    torn: AtomicU64,
 }
 
 impl FaultyTier {
@@ -46,6 +49,7 @@ impl FaultyTier {
             calls: AtomicU64::new(0),
             rng: AtomicU64::new(0x2545_f491_4f6c_dd1d),
             injected: AtomicU64::new(0),
+            torn: AtomicU64::new(0),
         }
     }
 
@@ -59,7 +63,7 @@ impl FaultyTier {
         *self.faults.lock().unwrap_or_else(|e| e.into_inner()) = faults;
     }
 
-    /// Calls failed on purpose so far.
+    /// Calls failed and reads torn on purpose so far.
     pub fn injected(&self) -> u64 {
         self.injected.load(Relaxed)
     }
@@ -135,12 +139,18 @@ impl StorageTier for FaultyTier {
             Ok(f) => f,
             Err(e) => return fail_all(slots.len(), &e),
         };
-        let results = self.inner.get(slots).await;
+        let mut results = self.inner.get(slots).await;
         if faults.torn_reads {
-            for (slot, r) in slots.iter_mut().zip(&results) {
-                if matches!(r, Ok(Lookup::Hit)) {
-                    let half = slot.buf.len() / 2;
-                    slot.buf[half..].fill(0);
+            for (slot, r) in slots.iter_mut().zip(results.iter_mut()) {
+                if matches!(r, Ok(Lookup::Hit)) && self.torn.fetch_add(1, Relaxed) % 2 == 0 {
+                    let (len, half) = (slot.buf.len(), slot.buf.len() / 2);
+                    slot.buf[half..].fill(0xa5);
+                    self.injected.fetch_add(1, Relaxed);
+                    *r = Err(TierError::Backend {
+                        backend: "faulty".into(),
+                        key: Some(slot.key.clone()),
+                        message: format!("injected torn read: {half} of {len} bytes arrived"),
+                    });
                 }
             }
         }

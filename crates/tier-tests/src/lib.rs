@@ -4,7 +4,8 @@
 //! Give the suite a [`TierFactory`] and it opens fresh tiers and checks them: per-page
 //! integrity (every byte of hundreds of distinct pages), open file descriptors around every
 //! operation kind, per-key batch outcomes, prefix `exists`, overwrite, remove, clear,
-//! concurrent writers, bad input and hostile keys, capacity and persistence.
+//! concurrent writers, bad input and hostile keys, capacity and persistence, and the tier
+//! under a hierarchy while a fault injector makes it fail.
 //!
 //! ```text
 //! tier_tests::conformance_suite!(MyFactory::new());
@@ -34,7 +35,8 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!(@cases $factory;
             integrity_batches, integrity_page_sizes, fd_leak, partial_batch, exists_prefix,
             overwrite, remove, clear, concurrent_writers, bad_input, hostile_keys,
-            capacity_bound, persistence, stats_count);
+            capacity_bound, persistence, stats_count, hierarchy_over_faulty_tier,
+            hierarchy_lower_outage);
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
         $(

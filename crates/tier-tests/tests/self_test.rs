@@ -44,8 +44,21 @@ async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
         let expected: &[&str] = match fault {
             Fault::LeaksFd => &["fd_leak"],
             // Any case reading 200 pages meets the flipped byte.
-            Fault::FlipsByte => &["integrity_batches", "concurrent_writers", "capacity_bound"],
-            Fault::PhantomHit => &["partial_batch", "remove", "clear", "hostile_keys"],
+            Fault::FlipsByte => &[
+                "integrity_batches",
+                "concurrent_writers",
+                "capacity_bound",
+                "hierarchy_over_faulty_tier",
+            ],
+            // ... and as wrong bytes wherever a hierarchy reads through to the tier.
+            Fault::PhantomHit => &[
+                "partial_batch",
+                "remove",
+                "clear",
+                "hostile_keys",
+                "hierarchy_over_faulty_tier",
+                "hierarchy_lower_outage",
+            ],
             Fault::CountsAllInExists => &["exists_prefix"],
         };
         assert!(
