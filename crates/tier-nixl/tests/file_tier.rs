@@ -379,25 +379,27 @@ async fn direct_io_round_trips_aligned_pages_and_refuses_unaligned_ones() {
     assert!(results[1].is_ok());
 }
 
-/// A ramfs mount (no O_DIRECT), unmounted on drop. Needs root, as CI runs.
-struct Ramfs(tempfile::TempDir);
+/// A filesystem mounted on a temp folder for one test, unmounted on drop. Needs root, as CI runs:
+/// a failed mount fails the test.
+struct Mount(tempfile::TempDir);
 
-impl Ramfs {
-    fn mount() -> Self {
+impl Mount {
+    fn new(fstype: &str, options: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let status = std::process::Command::new("mount")
-            .args(["-t", "ramfs", "kvtier-test", dir.path().to_str().unwrap()])
+            .args(["-t", fstype, "-o", options, "kvtier-test"])
+            .arg(dir.path())
             .status()
             .expect("running mount");
         assert!(
             status.success(),
-            "this test mounts a ramfs and needs root (CI runs as root)"
+            "this test mounts a {fstype} and needs root (CI runs as root)"
         );
         Self(dir)
     }
 }
 
-impl Drop for Ramfs {
+impl Drop for Mount {
     fn drop(&mut self) {
         let _ = std::process::Command::new("umount")
             .arg(self.0.path())
@@ -407,7 +409,8 @@ impl Drop for Ramfs {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_io_without_fs_support_is_an_error_when_required_and_buffered_when_preferred() {
-    let ramfs = Ramfs::mount();
+    // ramfs has no O_DIRECT.
+    let ramfs = Mount::new("ramfs", "mode=0755");
     match NixlFileTier::open(direct_config(
         &ramfs.0.path().join("req"),
         DirectIo::Required,
@@ -432,4 +435,99 @@ async fn direct_io_without_fs_support_is_an_error_when_required_and_buffered_whe
     assert_eq!(r.unwrap(), Lookup::Hit);
     content::verify(&key(1), 1, &buf).unwrap();
     drop(tier);
+}
+
+#[rstest]
+#[case::path_mode(PathModeChoice::On)]
+#[case::fd_mode(PathModeChoice::Off)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_fails_the_pages_that_do_not_fit_and_loses_nothing(
+    #[case] mode: PathModeChoice,
+) {
+    let disk = Mount::new("tmpfs", "size=16m");
+    let dir = disk.0.path().join("tier");
+    let tier = open(std::slice::from_ref(&dir), mode).await;
+    const LEN: usize = 64 << 10;
+    // 400 pages of 64 KiB: 25 MiB onto a 16 MiB disk.
+    let mut stored = Vec::new();
+    let mut failed = 0;
+    for batch in 0..25 {
+        let pages: Vec<Page> = (batch * 16..batch * 16 + 16)
+            .map(|i| page(i, 1, LEN))
+            .collect();
+        for (p, r) in pages.iter().zip(tier.put(&pages).await) {
+            match r {
+                Ok(()) => stored.push(p.key.clone()),
+                Err(e) => {
+                    assert_eq!(e.key(), Some(&p.key), "the error names its page: {e}");
+                    assert!(
+                        e.to_string().contains("No space left on device"),
+                        "a clear out-of-space error: {e}"
+                    );
+                    failed += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        failed > 0 && stored.len() > 100,
+        "stored {}, failed {failed}",
+        stored.len()
+    );
+    // Earlier pages stay exact; nothing partial is visible or left behind.
+    let check_all = |tier: &NixlFileTier| {
+        let tier_pages = tier.pages();
+        assert_eq!(
+            tier_pages,
+            stored.len(),
+            "the index holds exactly the stored pages"
+        );
+    };
+    check_all(&tier);
+    for k in &stored {
+        let (r, buf) = get_one(&tier, k, LEN).await;
+        assert_eq!(r.unwrap(), Lookup::Hit, "{k}");
+        content::verify(k, 1, &buf).unwrap();
+    }
+    let files: usize = walk_files(&dir)
+        .iter()
+        .filter(|n| !n.starts_with(".kvtier"))
+        .count();
+    assert_eq!(
+        files,
+        stored.len(),
+        "one file per stored page, no temp files left"
+    );
+    // Removing pages frees space: writes succeed again.
+    let freed: Vec<PageKey> = stored.drain(..64).collect();
+    for r in tier.remove(&freed).await {
+        assert!(r.unwrap());
+    }
+    let again: Vec<Page> = (1000..1032).map(|i| page(i, 2, LEN)).collect();
+    put_ok(&tier, &again).await;
+    for p in &again {
+        let (r, buf) = get_one(&tier, &p.key, LEN).await;
+        assert_eq!(r.unwrap(), Lookup::Hit);
+        content::verify(&p.key, 2, &buf).unwrap();
+    }
+    println!(
+        "{mode:?}: 16 MiB tmpfs took {} pages of 64 KiB, {failed} failed with out-of-space errors; after removing 64, 32 more stored",
+        stored.len() + 64
+    );
+    drop(tier);
+}
+
+fn walk_files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                out.push(e.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    out
 }

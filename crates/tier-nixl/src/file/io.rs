@@ -120,8 +120,23 @@ impl FileIo {
             items.len(),
             self.timeout,
             &mut |which| self.transfer(op, items, which, borrowed),
-            &|i, message| self.backend_error(Some(&items[i].key), message),
+            &|i, message| self.item_error(op, &items[i], message),
         )
+    }
+
+    /// A failed item's error. NIXL reports failed I/O only as a backend status, so a write that
+    /// failed where the filesystem has no room for the page is reported as what it is.
+    fn item_error(&self, op: XferOp, item: &Xfer, message: String) -> TierError {
+        let folder = item.path.parent().unwrap_or(&item.path);
+        if op == XferOp::Write && free_bytes(folder).is_some_and(|free| free < item.len as u64) {
+            return TierError::io(
+                "write page",
+                Some(&item.key),
+                Some(item.path.clone()),
+                std::io::Error::from_raw_os_error(libc::ENOSPC),
+            );
+        }
+        self.backend_error(Some(&item.key), message)
     }
 
     /// Renames each written temp file into place; removes temp files of failed pages.
@@ -232,13 +247,27 @@ fn open_page(path: &Path, op: XferOp, direct: bool, sync: bool) -> std::io::Resu
             opts.read(true);
         }
         XferOp::Write => {
-            opts.write(true).create_new(true).mode(0o644);
+            // Temp names are unique per write; truncate, as a retry of a failed batch reopens
+            // the file its first attempt created.
+            opts.write(true).create(true).truncate(true).mode(0o644);
             if sync {
                 flags |= libc::O_DSYNC;
             }
         }
     }
     opts.custom_flags(flags).open(path)
+}
+
+/// Bytes an unprivileged writer may still use on the filesystem holding `dir`.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is plain old data; all-zero is a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string and out-pointer.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 /// Path-mode metaInfo: `<ro|rw>[,create][,direct][,sync]:<path>`.
