@@ -8,6 +8,7 @@ pub(crate) mod sys;
 use std::collections::BTreeMap;
 use std::ffi::{c_char, CStr, CString};
 use std::ptr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -63,11 +64,25 @@ fn cstring(call: &'static str, s: &str) -> Result<CString, NixlError> {
 
 /// Device ids for path-mode and object registrations: unique among live registrations in the
 /// process (NIXL >= 1.3.1 rejects a reused one).
-static NEXT_DEV_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+static NEXT_DEV_ID: AtomicU64 = AtomicU64::new(1);
 
 /// A device id no other registration in this process uses.
 pub fn next_dev_id() -> u64 {
-    NEXT_DEV_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    NEXT_DEV_ID.fetch_add(1, Relaxed)
+}
+
+/// Registrations and transfer requests alive in this process (leaked ones included).
+static LIVE_REGISTRATIONS: AtomicUsize = AtomicUsize::new(0);
+static LIVE_TRANSFERS: AtomicUsize = AtomicUsize::new(0);
+
+/// NIXL registrations alive in this process now (for leak checks).
+pub fn live_registrations() -> usize {
+    LIVE_REGISTRATIONS.load(Relaxed)
+}
+
+/// NIXL transfer requests alive in this process now (for leak checks).
+pub fn live_transfers() -> usize {
+    LIVE_TRANSFERS.load(Relaxed)
 }
 
 /// Memory kinds kvtier registers.
@@ -355,6 +370,7 @@ impl Backend {
         // SAFETY: live agent, list and opt-args.
         let status = unsafe { sys::nixl_capi_register_mem(self.agent.raw, list.0, self.opt) };
         check("nixl_capi_register_mem", status)?;
+        LIVE_REGISTRATIONS.fetch_add(1, Relaxed);
         Ok(Registration {
             backend: Arc::clone(self),
             list,
@@ -441,6 +457,7 @@ impl Backend {
             )
         };
         check("nixl_capi_create_xfer_req", status)?;
+        LIVE_TRANSFERS.fetch_add(1, Relaxed);
         let transfer = Transfer {
             backend: Arc::clone(self),
             req,
@@ -543,6 +560,7 @@ impl Drop for Registration {
         if status != sys::SUCCESS {
             tracing::warn!(status, plugin = %self.backend.plugin, "NIXL deregistration failed");
         }
+        LIVE_REGISTRATIONS.fetch_sub(1, Relaxed);
     }
 }
 
@@ -618,6 +636,7 @@ impl Transfer {
         // SAFETY: released request wrapper.
         unsafe { sys::nixl_capi_destroy_xfer_req(self.req) };
         self.req = ptr::null_mut();
+        LIVE_TRANSFERS.fetch_sub(1, Relaxed);
         true
     }
 }
