@@ -89,9 +89,35 @@ pub fn register(registry: &mut Registry) {
                 "must be at least 1 byte",
             ));
         }
+        if let Some(total) = machine_memory() {
+            if params.capacity.0 > total {
+                return Err(TierError::config(
+                    format!("{}.capacity", ctx.field),
+                    format!(
+                        "{} is more than this machine's memory ({})",
+                        params.capacity,
+                        ByteSize(total)
+                    ),
+                ));
+            }
+        }
         Ok(Box::new(MemPlan {
             name: ctx.name.clone(),
             params,
         }) as Box<dyn TierPlan>)
     });
+}
+
+/// Physical memory of this machine (`MemTotal` in `/proc/meminfo`), if known.
+fn machine_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
 }

@@ -486,3 +486,67 @@ async fn a_dead_server_under_a_hierarchy(#[case] kind: &str) {
     h.close().await.unwrap();
     println!("{kind}: {calls} calls during the outage, longest {longest:?} (bound {bound:?}); DRAM served all 64 pages; after restart 68 pages exact");
 }
+
+/// Keys shaped like paths never leave the prefix: every object the two tiers write is one plain
+/// name directly under it, and keys that cannot be a valid object name are rejected, typed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_keys_stay_single_objects_under_the_prefix() {
+    let f = ObjFactory::new();
+    let store = store_of(&f.server);
+    let nixl = NixlObjTier::open(f.config()).await.unwrap();
+    let plain = ObjectTier::new(Arc::clone(&store), ObjectTierConfig::new("plain/ns")).unwrap();
+    let names = [
+        "../../etc/passwd",
+        "a/b",
+        "..",
+        "/abs",
+        "a/../../b",
+        "%2e%2e%2f",
+        "x=2F",
+        "tmp.partial",
+    ];
+    let long = "/..".repeat(66); // escapes past 200 bytes
+    for tier in [&nixl as &dyn StorageTier, &plain] {
+        let keys: Vec<PageKey> = names
+            .iter()
+            .copied()
+            .chain([long.as_str()])
+            .map(|n| PageKey::new(n).unwrap())
+            .collect();
+        let batch: Vec<Page> = keys
+            .iter()
+            .map(|k| Page::new(k.clone(), content::page(k, 4, 4096)))
+            .collect();
+        let results = tier.put(&batch).await;
+        for (k, r) in keys.iter().zip(&results) {
+            match r {
+                Ok(()) => {
+                    let mut buf = vec![0u8; 4096];
+                    let got = tier.get(&mut [ReadSlot::new(k.clone(), &mut buf)]).await;
+                    assert!(matches!(got[0], Ok(Lookup::Hit)), "{k}");
+                    content::verify(k, 4, &buf).unwrap();
+                }
+                Err(TierError::KeyRejected { .. }) => assert_eq!(k.as_str(), long),
+                Err(e) => panic!("{k}: {e}"),
+            }
+        }
+    }
+    let listed: Vec<object_store::ObjectMeta> =
+        futures::TryStreamExt::try_collect(store.list(None))
+            .await
+            .unwrap();
+    assert_eq!(listed.len(), 2 * names.len());
+    for meta in listed {
+        let parts: Vec<_> = meta.location.parts().collect();
+        let under = parts[..parts.len() - 1]
+            .iter()
+            .map(|p| p.as_ref())
+            .collect::<Vec<_>>()
+            .join("/");
+        assert!(
+            under == f.prefix || under == "plain/ns",
+            "{} is outside the prefixes",
+            meta.location
+        );
+    }
+}

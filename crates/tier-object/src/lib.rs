@@ -75,8 +75,8 @@ pub struct ObjectTier {
 impl ObjectTier {
     /// A tier over `store`; checks the config (no request is made).
     pub fn new(store: Arc<dyn ObjectStore>, config: ObjectTierConfig) -> Result<Self, TierError> {
-        if config.concurrency == 0 {
-            return Err(TierError::config("concurrency", "must be at least 1"));
+        if !(1..=1024).contains(&config.concurrency) {
+            return Err(TierError::config("concurrency", "must be 1 to 1024"));
         }
         if config.op_timeout.is_zero() {
             return Err(TierError::config("op_timeout", "must be positive"));

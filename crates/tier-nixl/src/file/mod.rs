@@ -157,8 +157,17 @@ impl NixlFileConfig {
                 format!("must be at least {ALIGN} bytes"),
             ));
         }
-        if self.staging_buffers == 0 {
-            return Err(TierError::config("staging_buffers", "must be at least 1"));
+        if self.staging_bytes > MAX_STAGING {
+            return Err(TierError::config(
+                "staging_bytes",
+                format!("must be at most {MAX_STAGING} bytes (1 GiB): it bounds the largest page"),
+            ));
+        }
+        if !(1..=MAX_LANES).contains(&self.staging_buffers) {
+            return Err(TierError::config(
+                "staging_buffers",
+                format!("must be 1 to {MAX_LANES} (one NIXL agent each)"),
+            ));
         }
         if self.capacity_bytes == Some(0) {
             return Err(TierError::config(
@@ -196,6 +205,10 @@ struct Shared {
 }
 
 const LOCK_FILE: &str = ".kvtier.lock";
+/// Largest staging buffer (and page).
+const MAX_STAGING: usize = 1 << 30;
+/// Most lanes (NIXL agents) one tier runs.
+pub(crate) const MAX_LANES: usize = 64;
 const LOCK_WAIT: Duration = Duration::from_secs(5);
 
 impl NixlFileTier {

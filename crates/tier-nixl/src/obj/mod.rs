@@ -99,8 +99,23 @@ impl NixlObjConfig {
                 "S3 credentials are missing",
             ));
         }
-        if self.lanes == 0 {
-            return Err(TierError::config("lanes", "must be at least 1"));
+        if !(1..=crate::file::MAX_LANES).contains(&self.lanes) {
+            return Err(TierError::config(
+                "lanes",
+                format!(
+                    "must be 1 to {} (one NIXL agent each)",
+                    crate::file::MAX_LANES
+                ),
+            ));
+        }
+        if !(1..=1024).contains(&self.concurrency) {
+            return Err(TierError::config("concurrency", "must be 1 to 1024"));
+        }
+        if !(1..=MAX_OBJECT).contains(&self.max_page_bytes) {
+            return Err(TierError::config(
+                "max_page",
+                "must be 1 byte to 5 GiB (the largest single S3 PUT)",
+            ));
         }
         if self.transfer_timeout.is_zero() {
             return Err(TierError::config("transfer_timeout", "must be positive"));
@@ -157,6 +172,9 @@ impl NixlObjConfig {
         p
     }
 }
+
+/// The largest object one S3 PUT may write.
+const MAX_OBJECT: usize = 5 << 30;
 
 /// A shared page tier on S3-compatible object storage, data moved by NIXL OBJ.
 pub struct NixlObjTier {
