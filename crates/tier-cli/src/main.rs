@@ -388,7 +388,7 @@ mod tests {
             (format!("[[tiers]]\nkind = \"nixl-obj\"\nprefix = \"p\"\naccess_key = \"k\"\n{s3}"), "secret_key"),
             (format!("[[tiers]]\nkind = \"nixl-obj\"\nprefix = \"p\"\naccess_key = \"k\"\nsecret_key = \"s\"\nlanes = 100000\n{s3}"), "lanes"),
             (format!("[[tiers]]\nkind = \"nixl-obj\"\nprefix = \"p\"\naccess_key = \"k\"\nsecret_key = \"s\"\nmax_page = \"6GiB\"\n{s3}"), "max_page"),
-            (format!("[[tiers]]\nkind = \"nixl-obj\"\nprefix = \"p\"\naccess_key = \"k\"\nsecret_key = \"s\"\nendpoint = \"ftp://x\"\nbucket = \"b\"\n"), "endpoint"),
+            ("[[tiers]]\nkind = \"nixl-obj\"\nprefix = \"p\"\naccess_key = \"k\"\nsecret_key = \"s\"\nendpoint = \"ftp://x\"\nbucket = \"b\"\n".into(), "endpoint"),
             ("[[tiers]]\nkind = \"mem\"\ncapacity = 1\ncolour = \"red\"\n".into(), "colour"),
             ("[[tiers]\nkind = \"mem\"\n".into(), "not valid TOML"),
         ];

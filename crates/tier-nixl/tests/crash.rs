@@ -94,7 +94,7 @@ async fn crash_writer() {
             })
             .collect();
         let _ = tier.put(&batch).await;
-        if batch_no % 4 == 0 {
+        if batch_no.is_multiple_of(4) {
             let gone = [key(rng.below(KEYSPACE as u64) as usize)];
             let _ = tier.remove(&gone).await;
         }

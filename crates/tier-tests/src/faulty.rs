@@ -142,7 +142,8 @@ impl StorageTier for FaultyTier {
         let mut results = self.inner.get(slots).await;
         if faults.torn_reads {
             for (slot, r) in slots.iter_mut().zip(results.iter_mut()) {
-                if matches!(r, Ok(Lookup::Hit)) && self.torn.fetch_add(1, Relaxed) % 2 == 0 {
+                if matches!(r, Ok(Lookup::Hit)) && self.torn.fetch_add(1, Relaxed).is_multiple_of(2)
+                {
                     let (len, half) = (slot.buf.len(), slot.buf.len() / 2);
                     slot.buf[half..].fill(0xa5);
                     self.injected.fetch_add(1, Relaxed);
