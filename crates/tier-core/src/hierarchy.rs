@@ -559,11 +559,7 @@ impl StorageTier for Hierarchy {
             .zip(slots.iter())
             .map(|(r, slot)| {
                 let r = r.unwrap_or(Ok(Lookup::Miss));
-                match &r {
-                    Ok(Lookup::Hit) => self.stats.hit(slot.buf.len()),
-                    Ok(Lookup::Miss) => self.stats.miss(),
-                    Err(_) => self.stats.errors(1),
-                }
+                self.stats.get_result(&r, slot.buf.len());
                 r
             })
             .collect()

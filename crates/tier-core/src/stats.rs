@@ -46,6 +46,14 @@ impl StatsRecorder {
     pub fn miss(&self) {
         self.misses.fetch_add(1, Relaxed);
     }
+    /// Counts one read's outcome: a hit of `bytes` bytes, a miss, or an error.
+    pub fn get_result(&self, result: &crate::GetResult, bytes: usize) {
+        match result {
+            Ok(crate::Lookup::Hit) => self.hit(bytes),
+            Ok(crate::Lookup::Miss) => self.miss(),
+            Err(_) => self.errors(1),
+        }
+    }
     /// A page of `bytes` bytes was stored.
     pub fn put(&self, bytes: usize) {
         self.puts.fetch_add(1, Relaxed);

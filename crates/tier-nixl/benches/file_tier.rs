@@ -10,41 +10,13 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use tier_core::{Bytes, Page, PageKey, ReadSlot, StorageTier};
+mod common;
+
+use common::Workload;
+use tier_core::StorageTier;
 use tier_nixl::{NixlFileConfig, NixlFileTier, PathModeChoice};
 
 const BATCH: usize = 128;
-
-struct Workload {
-    page: usize,
-    keys: Vec<PageKey>,
-    data: Vec<Bytes>,
-}
-
-impl Workload {
-    /// `total` bytes of distinct pages; `tag` makes every run's keys (and files) fresh.
-    fn new(page: usize, total: usize, tag: u64) -> Self {
-        let n = total / page;
-        let keys: Vec<PageKey> = (0..n)
-            .map(|i| {
-                let h = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-                PageKey::new(format!("{tag:08x}{h:056x}")).unwrap()
-            })
-            .collect();
-        let data = keys
-            .iter()
-            .enumerate()
-            .map(|(i, _)| {
-                Bytes::from(
-                    (0..page)
-                        .map(|b| (b as u64 * 31 + i as u64) as u8)
-                        .collect::<Vec<u8>>(),
-                )
-            })
-            .collect();
-        Self { page, keys, data }
-    }
-}
 
 fn sync_disk() {
     // SAFETY: plain syscall, flushes dirty pages so each write run starts clean.
@@ -91,36 +63,14 @@ fn plain_read(paths: &[PathBuf], w: &Workload) -> Duration {
 async fn tier_put(tier: &NixlFileTier, w: &Workload) -> Duration {
     sync_disk();
     let t = Instant::now();
-    for (keys, data) in w.keys.chunks(BATCH).zip(w.data.chunks(BATCH)) {
-        let pages: Vec<Page> = keys
-            .iter()
-            .zip(data)
-            .map(|(k, d)| Page::new(k.clone(), d.clone()))
-            .collect();
-        for r in tier.put(&pages).await {
-            r.unwrap();
-        }
-    }
+    common::put_batches(tier, w, BATCH).await;
     t.elapsed()
 }
 
 async fn tier_get(tier: &NixlFileTier, w: &Workload) -> Duration {
-    let mut bufs = vec![vec![0u8; w.page]; BATCH];
     let t = Instant::now();
-    for keys in w.keys.chunks(BATCH) {
-        let mut slots: Vec<ReadSlot<'_>> = keys
-            .iter()
-            .zip(bufs.iter_mut())
-            .map(|(k, b)| ReadSlot::new(k.clone(), b))
-            .collect();
-        for r in tier.get(&mut slots).await {
-            assert_eq!(r.unwrap(), tier_core::Lookup::Hit);
-        }
-    }
-    let el = t.elapsed();
-    let last = w.keys.len() - 1;
-    assert_eq!(bufs[last % BATCH][..], w.data[last][..]);
-    el
+    common::get_batches(tier, w, BATCH).await;
+    t.elapsed()
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {

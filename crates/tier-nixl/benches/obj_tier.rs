@@ -12,47 +12,17 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use tier_core::{Bytes, Lookup, Page, PageKey, ReadSlot, StorageTier};
+use tier_core::Bytes;
 use tier_nixl::{NixlObjConfig, NixlObjTier};
 use tier_object::{ObjectTier, ObjectTierConfig, S3Settings};
 use tier_tests::s3::S3Server;
 
+mod common;
+
+use common::{get_batches, put_batches, Workload};
+
 /// Requests in flight: the tiers' default, and the baseline's.
 const CONCURRENCY: usize = 16;
-
-struct Workload {
-    page: usize,
-    batch: usize,
-    keys: Vec<PageKey>,
-    data: Vec<Bytes>,
-}
-
-impl Workload {
-    fn new(page: usize, total: usize, batch: usize) -> Self {
-        let n = total / page;
-        let keys: Vec<PageKey> = (0..n)
-            .map(|i| {
-                let h = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-                PageKey::new(format!("{h:064x}")).unwrap()
-            })
-            .collect();
-        let data = (0..n)
-            .map(|i| {
-                Bytes::from(
-                    (0..page)
-                        .map(|b| (b as u64 * 31 + i as u64) as u8)
-                        .collect::<Vec<u8>>(),
-                )
-            })
-            .collect();
-        Self {
-            page,
-            batch,
-            keys,
-            data,
-        }
-    }
-}
 
 /// CPU seconds used so far by a process (utime + stime from /proc).
 fn cpu_seconds(pid: &str) -> f64 {
@@ -105,9 +75,9 @@ async fn direct_put(store: &Arc<dyn ObjectStore>, prefix: &str, w: &Workload) {
     }
 }
 
-async fn direct_get(store: &Arc<dyn ObjectStore>, prefix: &str, w: &Workload) {
-    let mut bufs = vec![vec![0u8; w.page]; w.batch];
-    for keys in w.keys.chunks(w.batch) {
+async fn direct_get(store: &Arc<dyn ObjectStore>, prefix: &str, w: &Workload, batch: usize) {
+    let mut bufs = vec![vec![0u8; w.page]; batch];
+    for keys in w.keys.chunks(batch) {
         let paths: Vec<Path> = keys
             .iter()
             .map(|k| Path::from(format!("{prefix}/{}", k.as_str())))
@@ -121,35 +91,8 @@ async fn direct_get(store: &Arc<dyn ObjectStore>, prefix: &str, w: &Workload) {
             buf.copy_from_slice(bytes);
         }
     }
-    assert_eq!(bufs[0][..], w.data[w.keys.len() - w.batch][..]);
-}
-
-async fn tier_put(tier: &dyn StorageTier, w: &Workload) {
-    for (keys, data) in w.keys.chunks(w.batch).zip(w.data.chunks(w.batch)) {
-        let pages: Vec<Page> = keys
-            .iter()
-            .zip(data)
-            .map(|(k, d)| Page::new(k.clone(), d.clone()))
-            .collect();
-        for r in tier.put(&pages).await {
-            r.unwrap();
-        }
-    }
-}
-
-async fn tier_get(tier: &dyn StorageTier, w: &Workload) {
-    let mut bufs = vec![vec![0u8; w.page]; w.batch];
-    for keys in w.keys.chunks(w.batch) {
-        let mut slots: Vec<ReadSlot<'_>> = keys
-            .iter()
-            .zip(bufs.iter_mut())
-            .map(|(k, b)| ReadSlot::new(k.clone(), b))
-            .collect();
-        for r in tier.get(&mut slots).await {
-            assert_eq!(r.unwrap(), Lookup::Hit);
-        }
-    }
-    assert_eq!(bufs[0][..], w.data[w.keys.len() - w.batch][..]);
+    let last = w.keys.len() - 1;
+    assert_eq!(bufs[last % batch][..], w.data[last][..]);
 }
 
 fn median(mut v: Vec<Sample>) -> Sample {
@@ -192,19 +135,19 @@ async fn main() {
     println!(
         "s3s-fs on 127.0.0.1, {CONCURRENCY} requests in flight, {rounds} rounds, medians; 2 cores shared by client and server"
     );
-    for w in [
-        Workload::new(64 << 10, 48 << 20, 128),
-        Workload::new(2 << 20, 128 << 20, 16),
+    for (w, batch) in [
+        (Workload::new(64 << 10, 48 << 20, 1), 128),
+        (Workload::new(2 << 20, 128 << 20, 2), 16),
     ] {
         let mut samples: Vec<[Sample; 6]> = Vec::new();
         for _ in 0..rounds {
             samples.push([
                 measure(&server, direct_put(&store, "direct", &w)).await,
-                measure(&server, tier_put(&plain, &w)).await,
-                measure(&server, tier_put(&nixl, &w)).await,
-                measure(&server, direct_get(&store, "direct", &w)).await,
-                measure(&server, tier_get(&plain, &w)).await,
-                measure(&server, tier_get(&nixl, &w)).await,
+                measure(&server, put_batches(&plain, &w, batch)).await,
+                measure(&server, put_batches(&nixl, &w, batch)).await,
+                measure(&server, direct_get(&store, "direct", &w, batch)).await,
+                measure(&server, get_batches(&plain, &w, batch)).await,
+                measure(&server, get_batches(&nixl, &w, batch)).await,
             ]);
         }
         let m: Vec<Sample> = (0..6)

@@ -134,3 +134,14 @@ pub fn send_pages(
         },
     }
 }
+
+/// Runs blocking work on the current thread, telling a multi-threaded runtime to move its
+/// other tasks elsewhere meanwhile.
+pub fn run_blocking<R>(work: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
+    }
+}

@@ -44,12 +44,7 @@ impl StagingBuf {
             ptr,
             len,
         };
-        let desc = Desc {
-            addr: buf.addr(),
-            len,
-            dev_id: 0,
-            meta: &[],
-        };
+        let desc = Desc::dram(buf.addr(), len);
         let registration =
             backend
                 .register(MemKind::Dram, &[desc])

@@ -200,12 +200,7 @@ impl FileIo {
             .collect();
         let local: Vec<Desc<'_>> = which
             .iter()
-            .map(|&i| Desc {
-                addr: items[i].local,
-                len: items[i].len,
-                dev_id: 0,
-                meta: &[],
-            })
+            .map(|&i| Desc::dram(items[i].local, items[i].len))
             .collect();
         let registration: Registration = self
             .backend

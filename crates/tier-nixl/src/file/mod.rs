@@ -34,7 +34,7 @@ use tier_core::{
 pub use io::{probe_path_mode, FileMode};
 pub use layout::{route_hash, BUCKETS};
 
-use crate::batch::{send_pages, BatchOutcome};
+use crate::batch::{run_blocking, send_pages, BatchOutcome};
 use crate::nixl::Agent;
 use crate::nixl::XferOp;
 use crate::staging::{align_up, StagingLease, StagingPool, ALIGN};
@@ -614,17 +614,6 @@ fn copy_error(e: &TierError) -> TierError {
     TierError::Unavailable(e.to_string())
 }
 
-/// Runs blocking work on the current thread, telling a multi-threaded runtime to move its
-/// other tasks elsewhere meanwhile.
-fn run_blocking<R>(work: impl FnOnce() -> R) -> R {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(work)
-        }
-        _ => work(),
-    }
-}
-
 /// Distinguishes agents of tiers opened in one process.
 static AGENT_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -972,11 +961,7 @@ impl StorageTier for NixlFileTier {
                 let r = r.unwrap_or_else(|| {
                     Err(TierError::Unavailable("page was not scheduled".into()))
                 });
-                match &r {
-                    Ok(Lookup::Hit) => shared.stats.hit(slot.buf.len()),
-                    Ok(Lookup::Miss) => shared.stats.miss(),
-                    Err(_) => shared.stats.errors(1),
-                }
+                shared.stats.get_result(&r, slot.buf.len());
                 r
             })
             .collect()

@@ -128,6 +128,18 @@ pub struct Desc<'a> {
     pub meta: &'a [u8],
 }
 
+impl Desc<'_> {
+    /// Host memory: `len` bytes at `addr`.
+    pub fn dram(addr: usize, len: usize) -> Self {
+        Desc {
+            addr,
+            len,
+            dev_id: 0,
+            meta: &[],
+        }
+    }
+}
+
 /// A NIXL agent. Created with read/write thread synchronisation, so it may be shared across
 /// threads.
 pub struct Agent {
@@ -387,12 +399,7 @@ impl Backend {
         unique.dedup();
         let descs: Vec<Desc<'_>> = unique
             .iter()
-            .map(|&(addr, len)| Desc {
-                addr,
-                len,
-                dev_id: 0,
-                meta: &[],
-            })
+            .map(|&(addr, len)| Desc::dram(addr, len))
             .collect();
         self.register(MemKind::Dram, &descs)
     }

@@ -25,7 +25,7 @@ use tier_core::{
 };
 use tier_object::{ObjectTier, ObjectTierConfig, S3Settings};
 
-use crate::batch::{move_isolating, send_pages, BatchOutcome, Failure};
+use crate::batch::{move_isolating, run_blocking, send_pages, BatchOutcome, Failure};
 use crate::nixl::{next_dev_id, Agent, Backend, Desc, Finished, MemKind, XferOp};
 
 /// How the S3 SDK inside NIXL checksums requests (`req_checksum`).
@@ -304,12 +304,7 @@ impl Shared {
             .collect();
         let local: Vec<Desc<'_>> = which
             .iter()
-            .map(|&i| Desc {
-                addr: items[i].local,
-                len: items[i].len,
-                dev_id: 0,
-                meta: &[],
-            })
+            .map(|&i| Desc::dram(items[i].local, items[i].len))
             .collect();
         let registration = backend
             .register(MemKind::Object, &remote)
@@ -455,17 +450,6 @@ impl Shared {
     }
 }
 
-/// Runs blocking work on the current thread, telling a multi-threaded runtime to move its
-/// other tasks elsewhere meanwhile.
-fn run_blocking<R>(work: impl FnOnce() -> R) -> R {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(work)
-        }
-        _ => work(),
-    }
-}
-
 #[async_trait]
 impl StorageTier for NixlObjTier {
     fn info(&self) -> TierInfo {
@@ -596,11 +580,7 @@ impl StorageTier for NixlObjTier {
                 let r = r.unwrap_or_else(|| {
                     Err(TierError::Unavailable("page was not scheduled".into()))
                 });
-                match &r {
-                    Ok(Lookup::Hit) => shared.stats.hit(slot.buf.len()),
-                    Ok(Lookup::Miss) => shared.stats.miss(),
-                    Err(_) => shared.stats.errors(1),
-                }
+                shared.stats.get_result(&r, slot.buf.len());
                 r
             })
             .collect()
