@@ -54,6 +54,27 @@ impl StatsRecorder {
             Err(_) => self.errors(1),
         }
     }
+    /// Turns a batch's per-slot outcomes into its results, counting each; a slot nothing
+    /// answered gets an `Unavailable` error.
+    pub fn settle_gets(
+        &self,
+        results: Vec<Option<crate::GetResult>>,
+        slots: &[crate::ReadSlot<'_>],
+    ) -> Vec<crate::GetResult> {
+        results
+            .into_iter()
+            .zip(slots)
+            .map(|(r, slot)| {
+                let r = r.unwrap_or_else(|| {
+                    Err(crate::TierError::Unavailable(
+                        "page was not scheduled".into(),
+                    ))
+                });
+                self.get_result(&r, slot.buf.len());
+                r
+            })
+            .collect()
+    }
     /// A page of `bytes` bytes was stored.
     pub fn put(&self, bytes: usize) {
         self.puts.fetch_add(1, Relaxed);

@@ -954,17 +954,7 @@ impl StorageTier for NixlFileTier {
                 }
             }
         }
-        results
-            .into_iter()
-            .zip(slots.iter())
-            .map(|(r, slot)| {
-                let r = r.unwrap_or_else(|| {
-                    Err(TierError::Unavailable("page was not scheduled".into()))
-                });
-                shared.stats.get_result(&r, slot.buf.len());
-                r
-            })
-            .collect()
+        shared.stats.settle_gets(results, slots)
     }
 
     async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
