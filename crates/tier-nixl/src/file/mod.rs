@@ -614,9 +614,6 @@ fn copy_error(e: &TierError) -> TierError {
     TierError::Unavailable(e.to_string())
 }
 
-/// Distinguishes agents of tiers opened in one process.
-static AGENT_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
 /// Creates one lane's agent and backend. POSIX gets `use_uring = true` unless the config picks
 /// an I/O engine itself (measured faster here for 2 MiB pages); if the runtime cannot use
 /// io_uring, the plugin's defaults are used.
@@ -630,13 +627,8 @@ fn create_backend(
         key: None,
         message,
     };
-    let seq = AGENT_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let agent = Agent::new(&format!(
-        "kvtier-{}-{}-{seq}-{lane}",
-        config.name,
-        std::process::id()
-    ))
-    .map_err(|e| backend_err(format!("creating the agent: {e}")))?;
+    let agent = Agent::for_lane(&config.name, lane)
+        .map_err(|e| backend_err(format!("creating the agent: {e}")))?;
     let engines = ["use_uring", "use_aio", "use_posix_aio"];
     let tuned = config.plugin == FilePlugin::Posix
         && !engines

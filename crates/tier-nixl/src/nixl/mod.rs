@@ -71,6 +71,9 @@ pub fn next_dev_id() -> u64 {
     NEXT_DEV_ID.fetch_add(1, Relaxed)
 }
 
+/// Distinguishes agents of tiers opened in one process.
+static AGENT_SEQ: AtomicU64 = AtomicU64::new(0);
+
 /// Registrations and transfer requests alive in this process (leaked ones included).
 static LIVE_REGISTRATIONS: AtomicUsize = AtomicUsize::new(0);
 static LIVE_TRANSFERS: AtomicUsize = AtomicUsize::new(0);
@@ -172,6 +175,15 @@ impl Agent {
             unsafe { sys::nixl_capi_create_configured_agent(cname.as_ptr(), &cfg, &mut raw) };
         check("nixl_capi_create_configured_agent", status)?;
         Ok(Arc::new(Self { raw, name: cname }))
+    }
+
+    /// An agent for lane `lane` of tier `tier`, named uniquely in this process.
+    pub fn for_lane(tier: &str, lane: usize) -> Result<Arc<Self>, NixlError> {
+        let seq = AGENT_SEQ.fetch_add(1, Relaxed);
+        Self::new(&format!(
+            "kvtier-{tier}-{}-{seq}-{lane}",
+            std::process::id()
+        ))
     }
 
     /// Names of the plugins this runtime can load.

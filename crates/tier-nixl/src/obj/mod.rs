@@ -242,25 +242,18 @@ impl NixlObjTier {
     }
 }
 
-/// Distinguishes agents of tiers opened in one process.
-static AGENT_SEQ: AtomicUsize = AtomicUsize::new(0);
-
 fn create_backend(
     name: &str,
     lane: usize,
     params: &BTreeMap<String, String>,
 ) -> Result<Arc<Backend>, TierError> {
-    let seq = AGENT_SEQ.fetch_add(1, Ordering::Relaxed);
     let backend_err = |message: String| TierError::Backend {
         backend: "nixl OBJ".into(),
         key: None,
         message,
     };
-    let agent = Agent::new(&format!(
-        "kvtier-{name}-{}-{seq}-{lane}",
-        std::process::id()
-    ))
-    .map_err(|e| backend_err(format!("creating the agent: {e}")))?;
+    let agent =
+        Agent::for_lane(name, lane).map_err(|e| backend_err(format!("creating the agent: {e}")))?;
     agent
         .create_backend("OBJ", params)
         .map_err(|e| backend_err(format!("creating the OBJ backend: {e}")))
@@ -287,7 +280,6 @@ impl Shared {
         op: XferOp,
         items: &[ObjXfer],
         which: &[usize],
-        borrowed: bool,
     ) -> Result<(), Failure> {
         let what = match op {
             XferOp::Read => "get object",
@@ -312,7 +304,8 @@ impl Shared {
         let transfer = backend
             .post(op, &local, MemKind::Object, &remote)
             .map_err(|e| Failure::Batch(format!("{what}: posting the transfer: {e}")))?;
-        match transfer.finish(self.config.transfer_timeout, borrowed) {
+        // The tier's own memory: a transfer NIXL will not release is leaked, never waited on.
+        match transfer.finish(self.config.transfer_timeout, false) {
             Finished::Done => Ok(()),
             Finished::Failed(e) => Err(Failure::Batch(format!(
                 "{what}: {e} (S3 refused or was unreachable; NIXL logs the reason on stderr)"
@@ -326,17 +319,11 @@ impl Shared {
         }
     }
 
-    fn move_all(
-        &self,
-        backend: &Arc<Backend>,
-        op: XferOp,
-        items: &[ObjXfer],
-        borrowed: bool,
-    ) -> BatchOutcome {
+    fn move_all(&self, backend: &Arc<Backend>, op: XferOp, items: &[ObjXfer]) -> BatchOutcome {
         move_isolating(
             items.len(),
             self.config.transfer_timeout,
-            &mut |which| self.transfer(backend, op, items, which, borrowed),
+            &mut |which| self.transfer(backend, op, items, which),
             &|i, message| self.backend_error(Some(&items[i].key), message),
         )
     }
@@ -356,7 +343,7 @@ impl Shared {
                     local,
                 })
                 .collect();
-            self.move_all(backend, XferOp::Write, &items, false)
+            self.move_all(backend, XferOp::Write, &items)
         });
         if outcome.poisoned {
             // NIXL may still read these bytes: never free them.
@@ -403,7 +390,7 @@ impl Shared {
                 local: base + off,
             })
             .collect();
-        let outcome = self.move_all(backend, XferOp::Read, &items, false);
+        let outcome = self.move_all(backend, XferOp::Read, &items);
         if outcome.poisoned {
             std::mem::forget(registration);
             std::mem::forget(staging);
