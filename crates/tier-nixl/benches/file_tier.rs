@@ -68,8 +68,9 @@ async fn tier_put(tier: &NixlFileTier, w: &Workload) -> Duration {
 }
 
 async fn tier_get(tier: &NixlFileTier, w: &Workload) -> Duration {
+    let mut bufs = common::buffers(w, BATCH);
     let t = Instant::now();
-    common::get_batches(tier, w, BATCH).await;
+    common::get_batches(tier, w, &mut bufs).await;
     t.elapsed()
 }
 

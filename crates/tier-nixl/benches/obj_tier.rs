@@ -75,8 +75,13 @@ async fn direct_put(store: &Arc<dyn ObjectStore>, prefix: &str, w: &Workload) {
     }
 }
 
-async fn direct_get(store: &Arc<dyn ObjectStore>, prefix: &str, w: &Workload, batch: usize) {
-    let mut bufs = vec![vec![0u8; w.page]; batch];
+async fn direct_get(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &str,
+    w: &Workload,
+    bufs: &mut [Vec<u8>],
+) {
+    let batch = bufs.len();
     for keys in w.keys.chunks(batch) {
         let paths: Vec<Path> = keys
             .iter()
@@ -140,14 +145,15 @@ async fn main() {
         (Workload::new(2 << 20, 128 << 20, 2), 16),
     ] {
         let mut samples: Vec<[Sample; 6]> = Vec::new();
+        let mut bufs = common::buffers(&w, batch);
         for _ in 0..rounds {
             samples.push([
                 measure(&server, direct_put(&store, "direct", &w)).await,
                 measure(&server, put_batches(&plain, &w, batch)).await,
                 measure(&server, put_batches(&nixl, &w, batch)).await,
-                measure(&server, direct_get(&store, "direct", &w, batch)).await,
-                measure(&server, get_batches(&plain, &w, batch)).await,
-                measure(&server, get_batches(&nixl, &w, batch)).await,
+                measure(&server, direct_get(&store, "direct", &w, &mut bufs)).await,
+                measure(&server, get_batches(&plain, &w, &mut bufs)).await,
+                measure(&server, get_batches(&nixl, &w, &mut bufs)).await,
             ]);
         }
         let m: Vec<Sample> = (0..6)

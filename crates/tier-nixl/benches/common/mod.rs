@@ -49,10 +49,15 @@ pub async fn put_batches(tier: &dyn StorageTier, w: &Workload, batch: usize) {
     }
 }
 
-/// Gets every page, `batch` per call, into reused buffers; every get must hit, and the last
-/// page read is compared.
-pub async fn get_batches(tier: &dyn StorageTier, w: &Workload, batch: usize) {
-    let mut bufs = vec![vec![0u8; w.page]; batch];
+/// Buffers for `batch` pages, touched so that no page fault lands in a timed read.
+pub fn buffers(w: &Workload, batch: usize) -> Vec<Vec<u8>> {
+    vec![vec![1u8; w.page]; batch]
+}
+
+/// Gets every page, one batch per call into `bufs` (one buffer per page of a batch); every get
+/// must hit, and the last page read is compared.
+pub async fn get_batches(tier: &dyn StorageTier, w: &Workload, bufs: &mut [Vec<u8>]) {
+    let batch = bufs.len();
     for keys in w.keys.chunks(batch) {
         let mut slots: Vec<ReadSlot<'_>> = keys
             .iter()
