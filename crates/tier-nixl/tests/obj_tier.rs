@@ -1,18 +1,21 @@
-//! The NIXL OBJ tier on the real runtime and a real S3 server (s3s-fs on loopback): objects
-//! shared with the object_store tier, large pages, an unreachable server, wrong credentials,
-//! the server killed and restarted mid-run, and `clear` confined to its prefix.
+//! The NIXL OBJ tier on the real runtime and a real S3 server (s3s-fs on loopback): the outage
+//! cases (unreachable server, wrong credentials, the server killed and restarted mid-run,
+//! `clear` confined to its prefix), objects shared with the object_store tier, large pages, a
+//! dead server under DRAM, hostile keys and config.
 
 mod common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use object_store::{ObjectStoreExt, PutPayload};
+use object_store::ObjectStoreExt;
 use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
 use tier_nixl::{NixlObjConfig, NixlObjTier};
 use tier_object::{ObjectTier, ObjectTierConfig, S3Settings};
 use tier_tests::content;
 use tier_tests::s3::S3Server;
+use tier_tests::s3_faults::{S3Target, S3TierFactory};
+use tier_tests::suite::DynTier;
 
 use common::ObjFactory;
 
@@ -58,6 +61,23 @@ fn store_of(server: &S3Server) -> Arc<dyn object_store::ObjectStore> {
     .build()
     .unwrap()
 }
+
+/// NIXL OBJ tiers with short client timeouts and one retry, each transfer bounded by the
+/// target's bound.
+struct NixlObj;
+
+#[tier_core::async_trait]
+impl S3TierFactory for NixlObj {
+    async fn open(&self, t: &S3Target) -> Result<DynTier, TierError> {
+        let s3 = S3Settings::endpoint(&t.endpoint, &t.bucket, &t.access_key, &t.secret_key);
+        let mut config = NixlObjConfig::new(s3, &t.prefix);
+        quick(&mut config);
+        config.transfer_timeout = t.bound;
+        Ok(Arc::new(NixlObjTier::open(config).await?))
+    }
+}
+
+tier_tests::s3_outage_suite!(NixlObj);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_are_plain_objects_shared_with_the_object_store_tier() {
@@ -132,132 +152,6 @@ async fn large_pages_round_trip_through_both_s3_clients() {
         println!("20 MiB page, CRT from {crt:?}: ETag {etag}");
         assert_eq!(etag.contains('-'), crt.is_some(), "{etag}");
         tier.clear().await.unwrap();
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unreachable_server_gives_typed_errors_within_the_bound() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let s3 = S3Settings::endpoint(&format!("http://127.0.0.1:{port}"), "kvtier", "k", "s");
-    let mut config = NixlObjConfig::new(s3, "down");
-    quick(&mut config);
-    let bound = config.transfer_timeout;
-    let t = NixlObjTier::open(config).await.unwrap();
-    let mut longest = Duration::ZERO;
-    let mut timed = |started: Instant| longest = longest.max(started.elapsed());
-    let started = Instant::now();
-    let put = t.put(&pages(0..4, 4096)).await;
-    timed(started);
-    let started = Instant::now();
-    let (get, _) = read(&t, 0, 4096).await;
-    timed(started);
-    let started = Instant::now();
-    let exists = t.exists(&[key(0)]).await;
-    timed(started);
-    let started = Instant::now();
-    let removed = t.remove(&[key(0)]).await;
-    timed(started);
-    let started = Instant::now();
-    let cleared = t.clear().await;
-    timed(started);
-    let typed = |r: &Result<(), TierError>| {
-        matches!(
-            r,
-            Err(TierError::Backend { .. } | TierError::Timeout { .. })
-        )
-    };
-    assert!(put.iter().all(typed), "{put:?}");
-    assert!(typed(&get.map(|_| ())), "get");
-    assert!(exists.is_err() && removed[0].is_err() && cleared.is_err());
-    assert!(
-        longest < bound + Duration::from_secs(1),
-        "a call took {longest:?}, bound {bound:?}"
-    );
-    println!("unreachable server: every call failed with a typed error, longest {longest:?} (bound {bound:?})");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wrong_credentials_are_a_clear_auth_error() {
-    let f = ObjFactory::new();
-    let mut config = f.config();
-    config.s3.secret_key = "not-the-secret".into();
-    quick(&mut config);
-    let t = NixlObjTier::open(config).await.unwrap();
-    let put = t.put(&pages(0..1, 4096)).await.pop().unwrap();
-    let (get, _) = read(&t, 0, 4096).await;
-    for (op, r) in [("put", put), ("get", get.map(|_| ()))] {
-        match r {
-            Err(TierError::Backend { message, .. }) => {
-                assert!(message.contains("authentication failed"), "{op}: {message}");
-                println!("wrong secret, {op}: {message}");
-            }
-            other => panic!("{op}: {other:?}"),
-        }
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restarted_server_serves_again_and_nothing_read_is_corrupt() {
-    let mut f = ObjFactory::new();
-    let mut config = f.config();
-    quick(&mut config);
-    let bound = config.transfer_timeout;
-    let t = NixlObjTier::open(config).await.unwrap();
-    for r in t.put(&pages(0..32, 65536)).await {
-        r.unwrap();
-    }
-    f.server.stop();
-    let started = Instant::now();
-    let during = t.put(&pages(32..40, 65536)).await;
-    let (get_during, _) = read(&t, 0, 65536).await;
-    let outage = started.elapsed();
-    assert!(during.iter().all(|r| r.is_err()) && get_during.is_err());
-    assert!(outage < 2 * bound, "outage calls took {outage:?}");
-    f.server.restart();
-    for r in t.put(&pages(32..40, 65536)).await {
-        r.unwrap();
-    }
-    for i in 0..40 {
-        let (r, buf) = read(&t, i, 65536).await;
-        assert_eq!(r.unwrap(), Lookup::Hit, "page {i}");
-        content::verify(&key(i), 1, &buf).unwrap();
-    }
-    println!("outage: put and get failed in {outage:?}; after restart 40 pages read back exact");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clear_removes_only_the_tiers_prefix() {
-    let f = ObjFactory::new();
-    let store = store_of(&f.server);
-    let outside = ["other/model/page", "suite/run-not/x", "suite/y"];
-    for name in outside {
-        store
-            .put(
-                &object_store::path::Path::from(name),
-                PutPayload::from_static(b"keep"),
-            )
-            .await
-            .unwrap();
-    }
-    let t = NixlObjTier::open(f.config()).await.unwrap();
-    for r in t.put(&pages(0..8, 4096)).await {
-        r.unwrap();
-    }
-    t.clear().await.unwrap();
-    assert_eq!(t.exists(&[key(0)]).await.unwrap(), 0);
-    for name in outside {
-        let kept = store
-            .get(&object_store::path::Path::from(name))
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
-        assert_eq!(&kept[..], b"keep", "{name} must survive clear()");
     }
 }
 

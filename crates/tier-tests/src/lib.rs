@@ -14,6 +14,8 @@
 //! so run suites with `cargo nextest` (a process per test) or keep them in their own test
 //! binary; cases of one binary serialise around it.
 //!
+//! S3-backed tiers also run [`s3_outage_suite!`] (see [`s3_faults`]).
+//!
 //! The suite proves it can fail: [`broken`] holds deliberately faulty tiers and this crate's
 //! own tests assert the suite rejects each of them.
 
@@ -23,6 +25,7 @@ pub mod faulty;
 pub mod fd;
 pub mod model;
 pub mod s3;
+pub mod s3_faults;
 pub mod suite;
 
 pub use suite::{Failure, TierFactory};
