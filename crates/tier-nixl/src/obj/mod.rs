@@ -185,7 +185,9 @@ struct Shared {
     config: NixlObjConfig,
     /// Control path on the same bucket and prefix.
     control: ObjectTier,
-    /// One agent and OBJ backend per lane.
+    /// One agent and OBJ backend per lane. Dropped with the tier, on the dropping thread: an
+    /// agent whose transfer timed out is never destroyed, since its leaked registration holds
+    /// it (its S3 client may still be finishing that request).
     lanes: Vec<Arc<Backend>>,
     next_lane: AtomicUsize,
     stats: StatsRecorder,
@@ -403,17 +405,6 @@ impl Shared {
             }
         }
         outcome.results
-    }
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        // Destroying an agent waits for requests NIXL's S3 client is still retrying (after a
-        // timeout, up to the SDK's own retry budget): let that happen off the caller's thread.
-        let lanes = std::mem::take(&mut self.lanes);
-        let _ = std::thread::Builder::new()
-            .name("kvtier-obj-close".into())
-            .spawn(move || drop(lanes));
     }
 }
 
