@@ -1,7 +1,7 @@
 # kvtier: two commands on a fresh Debian machine (as root).
 #   make run    the main job: `kvtier replay` on a built-in workload (DRAM over NIXL FILE)
-#   make test   every test, after installing what the tests need
-.PHONY: setup run test lint bench
+#   make test   every test, after installing what the tests need, beside a real S3 server
+.PHONY: setup run test tests lint bench
 
 setup:
 	bash scripts/setup.sh all
@@ -9,7 +9,11 @@ setup:
 run: setup
 	cargo run --release -p tier-cli -- replay
 
+# Every test runs beside one s3s-fs on 127.0.0.1 that scripts/with-s3.sh starts and stops.
 test: setup
+	bash scripts/with-s3.sh $(MAKE) --no-print-directory tests
+
+tests:
 	cargo nextest run --workspace --no-fail-fast
 	cargo test --workspace --doc
 	cargo run --example dram_tier

@@ -269,7 +269,7 @@ async fn a_config_file_puts_dram_over_nixl_obj() {
 #[case::object_store("object")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_server_under_a_hierarchy(#[case] kind: &str) {
-    let mut f = ObjFactory::new();
+    let mut f = ObjFactory::with_own_server();
     let mut config = f.config();
     quick(&mut config);
     let bound = config.transfer_timeout;

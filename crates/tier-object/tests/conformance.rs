@@ -25,7 +25,7 @@ pub struct StoreFactory {
 
 impl StoreFactory {
     fn s3() -> Self {
-        let server = S3Server::start();
+        let server = S3Server::shared();
         let store = S3Settings::endpoint(
             &server.endpoint(),
             &server.bucket,

@@ -78,7 +78,7 @@ fn bad_prefixes_and_settings_are_config_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_over_the_threshold_go_up_in_parts() {
-    let server = S3Server::start();
+    let server = S3Server::shared();
     let store = S3Settings::endpoint(
         &server.endpoint(),
         &server.bucket,

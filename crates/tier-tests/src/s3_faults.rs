@@ -1,4 +1,5 @@
-//! Outage cases every S3-backed tier must pass, each against its own s3s-fs ([`S3Server`]):
+//! Outage cases every S3-backed tier must pass, against s3s-fs ([`S3Server`]: a bucket of the
+//! run's shared server, or a server of the case's own where it is stopped or restarted):
 //! an unreachable endpoint, wrong credentials, the server killed and restarted mid-run, and
 //! `clear` confined to the tier's prefix.
 //!
@@ -157,7 +158,7 @@ pub async fn unreachable_server(f: &dyn S3TierFactory) -> Result<Duration, Strin
 /// A wrong secret: put and get fail with a backend error that says authentication failed.
 /// Returns the messages.
 pub async fn wrong_credentials(f: &dyn S3TierFactory) -> Result<Vec<String>, String> {
-    let server = S3Server::start();
+    let server = S3Server::shared();
     let mut target = S3Target::of(&server, "auth");
     target.secret_key = "not-the-secret".into();
     let tier = open(f, &target).await?;
@@ -206,7 +207,7 @@ pub async fn restarted_server(f: &dyn S3TierFactory) -> Result<Duration, String>
 /// `clear` removes the tier's prefix and nothing else: pages of tiers on a sibling prefix, a
 /// prefix sharing its leading characters, and its parent survive.
 pub async fn clear_keeps_other_prefixes(f: &dyn S3TierFactory) -> Result<(), String> {
-    let server = S3Server::start();
+    let server = S3Server::shared();
     let others = ["other/model", "suite/run-not", "suite"];
     for prefix in others {
         store(

@@ -96,17 +96,29 @@ impl TierFactory for FileFactory {
     }
 }
 
-/// Opens NIXL OBJ tiers on one s3s-fs server started for the factory, all under one prefix.
+/// Opens NIXL OBJ tiers on one s3s-fs bucket (the run's shared server unless said), all under
+/// one prefix.
 pub struct ObjFactory {
     pub server: tier_tests::s3::S3Server,
     pub prefix: String,
 }
 
 impl ObjFactory {
+    /// On a bucket of the run's shared server.
     #[allow(dead_code)]
     pub fn new() -> Self {
+        Self::on(tier_tests::s3::S3Server::shared())
+    }
+
+    /// On a server of the factory's own, for tests that stop or restart it.
+    #[allow(dead_code)]
+    pub fn with_own_server() -> Self {
+        Self::on(tier_tests::s3::S3Server::start())
+    }
+
+    fn on(server: tier_tests::s3::S3Server) -> Self {
         Self {
-            server: tier_tests::s3::S3Server::start(),
+            server,
             prefix: "suite/run".into(),
         }
     }
