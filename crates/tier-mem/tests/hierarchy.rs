@@ -64,13 +64,7 @@ async fn read_all(
 ) -> Vec<(Result<Lookup, TierError>, Vec<u8>)> {
     let mut out = Vec::new();
     for i in 0..n {
-        let mut buf = vec![0u8; len];
-        let r = tier
-            .get(&mut [ReadSlot::new(key(i), &mut buf)])
-            .await
-            .pop()
-            .unwrap();
-        out.push((r, buf));
+        out.push(tier_tests::read_page(tier, key(i), len).await);
     }
     out
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tier_core::TierError;
+use tier_core::{ReadSlot, TierError};
 
 use crate::nixl::Backend;
 
@@ -27,6 +27,16 @@ pub struct BatchOutcome {
     pub results: Vec<Result<(), TierError>>,
     /// True if the batch's DRAM (and its registrations) must never be reused or freed.
     pub poisoned: bool,
+}
+
+/// The buffers of the slots marked in `wanted`, in slot order.
+pub fn marked_bufs<'a>(slots: &'a mut [ReadSlot<'_>], wanted: &[bool]) -> Vec<&'a mut [u8]> {
+    slots
+        .iter_mut()
+        .zip(wanted)
+        .filter(|(_, w)| **w)
+        .map(|(slot, _)| &mut *slot.buf)
+        .collect()
 }
 
 /// Moves items `0..n` with `attempt` (one registration + one transfer for the items it is

@@ -42,13 +42,7 @@ async fn read(
     i: usize,
     len: usize,
 ) -> (Result<Lookup, TierError>, Vec<u8>) {
-    let mut buf = vec![0u8; len];
-    let r = tier
-        .get(&mut [ReadSlot::new(key(i), &mut buf)])
-        .await
-        .pop()
-        .unwrap();
-    (r, buf)
+    tier_tests::read_page(tier, key(i), len).await
 }
 
 fn store_of(server: &S3Server) -> Arc<dyn object_store::ObjectStore> {

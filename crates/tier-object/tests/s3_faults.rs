@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use object_store::{ObjectStore, ObjectStoreExt};
-use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
+use tier_core::{Lookup, Page, PageKey, StorageTier, TierError};
 use tier_object::{ObjectTier, ObjectTierConfig, S3Settings};
 use tier_tests::content;
 use tier_tests::s3::S3Server;
@@ -30,13 +30,7 @@ fn tier(store: Arc<dyn ObjectStore>, prefix: &str, op_timeout: Duration) -> Obje
 }
 
 async fn read(tier: &ObjectTier, i: usize, len: usize) -> (Result<Lookup, TierError>, Vec<u8>) {
-    let mut buf = vec![0u8; len];
-    let r = tier
-        .get(&mut [ReadSlot::new(key(i), &mut buf)])
-        .await
-        .pop()
-        .unwrap();
-    (r, buf)
+    tier_tests::read_page(tier, key(i), len).await
 }
 
 /// Object tiers with short client timeouts and one retry, each call bounded by the target's.

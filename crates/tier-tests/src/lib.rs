@@ -28,7 +28,7 @@ pub mod s3;
 pub mod s3_faults;
 pub mod suite;
 
-pub use suite::{Failure, TierFactory};
+pub use suite::{read_page, Failure, TierFactory};
 
 /// Expands to one `#[test]` per conformance case, each opening tiers from a fresh `$factory`
 /// (an expression evaluated once per test).

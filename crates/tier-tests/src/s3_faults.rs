@@ -10,11 +10,11 @@
 
 use std::time::{Duration, Instant};
 
-use tier_core::{async_trait, Lookup, Page, PageKey, ReadSlot, TierError};
+use tier_core::{async_trait, Lookup, Page, PageKey, TierError};
 
 use crate::content;
 use crate::s3::S3Server;
-use crate::suite::DynTier;
+use crate::suite::{read_page, DynTier};
 
 /// Where a tier under test reaches S3, and the bound on each of its calls.
 #[derive(Debug, Clone)]
@@ -71,13 +71,7 @@ async fn open(f: &dyn S3TierFactory, target: &S3Target) -> Result<DynTier, Strin
 }
 
 async fn read(tier: &DynTier, i: usize, len: usize) -> (Result<Lookup, TierError>, Vec<u8>) {
-    let mut buf = vec![0u8; len];
-    let r = tier
-        .get(&mut [ReadSlot::new(key(i), &mut buf)])
-        .await
-        .pop()
-        .unwrap_or_else(|| Err(TierError::Unavailable("get returned no result".into())));
-    (r, buf)
+    read_page(tier.as_ref(), key(i), len).await
 }
 
 async fn store(tier: &DynTier, batch: &[Page]) -> Result<(), String> {

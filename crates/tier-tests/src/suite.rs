@@ -210,6 +210,17 @@ fn check_len<T>(results: &[T], want: usize, op: &str) -> CaseResult {
     }
 }
 
+/// Reads one page of `len` bytes into a zeroed buffer; returns its result and the buffer.
+pub async fn read_page(tier: &dyn StorageTier, key: PageKey, len: usize) -> (GetResult, Vec<u8>) {
+    let mut buf = vec![0u8; len];
+    let result = tier
+        .get(&mut [ReadSlot::new(key, &mut buf)])
+        .await
+        .pop()
+        .unwrap_or_else(|| Err(TierError::Unavailable("get returned no result".into())));
+    (result, buf)
+}
+
 /// Reads `(key, len)` into zeroed buffers; returns the buffers and per-key results.
 async fn read(
     tier: &DynTier,

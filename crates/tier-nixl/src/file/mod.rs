@@ -34,7 +34,7 @@ use tier_core::{
 pub use io::{probe_path_mode, FileMode};
 pub use layout::{route_hash, BUCKETS};
 
-use crate::batch::{run_blocking, send_pages, BatchOutcome};
+use crate::batch::{marked_bufs, run_blocking, send_pages, BatchOutcome};
 use crate::nixl::Agent;
 use crate::nixl::XferOp;
 use crate::staging::{align_up, StagingLease, StagingPool, ALIGN};
@@ -884,12 +884,7 @@ impl StorageTier for NixlFileTier {
             for read in &buffered {
                 wanted[read.slot] = true;
             }
-            let mut bufs: Vec<&mut [u8]> = slots
-                .iter_mut()
-                .zip(&wanted)
-                .filter(|(_, w)| **w)
-                .map(|(slot, _)| &mut *slot.buf)
-                .collect();
+            let mut bufs = marked_bufs(slots, &wanted);
             let outcome = run_blocking(|| shared.read_in_place(&buffered, &mut bufs));
             shared.finish_reads(&buffered, &outcome);
             for (read, r) in buffered.iter().zip(outcome) {

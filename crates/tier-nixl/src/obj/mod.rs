@@ -25,7 +25,7 @@ use tier_core::{
 };
 use tier_object::{ObjectTier, ObjectTierConfig, S3Settings};
 
-use crate::batch::{move_isolating, run_blocking, send_pages, BatchOutcome, Failure};
+use crate::batch::{marked_bufs, move_isolating, run_blocking, send_pages, BatchOutcome, Failure};
 use crate::nixl::{next_dev_id, Agent, Backend, Desc, Finished, MemKind, XferOp};
 
 /// How the S3 SDK inside NIXL checksums requests (`req_checksum`).
@@ -529,12 +529,7 @@ impl StorageTier for NixlObjTier {
             }
         }
         if !reads.is_empty() {
-            let mut bufs: Vec<&mut [u8]> = slots
-                .iter_mut()
-                .zip(&wanted)
-                .filter(|(_, w)| **w)
-                .map(|(slot, _)| &mut *slot.buf)
-                .collect();
+            let mut bufs = marked_bufs(slots, &wanted);
             let objects: Vec<(PageKey, String)> = reads
                 .iter()
                 .map(|(_, k, o)| (k.clone(), o.clone()))
