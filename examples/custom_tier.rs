@@ -69,13 +69,13 @@ impl StorageTier for ShardedMapTier {
         self.stats.snapshot(Some(resident))
     }
 
-    async fn put(&self, pages: &[Page]) -> Vec<PutResult> {
+    async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
         pages
             .iter()
             .map(|p| {
                 p.check_len(self.info().max_page_bytes)
                     .inspect_err(|_| self.stats.errors(1))?;
-                self.shard(&p.key).insert(p.key.clone(), p.data.clone());
+                self.shard(&p.key).insert(p.key.clone(), p.data.to_bytes());
                 self.stats.put(p.data.len());
                 Ok(())
             })
@@ -186,7 +186,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("tier {name}: {}", plan.describe());
     }
     let hierarchy = registry.build(&config).await?;
-    let pages: Vec<Page> = (0..256)
+    let pages: Vec<Page<'static>> = (0..256)
         .map(|i| {
             let key = PageKey::new(format!("{i:064x}")).expect("hex keys are valid");
             let data = tier_tests::content::page(&key, 1, 64 << 10);

@@ -26,7 +26,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let started = Instant::now();
     for chunk in keys.chunks(BATCH) {
-        let pages: Vec<Page> = chunk
+        let pages: Vec<Page<'static>> = chunk
             .iter()
             .map(|k| Page::new(k.clone(), vec![k.as_bytes_hint(); PAGE_BYTES]))
             .collect();
@@ -50,7 +50,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             if result? == Lookup::Hit {
                 hits += 1;
                 let hint = slot.key.as_bytes_hint();
-                exact += usize::from(slot.buf.iter().all(|b| *b == hint));
+                exact += usize::from(slot.buf.regions().flatten().all(|b| *b == hint));
             }
         }
     }

@@ -74,7 +74,7 @@ pub async fn replay(
         let mut reused = 0;
         for ((slot, result), id) in slots.iter().zip(&results).zip(&request.hash_ids) {
             match result {
-                Ok(Lookup::Hit) if intact(*id, slot.buf) => reused += 1,
+                Ok(Lookup::Hit) if intact(*id, &slot.buf.to_vec()) => reused += 1,
                 Ok(Lookup::Hit) => {
                     corrupt += 1;
                     break;
@@ -87,7 +87,7 @@ pub async fn replay(
             }
         }
         drop(slots);
-        let pages: Vec<Page> = keys[reused..]
+        let pages: Vec<Page<'static>> = keys[reused..]
             .iter()
             .zip(&request.hash_ids[reused..])
             .map(|(k, id)| Page::new(k.clone(), content(*id, page_bytes)))

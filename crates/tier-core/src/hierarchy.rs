@@ -14,12 +14,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
 use crate::{
-    EvictedPage, EvictionListener, GetResult, Lookup, Page, PageKey, PutResult, ReadSlot,
+    EvictedPage, EvictionListener, GetResult, Lookup, Page, PageData, PageKey, PutResult, ReadSlot,
     RemoveResult, StatsRecorder, StorageTier, TierError, TierInfo, TierStats,
 };
 
@@ -60,7 +59,7 @@ impl Default for HierarchyPolicy {
 /// Background work: write `pages` into tiers `targets`.
 struct Job {
     targets: std::ops::Range<usize>,
-    pages: Vec<Page>,
+    pages: Vec<Page<'static>>,
     demotion: bool,
 }
 
@@ -68,14 +67,17 @@ struct Job {
 /// the top tier evicted before its copy reached the tier below is never lost to a reader.
 #[derive(Default)]
 struct InFlight {
-    pages: Mutex<std::collections::HashMap<PageKey, (Bytes, u32)>>,
+    pages: Mutex<std::collections::HashMap<PageKey, (PageData<'static>, u32)>>,
 }
 
 impl InFlight {
-    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<PageKey, (Bytes, u32)>> {
+    fn map(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<PageKey, (PageData<'static>, u32)>>
+    {
         self.pages.lock().unwrap_or_else(|e| e.into_inner())
     }
-    fn add(&self, pages: &[Page]) {
+    fn add(&self, pages: &[Page<'static>]) {
         let mut map = self.map();
         for p in pages {
             let entry = map
@@ -85,7 +87,7 @@ impl InFlight {
             entry.1 += 1;
         }
     }
-    fn done(&self, pages: &[Page]) {
+    fn done(&self, pages: &[Page<'_>]) {
         let mut map = self.map();
         for p in pages {
             if let Some(entry) = map.get_mut(&p.key) {
@@ -96,7 +98,7 @@ impl InFlight {
             }
         }
     }
-    fn get(&self, key: &PageKey) -> Option<Bytes> {
+    fn get(&self, key: &PageKey) -> Option<PageData<'static>> {
         self.map().get(key).map(|(data, _)| data.clone())
     }
     fn leading(&self, keys: &[PageKey]) -> usize {
@@ -430,52 +432,45 @@ impl StorageTier for Hierarchy {
         s
     }
 
-    async fn put(&self, pages: &[Page]) -> Vec<PutResult> {
+    async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
         // Every tier must be able to take the page, not just the top one.
         let limit = self.info().max_page_bytes;
         let mut results: Vec<PutResult> = pages.iter().map(|p| p.check_len(limit)).collect();
-        let valid: Vec<Page> = pages
-            .iter()
-            .zip(&results)
-            .filter(|(_, r)| r.is_ok())
-            .map(|(p, _)| p.clone())
+        let valid: Vec<usize> = (0..pages.len()).filter(|&i| results[i].is_ok()).collect();
+        let sender = match self.policy.write {
+            WritePolicy::WriteThrough if self.inner.levels.len() > 1 => self.sender(),
+            _ => None,
+        };
+        let Some(tx) = sender else {
+            let top: Vec<Page<'_>> = valid.iter().map(|&i| pages[i].clone()).collect();
+            self.put_top(&top, &valid, &mut results).await;
+            self.count_puts(pages, &results);
+            return results;
+        };
+        // The queue keeps the pages past this call: take shared content once (lent regions
+        // are copied here, once) and give the same pages to the top tier.
+        let shared: Vec<Page<'static>> = valid.iter().map(|&i| pages[i].to_shared()).collect();
+        self.put_top(&shared, &valid, &mut results).await;
+        self.count_puts(pages, &results);
+        let stored: Vec<Page<'static>> = shared
+            .into_iter()
+            .zip(&valid)
+            .filter(|(_, &i)| results[i].is_ok())
+            .map(|(p, _)| p)
             .collect();
-        let mut top_results = self.inner.levels[0].tier.put(&valid).await.into_iter();
-        for r in results.iter_mut().filter(|r| r.is_ok()) {
-            *r = top_results.next().unwrap_or_else(|| {
-                Err(TierError::Unavailable(
-                    "the top tier returned too few results".into(),
-                ))
-            });
-        }
-        let stored: Vec<Page> = pages
-            .iter()
-            .zip(&results)
-            .filter(|(_, r)| r.is_ok())
-            .map(|(p, _)| p.clone())
-            .collect();
-        for (page, r) in pages.iter().zip(&results) {
-            match r {
-                Ok(()) => self.stats.put(page.data.len()),
-                Err(_) => self.stats.errors(1),
-            }
-        }
-        let levels = self.inner.levels.len();
-        if self.policy.write == WritePolicy::WriteThrough && levels > 1 && !stored.is_empty() {
-            if let Some(tx) = self.sender() {
-                let n = stored.len();
-                self.backlog.add(n);
-                self.inflight.add(&stored);
-                let job = Job {
-                    targets: 1..levels,
-                    pages: stored,
-                    demotion: false,
-                };
-                // Backpressure: waits while the queue is full.
-                if let Err(mpsc::error::SendError(job)) = tx.send(job).await {
-                    self.inflight.done(&job.pages);
-                    self.backlog.done(n);
-                }
+        if !stored.is_empty() {
+            let n = stored.len();
+            self.backlog.add(n);
+            self.inflight.add(&stored);
+            let job = Job {
+                targets: 1..self.inner.levels.len(),
+                pages: stored,
+                demotion: false,
+            };
+            // Backpressure: waits while the queue is full.
+            if let Err(mpsc::error::SendError(job)) = tx.send(job).await {
+                self.inflight.done(&job.pages);
+                self.backlog.done(n);
             }
         }
         results
@@ -497,7 +492,7 @@ impl StorageTier for Hierarchy {
                 .iter_mut()
                 .zip(&wanted)
                 .filter(|(_, w)| **w)
-                .map(|(s, _)| ReadSlot::new(s.key.clone(), &mut *s.buf))
+                .map(|(s, _)| s.reborrow())
                 .collect();
             let level_results = level.tier.get(&mut batch).await;
             drop(batch);
@@ -509,10 +504,7 @@ impl StorageTier for Hierarchy {
                         level.served.fetch_add(1, Relaxed);
                         results[i] = Some(Ok(Lookup::Hit));
                         if depth > 0 && self.policy.promote {
-                            promote.push(Page::new(
-                                slots[i].key.clone(),
-                                Bytes::copy_from_slice(slots[i].buf),
-                            ));
+                            promote.push(Page::new(slots[i].key.clone(), slots[i].buf.to_vec()));
                         }
                     }
                     Ok(Lookup::Miss) => still.push(i),
@@ -536,7 +528,7 @@ impl StorageTier for Hierarchy {
                     let slot = &mut slots[i];
                     match self.inflight.get(&slot.key) {
                         Some(data) if data.len() == slot.buf.len() => {
-                            slot.buf.copy_from_slice(&data);
+                            slot.buf.fill_from_page(&data);
                             self.served_in_flight.fetch_add(1, Relaxed);
                             results[i] = Some(Ok(Lookup::Hit));
                             first_error[i] = None;
@@ -622,7 +614,29 @@ impl StorageTier for Hierarchy {
 }
 
 impl Hierarchy {
-    async fn promote(&self, found_at: usize, pages: &[Page]) {
+    /// Puts `top` (the pages at positions `at` of the batch) into the top tier; records each
+    /// outcome at its position in `results`.
+    async fn put_top(&self, top: &[Page<'_>], at: &[usize], results: &mut [PutResult]) {
+        let mut top_results = self.inner.levels[0].tier.put(top).await.into_iter();
+        for &i in at {
+            results[i] = top_results.next().unwrap_or_else(|| {
+                Err(TierError::Unavailable(
+                    "the top tier returned too few results".into(),
+                ))
+            });
+        }
+    }
+
+    fn count_puts(&self, pages: &[Page<'_>], results: &[PutResult]) {
+        for (page, r) in pages.iter().zip(results) {
+            match r {
+                Ok(()) => self.stats.put(page.data.len()),
+                Err(_) => self.stats.errors(1),
+            }
+        }
+    }
+
+    async fn promote(&self, found_at: usize, pages: &[Page<'static>]) {
         let bytes: u64 = pages.iter().map(|p| p.data.len() as u64).sum();
         for level in &self.inner.levels[..found_at] {
             let results = level.tier.put(pages).await;

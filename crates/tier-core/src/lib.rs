@@ -22,7 +22,7 @@ pub use hierarchy::{
 };
 pub use info::TierInfo;
 pub use key::PageKey;
-pub use page::{Lookup, Page, ReadSlot};
+pub use page::{copied_bytes, CopiedBytes, Lookup, Page, PageBuf, PageData, ReadSlot};
 pub use stats::{StatsRecorder, TierStats};
 pub use tier::{GetResult, PutResult, RemoveResult, StorageTier};
 

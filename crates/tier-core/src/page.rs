@@ -1,27 +1,271 @@
-use bytes::Bytes;
+//! Pages and the buffers they are read into. A page is one or more *regions* of bytes (an
+//! engine's MHA page is a K and a V region, far apart in its host pool): stored as one unit,
+//! present only when whole. Its content is the concatenation of its regions.
+
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use bytes::{Bytes, BytesMut};
 
 use crate::{PageKey, StatsRecorder, TierError};
 
-/// A page to store: its key and its bytes (shared, so tiers may keep them without copying).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Page {
-    /// The page's key.
-    pub key: PageKey,
-    /// The page's content.
-    pub data: Bytes,
+static LENT_COPIED: AtomicU64 = AtomicU64::new(0);
+static FILLED: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes copied out of, and into, callers' memory in this process: the measure of zero copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopiedBytes {
+    /// Bytes of lent page regions copied (to keep them, gather them, or stage them).
+    pub lent: u64,
+    /// Bytes copied into callers' read buffers (rather than transferred into them in place).
+    pub filled: u64,
 }
 
-impl Page {
-    /// Creates a page.
-    pub fn new(key: PageKey, data: impl Into<Bytes>) -> Self {
-        Self {
-            key,
-            data: data.into(),
+/// The process's copy counters.
+pub fn copied_bytes() -> CopiedBytes {
+    CopiedBytes {
+        lent: LENT_COPIED.load(Relaxed),
+        filled: FILLED.load(Relaxed),
+    }
+}
+
+#[derive(Clone)]
+enum Region<'a> {
+    /// Shared, immutable bytes: a tier may keep them past the call.
+    Shared(Bytes),
+    /// The caller's memory, lent for the duration of one call.
+    Lent(&'a [u8]),
+}
+
+impl Region<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Region::Shared(b) => b,
+            Region::Lent(s) => s,
         }
     }
 }
 
-impl Page {
+/// The content of a page: one or more regions.
+///
+/// Data lent by the caller (`PageData::lent`) is bound to the call by its lifetime: a tier
+/// that keeps a page past the call must take [`PageData::into_shared`] (or
+/// [`Page::to_shared`]), which copies lent regions and never copies shared ones.
+#[derive(Clone)]
+pub struct PageData<'a> {
+    regions: Vec<Region<'a>>,
+    len: usize,
+}
+
+impl<'a> PageData<'a> {
+    /// The caller's regions, read during the call and never kept.
+    pub fn lent(regions: impl IntoIterator<Item = &'a [u8]>) -> Self {
+        Self::from_regions(regions.into_iter().map(Region::Lent).collect())
+    }
+
+    fn from_regions(regions: Vec<Region<'a>>) -> Self {
+        let len = regions.iter().map(|r| r.bytes().len()).sum();
+        Self { regions, len }
+    }
+
+    /// Total length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the page has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The regions in order.
+    pub fn regions(&self) -> impl ExactSizeIterator<Item = &[u8]> + '_ {
+        self.regions.iter().map(Region::bytes)
+    }
+
+    /// The content in one slice: borrowed when the page is one region, else gathered.
+    pub fn contiguous(&self) -> Cow<'_, [u8]> {
+        match self.regions.as_slice() {
+            [only] => Cow::Borrowed(only.bytes()),
+            _ => Cow::Owned(self.to_vec()),
+        }
+    }
+
+    /// The content gathered into a new vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        LENT_COPIED.fetch_add(self.lent_bytes() as u64, Relaxed);
+        let mut out = Vec::with_capacity(self.len);
+        for r in self.regions() {
+            out.extend_from_slice(r);
+        }
+        out
+    }
+
+    /// Gathers the content into `dst` (exactly [`PageData::len`] bytes).
+    ///
+    /// # Panics
+    /// If `dst` has another length: callers size it from the page.
+    pub fn copy_to(&self, dst: &mut [u8]) {
+        assert_eq!(dst.len(), self.len, "page length");
+        LENT_COPIED.fetch_add(self.lent_bytes() as u64, Relaxed);
+        let mut at = 0;
+        for r in self.regions() {
+            dst[at..at + r.len()].copy_from_slice(r);
+            at += r.len();
+        }
+    }
+
+    /// The content as one `Bytes`: shared without copying when the page is one shared
+    /// region, gathered into a new buffer otherwise.
+    pub fn to_bytes(&self) -> Bytes {
+        match self.regions.as_slice() {
+            [Region::Shared(b)] => b.clone(),
+            _ => {
+                LENT_COPIED.fetch_add(self.lent_bytes() as u64, Relaxed);
+                let mut out = BytesMut::with_capacity(self.len);
+                for r in self.regions() {
+                    out.extend_from_slice(r);
+                }
+                out.freeze()
+            }
+        }
+    }
+
+    /// The content as shared regions a tier may keep: shared regions are kept as they are,
+    /// lent ones copied (all of a page's lent regions into one buffer).
+    pub fn into_shared(self) -> PageData<'static> {
+        if self.regions.iter().all(|r| matches!(r, Region::Shared(_))) {
+            let regions = self
+                .regions
+                .into_iter()
+                .filter_map(|r| match r {
+                    Region::Shared(b) => Some(Region::Shared(b)),
+                    Region::Lent(_) => None,
+                })
+                .collect();
+            return PageData::from_regions(regions);
+        }
+        PageData::from(self.to_bytes())
+    }
+
+    /// The regions as `Bytes`: shared ones without copying, lent ones copied.
+    pub fn shared_regions(&self) -> Vec<Bytes> {
+        self.regions
+            .iter()
+            .map(|r| match r {
+                Region::Shared(b) => b.clone(),
+                Region::Lent(s) => {
+                    LENT_COPIED.fetch_add(s.len() as u64, Relaxed);
+                    Bytes::copy_from_slice(s)
+                }
+            })
+            .collect()
+    }
+
+    /// Bytes of this page that [`PageData::into_shared`] would copy.
+    pub fn lent_bytes(&self) -> usize {
+        self.regions
+            .iter()
+            .filter(|r| matches!(r, Region::Lent(_)))
+            .map(|r| r.bytes().len())
+            .sum()
+    }
+}
+
+impl From<Bytes> for PageData<'static> {
+    fn from(b: Bytes) -> Self {
+        PageData::from_regions(vec![Region::Shared(b)])
+    }
+}
+
+impl FromIterator<Bytes> for PageData<'static> {
+    fn from_iter<I: IntoIterator<Item = Bytes>>(regions: I) -> Self {
+        PageData::from_regions(regions.into_iter().map(Region::Shared).collect())
+    }
+}
+
+impl PartialEq for PageData<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len && self.contiguous() == other.contiguous()
+    }
+}
+
+impl Eq for PageData<'_> {}
+
+impl PartialEq<[u8]> for PageData<'_> {
+    fn eq(&self, other: &[u8]) -> bool {
+        self.len == other.len() && *self.contiguous() == *other
+    }
+}
+
+impl PartialEq<Vec<u8>> for PageData<'_> {
+    fn eq(&self, other: &Vec<u8>) -> bool {
+        *self == other[..]
+    }
+}
+
+impl PartialEq<PageData<'_>> for [u8] {
+    fn eq(&self, other: &PageData<'_>) -> bool {
+        *other == *self
+    }
+}
+
+impl PartialEq<PageData<'_>> for Vec<u8> {
+    fn eq(&self, other: &PageData<'_>) -> bool {
+        *other == self[..]
+    }
+}
+
+impl std::fmt::Debug for PageData<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PageData")
+            .field("len", &self.len)
+            .field("regions", &self.regions.len())
+            .finish()
+    }
+}
+
+/// A page to store: its key and its content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page<'a> {
+    /// The page's key.
+    pub key: PageKey,
+    /// The page's content.
+    pub data: PageData<'a>,
+}
+
+impl Page<'static> {
+    /// A page of one shared region (tiers may keep it without copying).
+    pub fn new(key: PageKey, data: impl Into<Bytes>) -> Self {
+        Self {
+            key,
+            data: PageData::from(data.into()),
+        }
+    }
+}
+
+impl<'a> Page<'a> {
+    /// A page of the given content.
+    pub fn with_data(key: PageKey, data: PageData<'a>) -> Self {
+        Self { key, data }
+    }
+
+    /// A page of the caller's regions, lent for one call.
+    pub fn lent(key: PageKey, regions: impl IntoIterator<Item = &'a [u8]>) -> Self {
+        Self {
+            key,
+            data: PageData::lent(regions),
+        }
+    }
+
+    /// This page with content a tier may keep (see [`PageData::into_shared`]).
+    pub fn to_shared(&self) -> Page<'static> {
+        Page {
+            key: self.key.clone(),
+            data: self.data.clone().into_shared(),
+        }
+    }
+
     /// Checks the page's length against a tier's limit: non-empty and at most `limit` bytes.
     pub fn check_len(&self, limit: Option<usize>) -> Result<(), TierError> {
         let len = self.data.len();
@@ -41,20 +285,138 @@ impl Page {
     }
 }
 
+/// Where a page's bytes are read to: one or more of the caller's regions, filled in order.
+#[derive(Debug)]
+pub struct PageBuf<'a> {
+    regions: Vec<&'a mut [u8]>,
+    len: usize,
+}
+
+impl<'a> PageBuf<'a> {
+    /// The given regions, filled in order.
+    pub fn new(regions: Vec<&'a mut [u8]>) -> Self {
+        let len = regions.iter().map(|r| r.len()).sum();
+        Self { regions, len }
+    }
+
+    /// Total length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer has no room.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The regions in order.
+    pub fn regions(&self) -> impl ExactSizeIterator<Item = &[u8]> + '_ {
+        self.regions.iter().map(|r| &**r)
+    }
+
+    /// The regions in order, writable.
+    pub fn regions_mut(&mut self) -> impl ExactSizeIterator<Item = &mut [u8]> + use<'_, 'a> {
+        self.regions.iter_mut().map(|r| &mut **r)
+    }
+
+    /// Each region's address and length (for registering the memory with a transfer engine).
+    pub fn ranges(&mut self) -> Vec<(usize, usize)> {
+        self.regions
+            .iter_mut()
+            .map(|r| (r.as_mut_ptr() as usize, r.len()))
+            .collect()
+    }
+
+    /// Scatters `src` (exactly [`PageBuf::len`] bytes) across the regions.
+    ///
+    /// # Panics
+    /// If `src` has another length: callers check lengths first.
+    pub fn fill_from(&mut self, src: &[u8]) {
+        assert_eq!(src.len(), self.len, "page buffer length");
+        FILLED.fetch_add(src.len() as u64, Relaxed);
+        let mut at = 0;
+        for r in self.regions.iter_mut() {
+            let n = r.len();
+            r.copy_from_slice(&src[at..at + n]);
+            at += n;
+        }
+    }
+
+    /// Fills the regions from a page's content of the same length (region boundaries may
+    /// differ).
+    ///
+    /// # Panics
+    /// If the lengths differ: callers check lengths first.
+    pub fn fill_from_page(&mut self, src: &PageData<'_>) {
+        assert_eq!(src.len(), self.len, "page buffer length");
+        FILLED.fetch_add(src.len() as u64, Relaxed);
+        let mut dst = self.regions.iter_mut().map(|r| &mut **r);
+        let mut cur: &mut [u8] = dst.next().unwrap_or_default();
+        for mut part in src.regions() {
+            while !part.is_empty() {
+                while cur.is_empty() {
+                    cur = dst.next().unwrap_or_default();
+                }
+                let n = part.len().min(cur.len());
+                let (head, tail) = std::mem::take(&mut cur).split_at_mut(n);
+                head.copy_from_slice(&part[..n]);
+                cur = tail;
+                part = &part[n..];
+            }
+        }
+    }
+
+    /// The content gathered into a new vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len);
+        for r in self.regions() {
+            out.extend_from_slice(r);
+        }
+        out
+    }
+
+    /// The same regions, borrowed for a shorter time (to hand to another tier).
+    pub fn reborrow(&mut self) -> PageBuf<'_> {
+        PageBuf {
+            regions: self.regions.iter_mut().map(|r| &mut **r).collect(),
+            len: self.len,
+        }
+    }
+}
+
 /// One key to read and the caller's buffer to read it into. The buffer's length must equal
-/// the stored page's length.
+/// the stored page's length; its region boundaries need not match the stored page's.
 #[derive(Debug)]
 pub struct ReadSlot<'a> {
     /// The page's key.
     pub key: PageKey,
     /// Where its bytes go.
-    pub buf: &'a mut [u8],
+    pub buf: PageBuf<'a>,
 }
 
 impl<'a> ReadSlot<'a> {
-    /// Creates a slot.
+    /// A slot of one contiguous buffer.
     pub fn new(key: PageKey, buf: &'a mut [u8]) -> Self {
-        Self { key, buf }
+        Self {
+            key,
+            buf: PageBuf::new(vec![buf]),
+        }
+    }
+
+    /// A slot of several regions, filled in order.
+    pub fn regions(key: PageKey, regions: Vec<&'a mut [u8]>) -> Self {
+        Self {
+            key,
+            buf: PageBuf::new(regions),
+        }
+    }
+
+    /// The same slot, borrowed for a shorter time.
+    pub fn reborrow(&mut self) -> ReadSlot<'_> {
+        ReadSlot {
+            key: self.key.clone(),
+            buf: self.buf.reborrow(),
+        }
     }
 
     /// Answers the slot from a page held in memory, or from its absence: copies the bytes in
@@ -78,7 +440,7 @@ impl<'a> ReadSlot<'a> {
                 })
             }
             Some(data) => {
-                self.buf.copy_from_slice(data);
+                self.buf.fill_from(data);
                 stats.hit(data.len());
                 Ok(Lookup::Hit)
             }
@@ -93,4 +455,48 @@ pub enum Lookup {
     Hit,
     /// The tier does not hold the page; the buffer's content is unspecified.
     Miss,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regions_scatter_across_other_boundaries() {
+        let a: Vec<u8> = (0..10).collect();
+        let b: Vec<u8> = (10..25).collect();
+        let page = PageData::lent([&a[..], &b[..]]);
+        assert_eq!(page.len(), 25);
+        let mut x = [0u8; 7];
+        let mut y = [0u8; 18];
+        let mut buf = PageBuf::new(vec![&mut x, &mut y]);
+        buf.fill_from_page(&page);
+        assert_eq!(buf.to_vec(), (0..25).collect::<Vec<u8>>());
+        assert_eq!(page.to_vec(), buf.to_vec());
+    }
+
+    #[test]
+    fn into_shared_copies_only_lent_regions() {
+        let lent = [1u8, 2, 3];
+        let shared = PageData::lent([&lent[..]]).into_shared();
+        assert_eq!(shared.lent_bytes(), 0);
+        assert_eq!(shared.to_vec(), vec![1, 2, 3]);
+        let b = Bytes::from_static(b"abc");
+        let kept = PageData::from(b.clone()).into_shared();
+        assert_eq!(
+            kept.to_bytes().as_ptr(),
+            b.as_ptr(),
+            "a shared region is not copied"
+        );
+    }
+
+    #[test]
+    fn empty_regions_are_skipped() {
+        let a = [1u8, 2];
+        let page = PageData::lent([&[][..], &a[..], &[][..]]);
+        let mut out = [0u8; 2];
+        let mut buf = PageBuf::new(vec![&mut [][..], &mut out[..]]);
+        buf.fill_from_page(&page);
+        assert_eq!(out, [1, 2]);
+    }
 }

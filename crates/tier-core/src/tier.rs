@@ -23,8 +23,10 @@ pub trait StorageTier: Send + Sync {
     /// Its counters now.
     fn stats(&self) -> TierStats;
 
-    /// Stores pages; a later write to the same key replaces the earlier one whole.
-    async fn put(&self, pages: &[Page]) -> Vec<PutResult>;
+    /// Stores pages; a later write to the same key replaces the earlier one whole. Pages may
+    /// lend the caller's memory: a tier that keeps a page past the call takes
+    /// [`Page::to_shared`].
+    async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult>;
 
     /// Reads pages into the slots' buffers. A buffer whose length differs from the stored
     /// page's gets [`TierError::LengthMismatch`].

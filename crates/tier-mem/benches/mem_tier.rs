@@ -43,7 +43,7 @@ async fn rss_of_full_tier() {
     // Write 1.25x the capacity so the tier is full and evicting.
     let ks = keys((CAPACITY as usize / PAGE) * 5 / 4);
     for chunk in ks.chunks(BATCH) {
-        let pages: Vec<Page> = chunk
+        let pages: Vec<Page<'static>> = chunk
             .iter()
             .map(|k| Page::new(k.clone(), vec![k.as_str().as_bytes()[5]; PAGE]))
             .collect();
@@ -88,7 +88,7 @@ async fn throughput(page: usize, total: usize) {
     // put, keeping the caller's bytes (zero-copy).
     let t = Instant::now();
     for (chunk, data) in ks.chunks(BATCH).zip(sources.chunks(BATCH)) {
-        let pages: Vec<Page> = chunk
+        let pages: Vec<Page<'static>> = chunk
             .iter()
             .zip(data)
             .map(|(k, d)| Page::new(k.clone(), d.clone()))
@@ -101,7 +101,7 @@ async fn throughput(page: usize, total: usize) {
     // put from a borrowed buffer: one copy into a fresh allocation.
     let t = Instant::now();
     for (chunk, data) in ks.chunks(BATCH).zip(sources.chunks(BATCH)) {
-        let pages: Vec<Page> = chunk
+        let pages: Vec<Page<'static>> = chunk
             .iter()
             .zip(data)
             .map(|(k, d)| Page::new(k.clone(), Bytes::copy_from_slice(d)))

@@ -174,7 +174,7 @@ impl StorageTier for MemTier {
         self.stats.snapshot(Some(self.cache.weighted_size()))
     }
 
-    async fn put(&self, pages: &[Page]) -> Vec<PutResult> {
+    async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
         let mut results = Vec::with_capacity(pages.len());
         for page in pages {
             if let Err(e) = page.check_len(self.info.max_page_bytes) {
@@ -182,7 +182,10 @@ impl StorageTier for MemTier {
                 results.push(Err(e));
                 continue;
             }
-            self.cache.insert(page.key.clone(), page.data.clone()).await;
+            // Kept past the call: one gathered copy of lent or multi-region pages, none else.
+            self.cache
+                .insert(page.key.clone(), page.data.to_bytes())
+                .await;
             self.stats.put(page.data.len());
             results.push(Ok(()));
         }

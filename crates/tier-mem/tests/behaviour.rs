@@ -13,7 +13,7 @@ fn key(i: usize) -> PageKey {
     PageKey::new(format!("{i:064x}")).unwrap()
 }
 
-fn page(i: usize, len: usize) -> Page {
+fn page(i: usize, len: usize) -> Page<'static> {
     Page::new(key(i), vec![(i % 251) as u8; len])
 }
 
@@ -49,7 +49,11 @@ async fn evicted_pages_reach_the_listener_with_their_bytes(#[case] policy: Evict
     for evicted in seen.iter() {
         assert_eq!(evicted.cause, EvictionCause::Capacity);
         let i = usize::from_str_radix(evicted.key.as_str(), 16).unwrap();
-        assert_eq!(evicted.data, page(i, 64 << 10).data, "evicted bytes of {i}");
+        assert_eq!(
+            evicted.data,
+            page(i, 64 << 10).data.to_bytes(),
+            "evicted bytes of {i}"
+        );
     }
     assert_eq!(tier.stats().evictions, seen.len() as u64);
 }
@@ -157,7 +161,7 @@ async fn shared_reads_do_not_copy() {
     let shared = tier.get_shared(&key(1)).await.unwrap();
     assert_eq!(
         shared.as_ptr(),
-        p.data.as_ptr(),
+        p.data.to_bytes().as_ptr(),
         "same allocation handed out"
     );
 }

@@ -78,7 +78,7 @@ async fn every_page_stays_readable_after_eviction_from_the_top(#[case] write: Wr
     const N: usize = 64; // 4 MiB through a 1 MiB top tier
     let h = dram_over_dram(1 << 20, write).unwrap();
     for chunk in (0..N).collect::<Vec<_>>().chunks(8) {
-        let pages: Vec<Page> = chunk
+        let pages: Vec<Page<'static>> = chunk
             .iter()
             .map(|&i| Page::new(key(i), content::page(&key(i), 1, LEN)))
             .collect();
@@ -125,7 +125,7 @@ async fn a_failing_lower_tier_never_fails_what_the_top_serves() {
         lower.clone(),
     ];
     let h = Hierarchy::new("dram/faulty", tiers, HierarchyPolicy::default(), None).unwrap();
-    let pages: Vec<Page> = (0..16)
+    let pages: Vec<Page<'static>> = (0..16)
         .map(|i| Page::new(key(i), content::page(&key(i), 2, 4096)))
         .collect();
     for r in h.put(&pages).await {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tier_core::{ReadSlot, TierError};
+use tier_core::{PageBuf, ReadSlot, TierError};
 
 use crate::nixl::Backend;
 
@@ -30,12 +30,15 @@ pub struct BatchOutcome {
 }
 
 /// The buffers of the slots marked in `wanted`, in slot order.
-pub fn marked_bufs<'a>(slots: &'a mut [ReadSlot<'_>], wanted: &[bool]) -> Vec<&'a mut [u8]> {
+pub fn marked_bufs<'a, 'b>(
+    slots: &'a mut [ReadSlot<'b>],
+    wanted: &[bool],
+) -> Vec<&'a mut PageBuf<'b>> {
     slots
         .iter_mut()
         .zip(wanted)
         .filter(|(_, w)| **w)
-        .map(|(slot, _)| &mut *slot.buf)
+        .map(|(slot, _)| &mut slot.buf)
         .collect()
 }
 
@@ -90,9 +93,9 @@ fn isolate(
     }
 }
 
-/// Moves pages out of their own bytes: registers them (zero-copy) or, when NIXL refuses (the
+/// Moves regions out of their own bytes: registers them (zero-copy) or, when NIXL refuses (the
 /// same memory may be registered by a concurrent batch), a private copy. `send` gets each
-/// page's address. A copy a poisoned transfer may still read is leaked, never freed; the
+/// region's address. A copy a poisoned transfer may still read is leaked, never freed; the
 /// caller must do the same with the pages.
 pub fn send_pages(
     backend: &Arc<Backend>,

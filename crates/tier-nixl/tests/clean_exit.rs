@@ -31,7 +31,7 @@ fn obj_config(endpoint: &str, timeout: Duration) -> NixlObjConfig {
 
 /// Puts 16 pages and reads them back exact.
 async fn round_trip(tier: &dyn StorageTier) {
-    let pages: Vec<Page> = (0..16)
+    let pages: Vec<Page<'static>> = (0..16)
         .map(|i| Page::new(key(i), content::page(&key(i), 1, PAGE)))
         .collect();
     for r in tier.put(&pages).await {

@@ -87,7 +87,7 @@ async fn crash_writer() {
     while started.elapsed() < Duration::from_secs(60) {
         batch_no += 1;
         let version = VERSIONS[(batch_no % VERSIONS.len() as u64) as usize];
-        let batch: Vec<Page> = (0..16)
+        let batch: Vec<Page<'static>> = (0..16)
             .map(|_| {
                 let k = key(rng.below(KEYSPACE as u64) as usize);
                 Page::new(k.clone(), content::page(&k, version, PAGE))

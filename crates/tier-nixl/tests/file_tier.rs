@@ -18,13 +18,13 @@ fn key(i: usize) -> PageKey {
     .unwrap()
 }
 
-fn page(i: usize, version: u64, len: usize) -> Page {
+fn page(i: usize, version: u64, len: usize) -> Page<'static> {
     let k = key(i);
     let data = content::page(&k, version, len);
     Page::new(k, data)
 }
 
-async fn put_ok(tier: &NixlFileTier, pages: &[Page]) {
+async fn put_ok(tier: &NixlFileTier, pages: &[Page<'_>]) {
     for (p, r) in pages.iter().zip(tier.put(pages).await) {
         r.unwrap_or_else(|e| panic!("put {}: {e}", p.key));
     }
@@ -319,7 +319,7 @@ async fn files_hold_the_page_bytes_and_reads_come_from_disk() {
     let tmp = tempfile::tempdir().unwrap();
     for mode in [PathModeChoice::On, PathModeChoice::Off] {
         let tier = open(&[tmp.path().join(format!("{mode:?}"))], mode).await;
-        let pages: Vec<Page> = (0..130).map(|i| page(i, 3, 16384)).collect();
+        let pages: Vec<Page<'static>> = (0..130).map(|i| page(i, 3, 16384)).collect();
         put_ok(&tier, &pages).await;
         for p in &pages {
             assert_eq!(
@@ -356,7 +356,7 @@ async fn direct_io_round_trips_aligned_pages_and_refuses_unaligned_ones() {
             Err(e) => panic!("{e}"),
         };
     assert!(tier.direct_io());
-    let pages: Vec<Page> = (0..20).map(|i| page(i, 5, 4096 * (1 + i % 4))).collect();
+    let pages: Vec<Page<'static>> = (0..20).map(|i| page(i, 5, 4096 * (1 + i % 4))).collect();
     put_ok(&tier, &pages).await;
     for p in &pages {
         let (r, buf) = get_one(&tier, &p.key, p.data.len()).await;
@@ -452,7 +452,7 @@ async fn a_full_disk_fails_the_pages_that_do_not_fit_and_loses_nothing(
     let mut stored = Vec::new();
     let mut failed = 0;
     for batch in 0..25 {
-        let pages: Vec<Page> = (batch * 16..batch * 16 + 16)
+        let pages: Vec<Page<'static>> = (batch * 16..batch * 16 + 16)
             .map(|i| page(i, 1, LEN))
             .collect();
         for (p, r) in pages.iter().zip(tier.put(&pages).await) {
@@ -503,7 +503,7 @@ async fn a_full_disk_fails_the_pages_that_do_not_fit_and_loses_nothing(
     for r in tier.remove(&freed).await {
         assert!(r.unwrap());
     }
-    let again: Vec<Page> = (1000..1032).map(|i| page(i, 2, LEN)).collect();
+    let again: Vec<Page<'static>> = (1000..1032).map(|i| page(i, 2, LEN)).collect();
     put_ok(&tier, &again).await;
     for p in &again {
         let (r, buf) = get_one(&tier, &p.key, LEN).await;

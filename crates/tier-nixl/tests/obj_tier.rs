@@ -23,7 +23,7 @@ fn key(i: usize) -> PageKey {
     PageKey::new(format!("{i:064x}")).unwrap()
 }
 
-fn pages(range: std::ops::Range<usize>, len: usize) -> Vec<Page> {
+fn pages(range: std::ops::Range<usize>, len: usize) -> Vec<Page<'static>> {
     range
         .map(|i| Page::new(key(i), content::page(&key(i), 1, len)))
         .collect()
@@ -401,7 +401,7 @@ async fn hostile_keys_stay_single_objects_under_the_prefix() {
             .chain([long.as_str()])
             .map(|n| PageKey::new(n).unwrap())
             .collect();
-        let batch: Vec<Page> = keys
+        let batch: Vec<Page<'static>> = keys
             .iter()
             .map(|k| Page::new(k.clone(), content::page(k, 4, 4096)))
             .collect();

@@ -80,7 +80,7 @@ async fn one_op(h: &Hierarchy, rng: &mut Rng, n: u64, counts: &mut [u64; 4]) {
             }
         }
         4..=6 => {
-            let pages: Vec<Page> = keys
+            let pages: Vec<Page<'static>> = keys
                 .iter()
                 .map(|k| Page::new(k.clone(), content::page(k, 1, PAGE)))
                 .collect();

@@ -18,8 +18,8 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::path::{Path, PathPart};
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
 use tier_core::{
-    async_trait, Bytes, GetResult, Page, PageKey, PutResult, ReadSlot, RemoveResult, StatsRecorder,
-    StorageTier, TierError, TierInfo, TierStats,
+    async_trait, GetResult, Page, PageData, PageKey, PutResult, ReadSlot, RemoveResult,
+    StatsRecorder, StorageTier, TierError, TierInfo, TierStats,
 };
 
 pub mod config;
@@ -132,7 +132,7 @@ impl ObjectTier {
             }))
     }
 
-    async fn put_one(&self, page: &Page) -> PutResult {
+    async fn put_one(&self, page: &Page<'_>) -> PutResult {
         page.check_len(Some(self.config.max_page_bytes))?;
         let path = self.object_path(&page.key)?;
         let mode = if self.config.create_only {
@@ -149,7 +149,11 @@ impl ObjectTier {
                     ..Default::default()
                 };
                 self.store
-                    .put_opts(&path, PutPayload::from(page.data.clone()), opts)
+                    .put_opts(
+                        &path,
+                        PutPayload::from_iter(page.data.shared_regions()),
+                        opts,
+                    )
                     .await
                     .map(|_| ())
             };
@@ -163,10 +167,12 @@ impl ObjectTier {
         .await
     }
 
-    async fn put_multipart(&self, path: &Path, data: &Bytes) -> object_store::Result<()> {
+    async fn put_multipart(&self, path: &Path, data: &PageData<'_>) -> object_store::Result<()> {
         let upload = self.store.put_multipart(path).await?;
         let mut writer = WriteMultipart::new_with_chunk_size(upload, 8 << 20);
-        writer.put(data.clone());
+        for region in data.shared_regions() {
+            writer.put(region);
+        }
         writer.finish().await.map(|_| ())
     }
 
@@ -259,7 +265,7 @@ impl StorageTier for ObjectTier {
         self.stats.snapshot(None)
     }
 
-    async fn put(&self, pages: &[Page]) -> Vec<PutResult> {
+    async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
         // A key repeated in the batch: only its last page is written.
         let last: HashMap<&PageKey, usize> =
             pages.iter().enumerate().map(|(i, p)| (&p.key, i)).collect();

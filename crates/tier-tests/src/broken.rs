@@ -60,7 +60,7 @@ impl StorageTier for BrokenTier {
         self.inner.stats()
     }
 
-    async fn put(&self, pages: &[Page]) -> Vec<PutResult> {
+    async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
         self.inner.put(pages).await
     }
 
@@ -80,8 +80,10 @@ impl StorageTier for BrokenTier {
                 (Fault::FlipsByte, Ok(Lookup::Hit))
                     if self.hits_returned.fetch_add(1, Ordering::Relaxed) == 199 =>
                 {
-                    let mid = slot.buf.len() / 2;
-                    slot.buf[mid] ^= 0x10;
+                    let mut bytes = slot.buf.to_vec();
+                    let mid = bytes.len() / 2;
+                    bytes[mid] ^= 0x10;
+                    slot.buf.fill_from(&bytes);
                 }
                 _ => {}
             }

@@ -127,7 +127,7 @@ impl StorageTier for FaultyTier {
         self.inner.stats()
     }
 
-    async fn put(&self, pages: &[Page]) -> Vec<PutResult> {
+    async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
         match self.enter("put").await {
             Ok(_) => self.inner.put(pages).await,
             Err(e) => fail_all(pages.len(), &e),
@@ -145,7 +145,9 @@ impl StorageTier for FaultyTier {
                 if matches!(r, Ok(Lookup::Hit)) && self.torn.fetch_add(1, Relaxed).is_multiple_of(2)
                 {
                     let (len, half) = (slot.buf.len(), slot.buf.len() / 2);
-                    slot.buf[half..].fill(0xa5);
+                    let mut bytes = slot.buf.to_vec();
+                    bytes[half..].fill(0xa5);
+                    slot.buf.fill_from(&bytes);
                     self.injected.fetch_add(1, Relaxed);
                     *r = Err(TierError::Backend {
                         backend: "faulty".into(),

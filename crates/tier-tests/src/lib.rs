@@ -36,7 +36,7 @@ pub use suite::{read_page, Failure, TierFactory};
 macro_rules! conformance_suite {
     ($factory:expr) => {
         $crate::conformance_suite!(@cases $factory;
-            integrity_batches, integrity_page_sizes, fd_leak, partial_batch, exists_prefix,
+            integrity_batches, integrity_page_sizes, integrity_regions, fd_leak, partial_batch, exists_prefix,
             overwrite, remove, clear, concurrent_writers, bad_input, hostile_keys,
             capacity_bound, persistence, stats_count, hierarchy_over_faulty_tier,
             hierarchy_lower_outage);

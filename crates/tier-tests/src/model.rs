@@ -40,14 +40,14 @@ impl StorageTier for ModelTier {
         self.stats.snapshot(Some(resident))
     }
 
-    async fn put(&self, pages: &[Page]) -> Vec<PutResult> {
+    async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
         let limit = self.info().max_page_bytes;
         pages
             .iter()
             .map(|page| {
                 page.check_len(limit)
                     .inspect_err(|_| self.stats.errors(1))?;
-                self.pages().insert(page.key.clone(), page.data.clone());
+                self.pages().insert(page.key.clone(), page.data.to_bytes());
                 self.stats.put(page.data.len());
                 Ok(())
             })

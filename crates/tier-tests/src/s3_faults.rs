@@ -58,7 +58,7 @@ fn key(i: usize) -> PageKey {
     PageKey::new(format!("{i:064x}")).expect("valid key")
 }
 
-fn pages(range: std::ops::Range<usize>, len: usize) -> Vec<Page> {
+fn pages(range: std::ops::Range<usize>, len: usize) -> Vec<Page<'static>> {
     range
         .map(|i| Page::new(key(i), content::page(&key(i), 1, len)))
         .collect()
@@ -74,7 +74,7 @@ async fn read(tier: &DynTier, i: usize, len: usize) -> (Result<Lookup, TierError
     read_page(tier.as_ref(), key(i), len).await
 }
 
-async fn store(tier: &DynTier, batch: &[Page]) -> Result<(), String> {
+async fn store(tier: &DynTier, batch: &[Page<'_>]) -> Result<(), String> {
     for (page, r) in batch.iter().zip(tier.put(batch).await) {
         r.map_err(|e| format!("put of {} failed: {e}", page.key))?;
     }

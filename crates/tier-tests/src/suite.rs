@@ -90,6 +90,7 @@ macro_rules! cases {
 cases!(
     integrity_batches,
     integrity_page_sizes,
+    integrity_regions,
     fd_leak,
     partial_batch,
     exists_prefix,
@@ -186,7 +187,7 @@ async fn open(f: &dyn TierFactory) -> Result<DynTier, String> {
 /// Puts `(key, version, len)` pages in batches of `batch`; every put must succeed.
 async fn put_all(tier: &DynTier, pages: &[(PageKey, u64, usize)], batch: usize) -> CaseResult {
     for chunk in pages.chunks(batch) {
-        let batch: Vec<Page> = chunk
+        let batch: Vec<Page<'static>> = chunk
             .iter()
             .map(|(k, v, len)| Page::new(k.clone(), content::page(k, *v, *len)))
             .collect();
@@ -328,6 +329,97 @@ pub async fn integrity_page_sizes(f: &dyn TierFactory) -> CaseResult {
     expect_pages(&tier, &pages, 13).await
 }
 
+/// Region boundaries of page `i` of `len` bytes under pattern `pattern`: one region, two
+/// halves (an MHA page's K and V), or three uneven parts.
+fn region_cuts(pattern: usize, len: usize) -> Vec<usize> {
+    match pattern % 3 {
+        0 => vec![len / 2],
+        1 => vec![len / 3, len / 3 + (len / 3).min(4096) + 1],
+        _ => vec![],
+    }
+}
+
+fn split_at_cuts<'a>(mut buf: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
+    let (mut out, mut at) = (Vec::new(), 0);
+    for &cut in cuts {
+        let (head, tail) = buf.split_at(cut - at);
+        out.push(head);
+        (buf, at) = (tail, cut);
+    }
+    out.push(buf);
+    out
+}
+
+fn split_at_cuts_mut<'a>(mut buf: &'a mut [u8], cuts: &[usize]) -> Vec<&'a mut [u8]> {
+    let (mut out, mut at) = (Vec::new(), 0);
+    for &cut in cuts {
+        let (head, tail) = buf.split_at_mut(cut - at);
+        out.push(head);
+        (buf, at) = (tail, cut);
+    }
+    out.push(buf);
+    out
+}
+
+/// Pages of several regions lent from the caller's memory (an engine's K and V halves, or
+/// uneven parts), put in one batch, read back into zeroed buffers split at other boundaries
+/// and into one contiguous buffer: every byte equal, each page whole.
+pub async fn integrity_regions(f: &dyn TierFactory) -> CaseResult {
+    let tier = open(f).await?;
+    let len = page_len(&tier, PAGE);
+    let ks = keys("reg", 48);
+    let contents: Vec<Vec<u8>> = ks
+        .iter()
+        .map(|k| content::page(k, 5, len).to_vec())
+        .collect();
+    let pages: Vec<Page<'_>> = ks
+        .iter()
+        .zip(&contents)
+        .enumerate()
+        .map(|(i, (k, c))| Page::lent(k.clone(), split_at_cuts(c, &region_cuts(i, len))))
+        .collect();
+    let results = tier.put(&pages).await;
+    check_len(&results, pages.len(), "put")?;
+    for (page, r) in pages.iter().zip(results) {
+        r.map_err(|e| {
+            format!(
+                "put of {}-region page {} failed: {e}",
+                page.data.regions().len(),
+                page.key
+            )
+        })?;
+    }
+    drop(pages);
+    let mut bufs: Vec<Vec<u8>> = ks.iter().map(|_| vec![0u8; len]).collect();
+    let mut slots: Vec<ReadSlot<'_>> = ks
+        .iter()
+        .zip(bufs.iter_mut())
+        .enumerate()
+        .map(|(i, (k, b))| {
+            ReadSlot::regions(k.clone(), split_at_cuts_mut(b, &region_cuts(i + 1, len)))
+        })
+        .collect();
+    let results = tier.get(&mut slots).await;
+    drop(slots);
+    check_len(&results, ks.len(), "get")?;
+    for ((key, buf), result) in ks.iter().zip(&bufs).zip(results) {
+        match result {
+            Ok(Lookup::Hit) => content::verify(key, 5, buf)
+                .map_err(|e| format!("read into regions at other boundaries: {e}"))?,
+            other => return Err(format!("multi-region page {key} read back as {other:?}")),
+        }
+    }
+    for key in ks.iter().step_by(3) {
+        match read_page(tier.as_ref(), key.clone(), len).await {
+            (Ok(Lookup::Hit), buf) => {
+                content::verify(key, 5, &buf).map_err(|e| format!("read into one buffer: {e}"))?
+            }
+            (other, _) => return Err(format!("multi-region page {key} read back as {other:?}")),
+        }
+    }
+    Ok(())
+}
+
 /// Open file descriptors counted before and after ten rounds of each operation kind,
 /// successful and failing; any growth fails.
 pub async fn fd_leak(f: &dyn TierFactory) -> CaseResult {
@@ -413,7 +505,7 @@ impl Op {
     async fn run(&self, tier: &DynTier) {
         match self {
             Op::Put(ks, len) => {
-                let pages: Vec<Page> = ks
+                let pages: Vec<Page<'static>> = ks
                     .iter()
                     .map(|k| Page::new(k.clone(), content::page(k, 1, *len)))
                     .collect();
@@ -427,7 +519,7 @@ impl Op {
                 let _ = tier.exists(ks).await;
             }
             Op::PutRemove(ks, len) => {
-                let pages: Vec<Page> = ks
+                let pages: Vec<Page<'static>> = ks
                     .iter()
                     .map(|k| Page::new(k.clone(), content::page(k, 1, *len)))
                     .collect();
@@ -775,7 +867,7 @@ pub async fn hostile_keys(f: &dyn TierFactory) -> CaseResult {
     let watched = watched_dirs(f.root());
     let before = listings(&watched);
 
-    let pages: Vec<Page> = ks
+    let pages: Vec<Page<'static>> = ks
         .iter()
         .map(|k| Page::new(k.clone(), content::page(k, 9, len)))
         .collect();

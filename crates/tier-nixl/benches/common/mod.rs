@@ -38,7 +38,7 @@ impl Workload {
 /// Puts every page, `batch` per call; every put must succeed.
 pub async fn put_batches(tier: &dyn StorageTier, w: &Workload, batch: usize) {
     for (keys, data) in w.keys.chunks(batch).zip(w.data.chunks(batch)) {
-        let pages: Vec<Page> = keys
+        let pages: Vec<Page<'static>> = keys
             .iter()
             .zip(data)
             .map(|(k, d)| Page::new(k.clone(), d.clone()))

@@ -57,7 +57,7 @@ pub fn probe_path_mode(backend: &Arc<Backend>) -> FileMode {
     }
 }
 
-/// One page to move: its file, its length, and the DRAM address of its bytes.
+/// One page to move: its file, its length, and the DRAM regions of its bytes.
 pub struct Xfer {
     /// The page's key.
     pub key: PageKey,
@@ -67,8 +67,26 @@ pub struct Xfer {
     pub len: usize,
     /// Whether to bypass the page cache.
     pub direct: bool,
-    /// Address of the page's bytes in registered DRAM.
-    pub local: usize,
+    /// The page's bytes in registered DRAM: (address, length) of each region, in file order.
+    pub parts: Vec<(usize, usize)>,
+}
+
+impl Xfer {
+    /// Each part's DRAM descriptor and the file range it maps to, for a file registered as
+    /// `dev_id`.
+    fn descs(&self, dev_id: u64) -> impl Iterator<Item = (Desc<'static>, Desc<'static>)> + '_ {
+        let mut offset = 0;
+        self.parts.iter().map(move |&(addr, len)| {
+            let file = Desc {
+                addr: offset,
+                len,
+                dev_id,
+                meta: &[],
+            };
+            offset += len;
+            (Desc::dram(addr, len), file)
+        })
+    }
 }
 
 /// A FILE backend and how to use it.
@@ -188,7 +206,7 @@ impl FileIo {
                 }
             }
         }
-        let remote: Vec<Desc<'_>> = which
+        let files_reg: Vec<Desc<'_>> = which
             .iter()
             .enumerate()
             .map(|(n, &i)| Desc {
@@ -198,13 +216,14 @@ impl FileIo {
                 meta: metas.get(n).map_or(&[][..], Vec::as_slice),
             })
             .collect();
-        let local: Vec<Desc<'_>> = which
+        let (local, remote): (Vec<Desc<'_>>, Vec<Desc<'_>>) = which
             .iter()
-            .map(|&i| Desc::dram(items[i].local, items[i].len))
-            .collect();
+            .enumerate()
+            .flat_map(|(n, &i)| items[i].descs(dev_ids[n]))
+            .unzip();
         let registration: Registration = self
             .backend
-            .register(MemKind::File, &remote)
+            .register(MemKind::File, &files_reg)
             .map_err(|e| Failure::Batch(format!("{}: registering files: {e}", op_name(op))))?;
         let transfer = self
             .backend

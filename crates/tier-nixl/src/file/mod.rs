@@ -27,8 +27,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tier_core::{
-    async_trait, Bytes, GetResult, Lookup, Page, PageKey, PutResult, ReadSlot, RemoveResult,
-    StatsRecorder, StorageTier, TierError, TierInfo, TierStats,
+    async_trait, GetResult, Lookup, Page, PageBuf, PageData, PageKey, PutResult, ReadSlot,
+    RemoveResult, StatsRecorder, StorageTier, TierError, TierInfo, TierStats,
 };
 
 pub use io::{probe_path_mode, FileMode};
@@ -386,23 +386,26 @@ impl Shared {
         }
     }
 
-    /// Writes pages and commits what succeeded (blocking thread). With a lease, pages are
-    /// copied into it (direct I/O needs its alignment); without, NIXL reads each page's own
-    /// bytes, registered for this batch.
+    /// Writes pages and commits what succeeded (blocking, on the calling thread). With a lease,
+    /// pages are copied into it (direct I/O needs its alignment); without, NIXL reads each
+    /// page's own regions, registered for this batch. `lent` says the pages' memory is the
+    /// caller's: a transfer NIXL will not release is then never left behind (see
+    /// [`crate::nixl::Transfer::finish`]).
     fn write_pages(
         &self,
         lane: usize,
-        pages: Vec<PlannedWrite>,
+        pages: &[PlannedWrite<'_>],
         lease: Option<StagingLease>,
+        lent: bool,
     ) -> Vec<PutResult> {
         let finals: Vec<PathBuf> = pages.iter().map(|p| p.path.clone()).collect();
         let (xfers, mut outcome) = match lease {
-            Some(lease) => self.write_staged(&pages, lease),
-            None => self.write_zero_copy(self.lane(lane), &pages),
+            Some(lease) => self.write_staged(pages, lease),
+            None => self.write_zero_copy(self.lane(lane), pages, lent),
         };
         FileIo::commit_writes(&xfers, &finals, &mut outcome);
         if outcome.poisoned {
-            // NIXL may still read these bytes: never free them.
+            // NIXL may still read these bytes: never free them (lent pages are never poisoned).
             std::mem::forget(pages.iter().map(|p| p.data.clone()).collect::<Vec<_>>());
         }
         {
@@ -423,16 +426,16 @@ impl Shared {
 
     fn write_staged(
         &self,
-        pages: &[PlannedWrite],
+        pages: &[PlannedWrite<'_>],
         mut lease: StagingLease,
     ) -> (Vec<Xfer>, BatchOutcome) {
         let (offsets, _) = io::slots(pages.iter().map(|p| p.data.len()));
         let base = lease.buf().addr();
         let buf = lease.buf().as_mut_slice();
         for (page, off) in pages.iter().zip(&offsets) {
-            buf[*off..*off + page.data.len()].copy_from_slice(&page.data);
+            page.data.copy_to(&mut buf[*off..*off + page.data.len()]);
         }
-        let xfers = write_xfers(pages, |i| base + offsets[i]);
+        let xfers = write_xfers(pages, |i, _| vec![(base + offsets[i], pages[i].data.len())]);
         let outcome = self.lane(0).transfer_all(XferOp::Write, &xfers, false);
         if outcome.poisoned {
             lease.leak();
@@ -440,12 +443,23 @@ impl Shared {
         (xfers, outcome)
     }
 
-    fn write_zero_copy(&self, io: &FileIo, pages: &[PlannedWrite]) -> (Vec<Xfer>, BatchOutcome) {
-        let data: Vec<&[u8]> = pages.iter().map(|p| &p.data[..]).collect();
+    fn write_zero_copy(
+        &self,
+        io: &FileIo,
+        pages: &[PlannedWrite<'_>],
+        lent: bool,
+    ) -> (Vec<Xfer>, BatchOutcome) {
+        let regions: Vec<&[u8]> = pages.iter().flat_map(|p| p.data.regions()).collect();
         let mut xfers = Vec::new();
-        let outcome = send_pages(&io.backend, &data, &mut |addrs| {
-            xfers = write_xfers(pages, |i| addrs[i]);
-            io.transfer_all(XferOp::Write, &xfers, false)
+        let outcome = send_pages(&io.backend, &regions, &mut |addrs| {
+            let mut addrs = addrs.iter();
+            xfers = write_xfers(pages, |_, page| {
+                page.data
+                    .regions()
+                    .map(|r| (addrs.next().copied().unwrap_or_default(), r.len()))
+                    .collect()
+            });
+            io.transfer_all(XferOp::Write, &xfers, lent)
         });
         (xfers, outcome)
     }
@@ -456,7 +470,7 @@ impl Shared {
     fn read_in_place(
         &self,
         reads: &[PlannedRead],
-        bufs: &mut [&mut [u8]],
+        bufs: &mut [&mut PageBuf<'_>],
     ) -> Vec<Result<bool, TierError>> {
         const SPLIT_AT: usize = 32;
         if reads.len() < SPLIT_AT {
@@ -494,17 +508,15 @@ impl Shared {
         &self,
         io: &FileIo,
         reads: &[PlannedRead],
-        bufs: &mut [&mut [u8]],
+        bufs: &mut [&mut PageBuf<'_>],
     ) -> Vec<Result<bool, TierError>> {
-        let ranges: Vec<(usize, usize)> = bufs
-            .iter_mut()
-            .map(|b| (b.as_mut_ptr() as usize, b.len()))
-            .collect();
-        let registration = match io.register_local(&ranges) {
+        let ranges: Vec<Vec<(usize, usize)>> = bufs.iter_mut().map(|b| b.ranges()).collect();
+        let flat: Vec<(usize, usize)> = ranges.iter().flatten().copied().collect();
+        let registration = match io.register_local(&flat) {
             Ok(registration) => registration,
             Err(e) => return reads.iter().map(|_| Err(copy_error(&e))).collect(),
         };
-        let xfers = read_xfers(reads, |i| ranges[i].0);
+        let xfers = read_xfers(reads, |i| ranges[i].clone());
         let outcome = io.transfer_all(XferOp::Read, &xfers, true);
         drop(registration);
         classify_reads(reads, outcome.results)
@@ -522,7 +534,7 @@ impl Shared {
     ) {
         let (offsets, _) = io::slots(reads.iter().map(|r| r.len));
         let base = lease.buf().addr();
-        let xfers = read_xfers(reads, |i| base + offsets[i]);
+        let xfers = read_xfers(reads, |i| vec![(base + offsets[i], reads[i].len)]);
         let outcome = self.lane(0).transfer_all(XferOp::Read, &xfers, false);
         let results = classify_reads(reads, outcome.results);
         if outcome.poisoned {
@@ -549,9 +561,9 @@ impl Shared {
 }
 
 /// A page planned for writing.
-struct PlannedWrite {
+struct PlannedWrite<'a> {
     key: PageKey,
-    data: Bytes,
+    data: PageData<'a>,
     path: PathBuf,
     temp: PathBuf,
     direct: bool,
@@ -566,7 +578,11 @@ struct PlannedRead {
     direct: bool,
 }
 
-fn write_xfers(pages: &[PlannedWrite], local: impl Fn(usize) -> usize) -> Vec<Xfer> {
+/// Transfers of `pages`; `parts` gives each page's DRAM regions.
+fn write_xfers<'a, 'p>(
+    pages: &'p [PlannedWrite<'a>],
+    mut parts: impl FnMut(usize, &'p PlannedWrite<'a>) -> Vec<(usize, usize)>,
+) -> Vec<Xfer> {
     pages
         .iter()
         .enumerate()
@@ -575,12 +591,13 @@ fn write_xfers(pages: &[PlannedWrite], local: impl Fn(usize) -> usize) -> Vec<Xf
             path: p.temp.clone(),
             len: p.data.len(),
             direct: p.direct,
-            local: local(i),
+            parts: parts(i, p),
         })
         .collect()
 }
 
-fn read_xfers(reads: &[PlannedRead], local: impl Fn(usize) -> usize) -> Vec<Xfer> {
+/// Transfers of `reads`; `parts` gives each read's DRAM regions.
+fn read_xfers(reads: &[PlannedRead], parts: impl Fn(usize) -> Vec<(usize, usize)>) -> Vec<Xfer> {
     reads
         .iter()
         .enumerate()
@@ -589,7 +606,7 @@ fn read_xfers(reads: &[PlannedRead], local: impl Fn(usize) -> usize) -> Vec<Xfer
             path: r.path.clone(),
             len: r.len,
             direct: r.direct,
-            local: local(i),
+            parts: parts(i),
         })
         .collect()
 }
@@ -694,6 +711,29 @@ fn supports_direct_io(dir: &std::path::Path) -> bool {
     ok
 }
 
+/// Records a write job's per-page results at their batch positions (or its error for each).
+fn settle_writes(
+    shared: &Shared,
+    results: &mut [Option<PutResult>],
+    positions: Vec<usize>,
+    outcome: Result<Vec<PutResult>, TierError>,
+) {
+    match outcome {
+        Ok(job_results) => {
+            for (pos, r) in positions.into_iter().zip(job_results) {
+                results[pos] = Some(r);
+            }
+        }
+        Err(e) => {
+            shared.stats.errors(positions.len());
+            let msg = e.to_string();
+            for pos in positions {
+                results[pos] = Some(Err(TierError::Unavailable(msg.clone())));
+            }
+        }
+    }
+}
+
 /// Groups item indices into chunks whose aligned sizes fit one staging buffer.
 fn chunks(lens: &[(usize, usize)], capacity: usize) -> Vec<Vec<usize>> {
     let mut out: Vec<Vec<usize>> = Vec::new();
@@ -730,7 +770,7 @@ impl StorageTier for NixlFileTier {
             .snapshot(Some(self.shared.index().bytes()))
     }
 
-    async fn put(&self, pages: &[Page]) -> Vec<PutResult> {
+    async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
         let shared = &self.shared;
         let mut results: Vec<Option<PutResult>> = (0..pages.len()).map(|_| None).collect();
         // A key repeated in the batch: only its last page is written.
@@ -764,68 +804,78 @@ impl StorageTier for NixlFileTier {
                 }
             }
         }
-        // Jobs: direct pages in chunks that fit a staging buffer; buffered pages split across
-        // the in-flight budget so big batches use several cores.
-        let mut jobs: Vec<(bool, Vec<(usize, PlannedWrite)>)> = Vec::new();
+        // Direct pages go in chunks that fit a staging buffer, one chunk at a time (a call
+        // never holds a staging buffer while waiting for another); buffered pages are split
+        // across the in-flight budget and written at once on as many threads, so big batches
+        // use several cores. Writes run on the calling thread (no await while NIXL reads the
+        // pages), so a dropped `put` has written and committed each page whole, or not at all.
+        let lent = pages.iter().any(|p| p.data.lent_bytes() > 0);
         let lens: Vec<(usize, usize)> = direct
             .iter()
             .enumerate()
             .map(|(n, (_, w))| (n, w.data.len()))
             .collect();
-        let mut direct: Vec<Option<(usize, PlannedWrite)>> = direct.into_iter().map(Some).collect();
+        let mut direct: Vec<Option<(usize, PlannedWrite<'_>)>> =
+            direct.into_iter().map(Some).collect();
         for chunk in chunks(&lens, shared.staging.buf_bytes()) {
-            jobs.push((
-                true,
-                chunk.iter().filter_map(|&n| direct[n].take()).collect(),
-            ));
+            let (positions, writes): (Vec<usize>, Vec<PlannedWrite<'_>>) =
+                chunk.iter().filter_map(|&n| direct[n].take()).unzip();
+            let outcome = match shared.staging.acquire().await {
+                Ok(lease) => Ok(run_blocking(|| {
+                    shared.write_pages(0, &writes, Some(lease), false)
+                })),
+                Err(e) => Err(e),
+            };
+            settle_writes(shared, &mut results, positions, outcome);
         }
         let parts = (buffered.len() / 32).clamp(1, shared.config.staging_buffers);
         let per_part = buffered.len().div_ceil(parts).max(1);
+        let mut jobs: Vec<(Vec<usize>, Vec<PlannedWrite<'_>>)> = Vec::new();
         while !buffered.is_empty() {
             let rest = buffered.split_off(per_part.min(buffered.len()));
-            jobs.push((false, std::mem::replace(&mut buffered, rest)));
+            jobs.push(std::mem::replace(&mut buffered, rest).into_iter().unzip());
         }
-        let mut tasks = Vec::new();
-        for (lane, (staged, job)) in jobs.into_iter().enumerate() {
-            let (positions, writes): (Vec<usize>, Vec<PlannedWrite>) = job.into_iter().unzip();
-            let shared = Arc::clone(shared);
-            // Spawned, so a dropped `put` still finishes and commits (or cleans up) its pages.
-            tasks.push((
-                positions,
-                tokio::spawn(async move {
-                    let (lease, _permit) = if staged {
-                        (Some(shared.staging.acquire().await?), None)
-                    } else {
-                        let permit = Arc::clone(&shared.inflight)
-                            .acquire_owned()
-                            .await
-                            .map_err(|_| TierError::Unavailable("tier closed".into()))?;
-                        (None, Some(permit))
-                    };
-                    tokio::task::spawn_blocking(move || shared.write_pages(lane, writes, lease))
-                        .await
-                        .map_err(|e| TierError::Unavailable(format!("write task failed: {e}")))
-                }),
-            ));
-        }
-        for (positions, task) in tasks {
-            let outcome = task
+        if !jobs.is_empty() {
+            let permits = Arc::clone(&shared.inflight)
+                .acquire_many_owned(jobs.len() as u32)
                 .await
-                .map_err(|e| TierError::Unavailable(format!("write task failed: {e}")))
-                .and_then(|r| r);
-            match outcome {
-                Ok(chunk_results) => {
-                    for (pos, r) in positions.into_iter().zip(chunk_results) {
-                        results[pos] = Some(r);
-                    }
-                }
-                Err(e) => {
-                    shared.stats.errors(positions.len());
-                    let msg = e.to_string();
-                    for pos in positions {
-                        results[pos] = Some(Err(TierError::Unavailable(msg.clone())));
-                    }
-                }
+                .map_err(|_| TierError::Unavailable("tier closed".into()));
+            let outcomes: Vec<Result<Vec<PutResult>, TierError>> = match &permits {
+                Ok(_) => run_blocking(|| {
+                    std::thread::scope(|scope| {
+                        let helpers: Vec<_> = jobs[1..]
+                            .iter()
+                            .enumerate()
+                            .map(|(n, (_, writes))| {
+                                std::thread::Builder::new()
+                                    .name("kvtier-write".into())
+                                    .spawn_scoped(scope, move || {
+                                        shared.write_pages(n + 1, writes, None, lent)
+                                    })
+                            })
+                            .collect();
+                        let mut outcomes = vec![Ok(shared.write_pages(0, &jobs[0].1, None, lent))];
+                        for helper in helpers {
+                            outcomes.push(match helper {
+                                Ok(handle) => handle.join().map_err(|_| {
+                                    TierError::Unavailable("a write thread panicked".into())
+                                }),
+                                Err(e) => Err(TierError::Unavailable(format!(
+                                    "cannot start a write thread: {e}"
+                                ))),
+                            });
+                        }
+                        outcomes
+                    })
+                }),
+                Err(e) => jobs
+                    .iter()
+                    .map(|_| Err(TierError::Unavailable(e.to_string())))
+                    .collect(),
+            };
+            drop(permits);
+            for ((positions, _), outcome) in jobs.into_iter().zip(outcomes) {
+                settle_writes(shared, &mut results, positions, outcome);
             }
         }
         results
@@ -916,8 +966,7 @@ impl StorageTier for NixlFileTier {
                         let slot = &mut slots[read.slot];
                         results[read.slot] = Some(match (r, &lease) {
                             (Ok(true), Some(lease)) => {
-                                slot.buf
-                                    .copy_from_slice(&lease.bytes()[off..off + read.len]);
+                                slot.buf.fill_from(&lease.bytes()[off..off + read.len]);
                                 Ok(Lookup::Hit)
                             }
                             (Ok(true), None) => Err(TierError::Timeout {

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tier_core::{
-    async_trait, Bytes, GetResult, Lookup, Page, PageKey, PutResult, ReadSlot, RemoveResult,
-    StatsRecorder, StorageTier, TierError, TierInfo, TierStats,
+    async_trait, Bytes, GetResult, Lookup, Page, PageBuf, PageKey, PutResult, ReadSlot,
+    RemoveResult, StatsRecorder, StorageTier, TierError, TierInfo, TierStats,
 };
 use tier_object::{ObjectTier, ObjectTierConfig, S3Settings};
 
@@ -360,7 +360,7 @@ impl Shared {
     fn read_pages(
         &self,
         reads: &[(PageKey, String)],
-        bufs: &mut [&mut [u8]],
+        bufs: &mut [&mut PageBuf<'_>],
     ) -> Vec<Result<(), TierError>> {
         let backend = self.lane();
         let mut offsets = Vec::with_capacity(bufs.len());
@@ -401,7 +401,8 @@ impl Shared {
         drop(registration);
         for ((buf, &off), r) in bufs.iter_mut().zip(&offsets).zip(&outcome.results) {
             if r.is_ok() {
-                buf.copy_from_slice(&staging[off..off + buf.len()]);
+                let len = buf.len();
+                buf.fill_from(&staging[off..off + len]);
             }
         }
         outcome.results
@@ -444,7 +445,7 @@ impl StorageTier for NixlObjTier {
         self.shared.stats.snapshot(None)
     }
 
-    async fn put(&self, pages: &[Page]) -> Vec<PutResult> {
+    async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
         let shared = &self.shared;
         let mut results: Vec<Option<PutResult>> = (0..pages.len()).map(|_| None).collect();
         // A key repeated in the batch: only its last page is written.
@@ -461,7 +462,9 @@ impl StorageTier for NixlObjTier {
                 Ok(_) if last[&page.key] != i => results[i] = Some(Ok(())),
                 Ok(object) => {
                     positions.push(i);
-                    writes.push((page.key.clone(), object.to_string(), page.data.clone()));
+                    // Owned by the transfer (a timed-out OBJ transfer may outlive this call):
+                    // lent or multi-region pages are gathered into one buffer here.
+                    writes.push((page.key.clone(), object.to_string(), page.data.to_bytes()));
                 }
             }
         }

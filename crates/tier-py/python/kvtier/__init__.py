@@ -1,0 +1,168 @@
+"""kvtier: tiered KV-cache storage for LLM inference.
+
+A :class:`Store` is a hierarchy of tiers (DRAM, NIXL FILE, NIXL OBJ, object storage) opened
+from the same TOML/JSON schema as the ``kvtier`` command. Batch calls answer per key and move
+page bytes between the caller's memory and storage without passing them through Python; the
+GIL is released while they wait.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence, Union
+
+
+def _nixl_from_pip() -> None:
+    """Points kvtier at the NIXL runtime of an installed ``nixl`` package (its ``nixl-cu12``
+    or ``nixl-cu13`` wheel ships ``libnixl_capi.so``), unless ``NIXL_LIB_DIR`` is set, so a
+    process that also uses NIXL from Python shares one copy of the runtime."""
+    if os.environ.get("NIXL_LIB_DIR"):
+        return
+    names = ["nixl_cu13", "nixl_cu12"] if "nixl_cu13" in sys.modules else ["nixl_cu12", "nixl_cu13"]
+    for name in names:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        site = Path(next(iter(spec.submodule_search_locations))).parent
+        libs = site / f".{name}.mesonpy.libs"
+        if (libs / "libnixl_capi.so").is_file():
+            os.environ["NIXL_LIB_DIR"] = str(libs)
+            return
+
+
+_nixl_from_pip()
+
+from ._kvtier import (  # noqa: E402
+    ConfigError,
+    InvalidBuffer,
+    InvalidKey,
+    InvalidPage,
+    KvtierError,
+    Unavailable,
+    __version__,
+)
+from ._kvtier import Store as _Store  # noqa: E402
+
+__all__ = [
+    "Store",
+    "KvtierError",
+    "ConfigError",
+    "InvalidKey",
+    "InvalidPage",
+    "InvalidBuffer",
+    "Unavailable",
+    "__version__",
+]
+
+Config = Union[str, "os.PathLike[str]", Mapping[str, Any]]
+
+
+def _region(obj: Any) -> Any:
+    """One region as the extension takes it: an ``(address, length)`` pair or a buffer of
+    format ``B``. CPU tensors give their memory; other buffers are viewed as bytes."""
+    if isinstance(obj, tuple):
+        return obj
+    if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):
+        if getattr(obj, "device", None) is not None and obj.device.type != "cpu":
+            raise InvalidBuffer(f"a tensor on {obj.device} is not host memory")
+        if not obj.is_contiguous():
+            raise InvalidBuffer("the tensor is not contiguous")
+        return (obj.data_ptr(), obj.numel() * obj.element_size())
+    try:
+        view = memoryview(obj)
+    except TypeError as e:
+        raise InvalidBuffer(f"not a buffer, tensor or (address, length): {e}") from None
+    if view.format == "B" and view.ndim == 1:
+        return view
+    try:
+        return view.cast("B")
+    except TypeError as e:
+        raise InvalidBuffer(f"the buffer cannot be viewed as bytes: {e}") from None
+
+
+def _page(obj: Any) -> Any:
+    if isinstance(obj, list):
+        return [_region(r) for r in obj]
+    return _region(obj)
+
+
+class Store:
+    """A tier hierarchy.
+
+    ``config`` is a path to a TOML or JSON file, or a mapping with the config-file schema
+    (``{"hierarchy": {...}, "tiers": [{"kind": "mem", ...}, ...]}``).
+
+    A page (in :meth:`put`) or a buffer (in :meth:`get_into`) is a bytes-like object, a CPU
+    tensor, an ``(address, length)`` pair of host memory the caller keeps valid for the call,
+    or a list of those: the regions of one page, stored as one page and present only whole.
+    """
+
+    def __init__(self, config: Config):
+        if isinstance(config, Mapping):
+            self._store = _Store.from_json(json.dumps(config))
+        else:
+            path = Path(config)
+            try:
+                text = path.read_text()
+            except OSError as e:
+                raise ConfigError(f"cannot read config {path}: {e}") from None
+            if path.suffix == ".json":
+                self._store = _Store.from_json(text)
+            else:
+                self._store = _Store.from_toml(text)
+
+    def put(self, keys: Sequence[str], pages: Sequence[Any]) -> list:
+        """Stores pages; per key ``None`` (stored) or the exception for that key."""
+        return self._store.put(list(keys), [_page(p) for p in pages])
+
+    def get_into(self, keys: Sequence[str], bufs: Sequence[Any]) -> list:
+        """Reads pages into writable buffers of exactly the page's length; per key ``True``
+        (hit), ``False`` (miss) or the exception for that key."""
+        return self._store.get_into(list(keys), [_page(b) for b in bufs])
+
+    def exists(self, keys: Iterable[str]) -> int:
+        """The number of leading keys that are all present (the reusable prefix)."""
+        return self._store.exists(list(keys))
+
+    def remove(self, keys: Iterable[str]) -> list:
+        """Removes pages; per key ``True`` (was present), ``False``, or the exception."""
+        return self._store.remove(list(keys))
+
+    def clear(self) -> None:
+        """Removes every page the store's tiers hold, and nothing they do not own."""
+        self._store.clear()
+
+    def flush(self) -> None:
+        """Waits until queued copies reached the lower tiers."""
+        self._store.flush()
+
+    def close(self) -> None:
+        """Drains queued copies and stops background work."""
+        self._store.close()
+
+    def stats(self) -> dict:
+        """Counters of the store, of each level, and of copies made of callers' bytes."""
+        return self._store.stats()
+
+    @property
+    def max_page_bytes(self) -> "int | None":
+        """Largest page every tier takes (``None``: no limit)."""
+        return self._store.max_page_bytes
+
+    @property
+    def kinds(self) -> list:
+        """The levels' kinds, fastest first."""
+        return self._store.kinds
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,139 @@
+//! Turning Python page objects into memory regions, without copying.
+//!
+//! A page is given as one region or a list of regions; a region is either an object with the
+//! buffer protocol and format `B` (bytes, bytearray, `memoryview(x).cast("B")`, a `uint8`
+//! numpy array) or a raw `(address, length)` pair for memory the caller owns (an engine's host
+//! pool). Buffer objects are held (and so kept alive) until the call that uses them returns.
+
+use pyo3::buffer::PyBuffer;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+use crate::errors::buffer_error;
+
+/// One page's regions: (address, length) each, in order.
+pub type Regions = Vec<(usize, usize)>;
+
+/// Regions of every page of a call, and the buffer exports that keep them valid.
+#[derive(Default)]
+pub struct Lent {
+    /// Per page, its regions.
+    pub pages: Vec<Regions>,
+    /// Held until the call returns.
+    guards: Vec<PyBuffer<u8>>,
+}
+
+impl Lent {
+    /// Reads `objs` (one per key); `writable` for buffers kvtier writes into.
+    pub fn parse(
+        py: Python<'_>,
+        keys: &[String],
+        objs: &[Bound<'_, PyAny>],
+        writable: bool,
+    ) -> PyResult<Self> {
+        if keys.len() != objs.len() {
+            return Err(buffer_error(
+                py,
+                None,
+                format!("{} keys but {} pages or buffers", keys.len(), objs.len()),
+            ));
+        }
+        let mut lent = Lent::default();
+        for (key, obj) in keys.iter().zip(objs) {
+            let mut regions = Vec::new();
+            if let Ok(list) = obj.downcast::<PyList>() {
+                for item in list.iter() {
+                    regions.push(lent.region(py, key, &item, writable)?);
+                }
+            } else {
+                regions.push(lent.region(py, key, obj, writable)?);
+            }
+            lent.pages.push(regions);
+        }
+        if writable {
+            check_disjoint(py, keys, &lent.pages)?;
+        }
+        Ok(lent)
+    }
+
+    fn region(
+        &mut self,
+        py: Python<'_>,
+        key: &str,
+        obj: &Bound<'_, PyAny>,
+        writable: bool,
+    ) -> PyResult<(usize, usize)> {
+        if let Ok(pair) = obj.downcast::<PyTuple>() {
+            let (addr, len): (usize, usize) = pair.extract().map_err(|_| {
+                buffer_error(
+                    py,
+                    Some(key),
+                    "a raw region is a tuple (address: int, length: int)".into(),
+                )
+            })?;
+            if addr == 0 && len > 0 {
+                return Err(buffer_error(
+                    py,
+                    Some(key),
+                    "a raw region at address 0".into(),
+                ));
+            }
+            if addr.checked_add(len).is_none() {
+                return Err(buffer_error(
+                    py,
+                    Some(key),
+                    format!("raw region ({addr:#x}, {len}) wraps the address space"),
+                ));
+            }
+            return Ok((addr, len));
+        }
+        let buf = PyBuffer::<u8>::get(obj).map_err(|e| {
+            buffer_error(
+                py,
+                Some(key),
+                format!(
+                    "expected a buffer of bytes (format 'B'), a list of them, or (address, length): {e}"
+                ),
+            )
+        })?;
+        if !buf.is_c_contiguous() {
+            return Err(buffer_error(
+                py,
+                Some(key),
+                "the buffer is not contiguous".into(),
+            ));
+        }
+        if writable && buf.readonly() {
+            return Err(buffer_error(
+                py,
+                Some(key),
+                "the buffer is read-only; get_into needs a writable one".into(),
+            ));
+        }
+        let region = (buf.buf_ptr() as usize, buf.len_bytes());
+        self.guards.push(buf);
+        Ok(region)
+    }
+}
+
+/// Buffers written by one call must not overlap (two pages into the same bytes).
+fn check_disjoint(py: Python<'_>, keys: &[String], pages: &[Regions]) -> PyResult<()> {
+    let mut all: Vec<(usize, usize, usize)> = pages
+        .iter()
+        .enumerate()
+        .flat_map(|(page, regions)| regions.iter().map(move |&(a, l)| (a, l, page)))
+        .filter(|&(_, len, _)| len > 0)
+        .collect();
+    all.sort_unstable();
+    for pair in all.windows(2) {
+        let ((a, len, page), (b, _, _)) = (pair[0], pair[1]);
+        if a + len > b {
+            return Err(buffer_error(
+                py,
+                Some(&keys[page]),
+                "buffers of one get_into call overlap".into(),
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,258 @@
+//! `kvtier.Store`: a tier hierarchy opened from a config, called from any Python thread with
+//! the GIL released around all I/O.
+
+use std::sync::{Arc, OnceLock};
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict};
+use tier_core::config::{HierarchyConfig, Registry};
+use tier_core::{Hierarchy, Lookup, Page, PageKey, ReadSlot, StorageTier, TierError, TierStats};
+
+use crate::buffers::Lent;
+use crate::errors::to_py;
+
+/// The one runtime of the process, shared by every store and adapter.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)))
+            .thread_name("kvtier")
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("kvtier cannot start its runtime: {e}"))
+    })
+}
+
+fn registry() -> Registry {
+    let mut registry = Registry::default();
+    tier_mem::config::register(&mut registry);
+    tier_nixl::config::register(&mut registry);
+    tier_object::config::register(&mut registry);
+    registry
+}
+
+fn keys(py: Python<'_>, keys: &[String]) -> PyResult<Vec<PageKey>> {
+    keys.iter()
+        .map(|k| PageKey::new(k.as_str()).map_err(|e| to_py(py, &e)))
+        .collect()
+}
+
+/// A hierarchy of tiers. Batch calls answer per key; the data never passes through Python.
+#[pyclass(module = "kvtier._kvtier", frozen)]
+pub struct Store {
+    hierarchy: Arc<Hierarchy>,
+}
+
+impl Store {
+    fn open(py: Python<'_>, config: Result<HierarchyConfig, TierError>) -> PyResult<Self> {
+        let config = config.map_err(|e| to_py(py, &e))?;
+        let hierarchy = py
+            .allow_threads(|| runtime().block_on(registry().build(&config)))
+            .map_err(|e| to_py(py, &e))?;
+        Ok(Self {
+            hierarchy: Arc::new(hierarchy),
+        })
+    }
+}
+
+fn py_bool(py: Python<'_>, b: bool) -> PyObject {
+    PyBool::new(py, b).to_owned().into_any().unbind()
+}
+
+fn stats_dict<'py>(py: Python<'py>, s: &TierStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("hits", s.hits)?;
+    d.set_item("misses", s.misses)?;
+    d.set_item("puts", s.puts)?;
+    d.set_item("removes", s.removes)?;
+    d.set_item("bytes_read", s.bytes_read)?;
+    d.set_item("bytes_written", s.bytes_written)?;
+    d.set_item("errors", s.errors)?;
+    d.set_item("evictions", s.evictions)?;
+    d.set_item("resident_bytes", s.resident_bytes)?;
+    Ok(d)
+}
+
+#[pymethods]
+impl Store {
+    /// Opens a hierarchy from a TOML document (the config-file schema).
+    #[staticmethod]
+    fn from_toml(py: Python<'_>, text: &str) -> PyResult<Self> {
+        Self::open(py, HierarchyConfig::from_toml(text))
+    }
+
+    /// Opens a hierarchy from a JSON document (the config-file schema).
+    #[staticmethod]
+    fn from_json(py: Python<'_>, text: &str) -> PyResult<Self> {
+        Self::open(py, HierarchyConfig::from_json(text))
+    }
+
+    /// Stores pages. Each page is a buffer, an (address, length) pair, or a list of those
+    /// (its regions, stored as one page). Returns per key `None` (stored) or the exception.
+    fn put(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        pages: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<PyObject>> {
+        let page_keys = self::keys(py, &keys)?;
+        let lent = Lent::parse(py, &keys, &pages, false)?;
+        let hierarchy = &self.hierarchy;
+        let results = py.allow_threads(|| {
+            let pages: Vec<Page<'_>> = page_keys
+                .iter()
+                .zip(&lent.pages)
+                .map(|(key, regions)| {
+                    Page::lent(
+                        key.clone(),
+                        regions.iter().map(|&(addr, len)| {
+                            // SAFETY: each region is a live buffer export held by `lent`, or
+                            // memory the caller vouches for (a raw pair), for this call.
+                            unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
+                        }),
+                    )
+                })
+                .collect();
+            runtime().block_on(hierarchy.put(&pages))
+        });
+        drop(lent);
+        Ok(results
+            .into_iter()
+            .map(|r| match r {
+                Ok(()) => py.None(),
+                Err(e) => to_py(py, &e).into_value(py).into_any(),
+            })
+            .collect())
+    }
+
+    /// Reads pages into the caller's buffers (each a writable buffer, an (address, length)
+    /// pair, or a list of those, filled in order). Returns per key `True` (hit), `False`
+    /// (miss) or the exception.
+    fn get_into(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        bufs: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<PyObject>> {
+        let page_keys = self::keys(py, &keys)?;
+        let lent = Lent::parse(py, &keys, &bufs, true)?;
+        let hierarchy = &self.hierarchy;
+        let results = py.allow_threads(|| {
+            let mut slots: Vec<ReadSlot<'_>> = page_keys
+                .iter()
+                .zip(&lent.pages)
+                .map(|(key, regions)| {
+                    ReadSlot::regions(
+                        key.clone(),
+                        regions
+                            .iter()
+                            .map(|&(addr, len)| {
+                                // SAFETY: writable, disjoint regions (checked by `Lent::parse`)
+                                // of live exports held by `lent`, or caller-vouched raw memory.
+                                unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
+                            })
+                            .collect(),
+                    )
+                })
+                .collect();
+            runtime().block_on(hierarchy.get(&mut slots))
+        });
+        drop(lent);
+        Ok(results
+            .into_iter()
+            .map(|r| match r {
+                Ok(Lookup::Hit) => py_bool(py, true),
+                Ok(Lookup::Miss) => py_bool(py, false),
+                Err(e) => to_py(py, &e).into_value(py).into_any(),
+            })
+            .collect())
+    }
+
+    /// The number of leading keys that are all present (the reusable prefix).
+    fn exists(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<usize> {
+        let keys = self::keys(py, &keys)?;
+        let hierarchy = &self.hierarchy;
+        py.allow_threads(|| runtime().block_on(hierarchy.exists(&keys)))
+            .map_err(|e| to_py(py, &e))
+    }
+
+    /// Removes pages; per key `True` (was present), `False`, or the exception.
+    fn remove(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<PyObject>> {
+        let keys = self::keys(py, &keys)?;
+        let hierarchy = &self.hierarchy;
+        let results = py.allow_threads(|| runtime().block_on(hierarchy.remove(&keys)));
+        Ok(results
+            .into_iter()
+            .map(|r| match r {
+                Ok(b) => py_bool(py, b),
+                Err(e) => to_py(py, &e).into_value(py).into_any(),
+            })
+            .collect())
+    }
+
+    /// Removes every page the store's tiers hold (and nothing they do not own).
+    fn clear(&self, py: Python<'_>) -> PyResult<()> {
+        let hierarchy = &self.hierarchy;
+        py.allow_threads(|| runtime().block_on(hierarchy.clear()))
+            .map_err(|e| to_py(py, &e))
+    }
+
+    /// Waits until queued copies have reached the lower tiers.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let hierarchy = &self.hierarchy;
+        py.allow_threads(|| runtime().block_on(hierarchy.flush()))
+            .map_err(|e| to_py(py, &e))
+    }
+
+    /// Drains the queue and stops background work; the store still answers calls after.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let hierarchy = &self.hierarchy;
+        py.allow_threads(|| runtime().block_on(hierarchy.close()))
+            .map_err(|e| to_py(py, &e))
+    }
+
+    /// Counters: the store's own, each level's, and the hierarchy's moves between levels.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let h = self.hierarchy.hierarchy_stats();
+        let d = stats_dict(py, &self.hierarchy.stats())?;
+        let levels = h
+            .levels
+            .iter()
+            .map(|l| {
+                let ld = stats_dict(py, &l.stats)?;
+                ld.set_item("name", &l.info.name)?;
+                ld.set_item("kind", &l.info.kind)?;
+                ld.set_item("served", l.served)?;
+                Ok(ld)
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        d.set_item("levels", levels)?;
+        d.set_item("promotions", h.promotions)?;
+        d.set_item("copied_down", h.copied_down)?;
+        d.set_item("demotions", h.demotions)?;
+        d.set_item("demotions_dropped", h.demotions_dropped)?;
+        d.set_item("queue_depth", h.queue_depth)?;
+        d.set_item("lower_errors", h.lower_errors)?;
+        let copies = tier_core::copied_bytes();
+        d.set_item("lent_bytes_copied", copies.lent)?;
+        d.set_item("bytes_copied_to_callers", copies.filled)?;
+        Ok(d)
+    }
+
+    /// Largest page every tier takes, in bytes (`None`: no limit).
+    #[getter]
+    fn max_page_bytes(&self) -> Option<usize> {
+        self.hierarchy.info().max_page_bytes
+    }
+
+    /// The levels' kinds, fastest first.
+    #[getter]
+    fn kinds(&self) -> Vec<String> {
+        self.hierarchy
+            .tiers()
+            .iter()
+            .map(|t| t.info().kind)
+            .collect()
+    }
+}
