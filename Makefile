@@ -1,12 +1,16 @@
 # kvtier: two commands on a fresh Debian machine (as root).
 #   make run    the main job: `kvtier replay` on a built-in workload (DRAM over NIXL FILE)
 #   make test   every test, after installing what the tests need, beside a real S3 server
-.PHONY: setup run test tests lint bench
+VENV ?= $(or $(KVTIER_VENV),/opt/kvtier/venv)
+
+.PHONY: setup run test tests pytests wheel lint bench bench-sglang
 
 setup:
 	bash scripts/setup.sh all
 
-run: setup
+run:
+	bash scripts/setup.sh build
+	bash scripts/setup.sh nixl
 	cargo run --release -p tier-cli -- replay
 
 # Every test runs beside one s3s-fs on 127.0.0.1 that scripts/with-s3.sh starts and stops.
@@ -18,6 +22,22 @@ tests:
 	cargo test --workspace --doc
 	cargo run --example dram_tier
 	cargo run --example custom_tier
+	$(MAKE) --no-print-directory pytests
+
+# The kvtier wheel (PyO3 + maturin) into target/wheels/.
+wheel:
+	rm -f target/wheels/kvtier-*.whl
+	$(VENV)/bin/maturin build --release --quiet -m crates/tier-py/Cargo.toml -i $(VENV)/bin/python
+
+# The Python tests, on the wheel installed into the venv, on SGLang's real classes.
+pytests: wheel
+	$(VENV)/bin/pip install --quiet --force-reinstall --no-deps target/wheels/kvtier-*.whl
+	cd crates/tier-py/tests && $(VENV)/bin/python -m pytest -q -p no:warnings -p no:cacheprovider
+
+# kvtier's SGLang backend beside SGLang's own NIXL backend, on SGLang's host pool.
+bench-sglang: setup wheel
+	$(VENV)/bin/pip install --quiet --force-reinstall --no-deps target/wheels/kvtier-*.whl
+	$(VENV)/bin/python crates/tier-py/bench/sglang_backends.py
 
 lint: setup
 	cargo fmt --all -- --check

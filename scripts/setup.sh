@@ -3,6 +3,8 @@
 #   scripts/setup.sh build   apt packages for the build (libclang for nixl-sys's bindgen)
 #   scripts/setup.sh nixl    the NIXL runtime (libnixl_capi.so + plugins) from the nixl-cu12 wheel
 #   scripts/setup.sh s3      s3s-fs, a real S3 server the object-storage tests start on loopback
+#   scripts/setup.sh py      the Python venv the kvtier wheel is tested in (torch, SGLang's classes,
+#                            nixl, maturin, pytest), at $KVTIER_VENV (default /opt/kvtier/venv)
 #   scripts/setup.sh all     all of them
 set -euo pipefail
 
@@ -10,6 +12,8 @@ NIXL_VERSION=1.5.1
 NIXL_DIR=${KVTIER_NIXL_DIR:-/opt/kvtier/nixl}
 S3S_VERSION=0.14.1
 S3S_ROOT=${KVTIER_S3S_ROOT:-/opt/kvtier/s3s}
+VENV=${KVTIER_VENV:-/opt/kvtier/venv}
+SGLANG_VERSION=0.5.23
 
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -55,10 +59,30 @@ setup_s3() {
   cargo install "s3s-fs@$S3S_VERSION" --locked --features binary --root "$S3S_ROOT"
 }
 
+setup_py() {
+  local marker="$VENV/.installed-sglang-$SGLANG_VERSION-nixl-$NIXL_VERSION"
+  if [ -f "$marker" ]; then
+    return
+  fi
+  echo "setup: creating the Python venv $VENV (torch, sglang $SGLANG_VERSION, nixl $NIXL_VERSION)"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --upgrade pip
+  "$VENV/bin/pip" install --quiet torch
+  # SGLang's classes import on CPU without its pinned dependency set (its GPU stack).
+  "$VENV/bin/pip" install --quiet --no-deps "sglang==$SGLANG_VERSION"
+  "$VENV/bin/pip" install --quiet numpy orjson psutil pybase64 requests packaging pillow \
+    starlette msgspec pydantic pyzmq tqdm ipython aiohttp transformers torchvision dill \
+    apache-tvm-ffi sentencepiece compressed-tensors gguf "nixl==$NIXL_VERSION" \
+    "maturin>=1.5,<2" pytest
+  "$VENV/bin/python" -c "import sglang.srt.mem_cache.hicache_storage, nixl._api, torch"
+  touch "$marker"
+}
+
 case "${1:-all}" in
   build) setup_build ;;
   nixl) setup_nixl ;;
   s3) setup_s3 ;;
-  all) setup_build; setup_nixl; setup_s3 ;;
-  *) echo "usage: $0 [build|nixl|s3|all]" >&2; exit 2 ;;
+  py) setup_py ;;
+  all) setup_build; setup_nixl; setup_s3; setup_py ;;
+  *) echo "usage: $0 [build|nixl|s3|py|all]" >&2; exit 2 ;;
 esac

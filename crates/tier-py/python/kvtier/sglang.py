@@ -1,0 +1,287 @@
+"""kvtier as SGLang's HiCache L3 storage backend.
+
+Loaded by SGLang's ``StorageBackendFactory`` as a dynamic backend::
+
+    --enable-hierarchical-cache --hicache-mem-layout page_first
+    --hicache-storage-backend dynamic
+    --hicache-storage-backend-extra-config '{"backend_name": "kvtier",
+        "module_path": "kvtier.sglang", "class_name": "KvtierStorage",
+        "interface_v1": 1, "config": "/etc/kvtier/hierarchy.toml"}'
+
+The hierarchy comes from ``extra_config["config"]`` (a TOML or JSON path) or inline from
+``extra_config["tiers"]`` (and optional ``extra_config["hierarchy"]``). Each page is stored
+whole with all of its host regions (an MHA page's K and V), moved straight between SGLang's
+host pool and storage for the ``page_first`` layouts. Keys are namespaced by model, ranks and
+page geometry, so deployments sharing a folder or bucket never read each other's pages. The
+data path never raises: a failure is ``False`` or a shorter prefix, logged at a bounded rate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from typing import Any, List, Optional
+
+import torch
+
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
+
+from . import ConfigError, Store
+
+logger = logging.getLogger(__name__)
+
+ZERO_COPY_LAYOUTS = ("page_first", "page_first_direct")
+
+
+class _RateLimitedLog:
+    """Logs the first few failures of each kind, then one in a while with a count."""
+
+    def __init__(self, burst: int = 5, every_s: float = 10.0):
+        self.burst, self.every_s = burst, every_s
+        self.lock = threading.Lock()
+        self.seen: dict = {}
+
+    def warn(self, what: str, err: BaseException) -> None:
+        now = time.monotonic()
+        with self.lock:
+            count, last = self.seen.get(what, (0, 0.0))
+            count += 1
+            loud = count <= self.burst or now - last >= self.every_s
+            self.seen[what] = (count, now if loud else last)
+        if loud:
+            logger.warning("kvtier %s failed (%d so far): %s", what, count, err)
+
+
+class KvtierStorage(HiCacheStorage):
+    """A kvtier hierarchy behind SGLang HiCache."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
+        extra = dict(storage_config.extra_config or {})
+        if extra.get("config"):
+            self.store = Store(extra["config"])
+        elif extra.get("tiers"):
+            self.store = Store({"tiers": extra["tiers"], "hierarchy": extra.get("hierarchy", {})})
+        else:
+            raise ConfigError(
+                'kvtier needs extra_config["config"] (a TOML or JSON path) or extra_config["tiers"]'
+            )
+        self.config = storage_config
+        self.is_mla = bool(storage_config.is_mla_model)
+        writer = getattr(storage_config, "is_storage_writer", None)
+        self.is_writer = bool(writer) if writer is not None else (not self.is_mla or storage_config.tp_rank == 0)
+        self.mem_pool_host = None
+        self.zero_copy = False
+        self.prefix = self._namespace(None)
+        self.log = _RateLimitedLog()
+        self._lock = threading.Lock()
+        self._prefetch_pgs: List[int] = []
+        self._backup_pgs: List[int] = []
+        self._prefetch_bw: List[float] = []
+        self._backup_bw: List[float] = []
+
+    # ------------------------------------------------------------------ keys
+
+    def _namespace(self, geometry: Optional[str]) -> str:
+        c = self.config
+        ranks = "mla" if self.is_mla else f"tp{c.tp_rank}of{c.tp_size}"
+        if getattr(c, "dcp_size", 1) > 1:
+            ranks += f"-dcp{c.dcp_rank}of{c.dcp_size}"
+        parts = [c.model_name or "", ranks, f"pp{c.pp_rank}of{c.pp_size}", geometry or "generic"]
+        digest = hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
+        return f"sgl{digest}"
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}-{key}"
+
+    def _keys(self, keys: List[str]) -> List[str]:
+        return [self._key(k) for k in keys]
+
+    # ------------------------------------------------------------------ pool
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        super().register_mem_pool_host(mem_pool_host)
+        layout = getattr(mem_pool_host, "layout", "unknown")
+        page_size = mem_pool_host.page_size
+        probe = torch.arange(0, page_size, dtype=torch.int64)
+        self.zero_copy = False
+        regions = "flat"
+        if layout in ZERO_COPY_LAYOUTS and hasattr(mem_pool_host, "get_page_buffer_meta"):
+            try:
+                _, sizes = mem_pool_host.get_page_buffer_meta(probe)
+                self.zero_copy = True
+                regions = "x".join(str(s) for s in sizes)
+            except Exception as e:  # the pool cannot describe its pages: generic path
+                logger.info("kvtier: %s pool without zero-copy metadata (%s)", layout, e)
+        if not self.zero_copy:
+            regions = str(mem_pool_host.get_dummy_flat_data_page().numel())
+        dtype = str(getattr(mem_pool_host, "dtype", ""))
+        geometry = f"{layout}/{page_size}/{regions}/{dtype}"
+        self.prefix = self._namespace(geometry)
+        logger.info(
+            "kvtier: host pool registered (layout %s, zero copy %s, tiers %s)",
+            layout, self.zero_copy, self.store.kinds,
+        )
+
+    def _page_regions(self, host_indices: torch.Tensor, n: int) -> List[list]:
+        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
+        per = len(ptrs) // n if n else 0
+        if per == 0 or per * n != len(ptrs):
+            raise ValueError(f"{len(ptrs)} host regions for {n} pages")
+        return [
+            [(int(ptrs[i * per + j]), int(sizes[i * per + j])) for j in range(per)]
+            for i in range(n)
+        ]
+
+    # ------------------------------------------------------------------ v1 (zero copy)
+
+    def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor, extra_info: Any = None) -> List[bool]:
+        if not keys:
+            return []
+        if not self.is_writer:
+            return [True] * len(keys)
+        start = time.perf_counter()
+        try:
+            if self.zero_copy:
+                pages = self._page_regions(host_indices, len(keys))
+            else:
+                ps = self.mem_pool_host.page_size
+                pages = [
+                    self.mem_pool_host.get_data_page(host_indices[i * ps], flat=True).contiguous()
+                    for i in range(len(keys))
+                ]
+            results = self.store.put(self._keys(keys), pages)
+        except Exception as e:
+            self.log.warn("batch_set_v1", e)
+            return [False] * len(keys)
+        ok = [r is None for r in results]
+        for r in results:
+            if r is not None:
+                self.log.warn("put", r)
+        self._record(self._backup_pgs, self._backup_bw, sum(ok), host_indices, len(keys), start)
+        return ok
+
+    def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor, extra_info: Any = None) -> List[bool]:
+        if not keys:
+            return []
+        start = time.perf_counter()
+        try:
+            if self.zero_copy:
+                results = self.store.get_into(self._keys(keys), self._page_regions(host_indices, len(keys)))
+            else:
+                results = self._get_generic(keys, host_indices)
+        except Exception as e:
+            self.log.warn("batch_get_v1", e)
+            return [False] * len(keys)
+        ok = []
+        for r in results:
+            if r is not True and r is not False:
+                self.log.warn("get", r)
+            ok.append(r is True)
+        self._record(self._prefetch_pgs, self._prefetch_bw, sum(ok), host_indices, len(keys), start)
+        return ok
+
+    def _get_generic(self, keys: List[str], host_indices: torch.Tensor) -> list:
+        ps = self.mem_pool_host.page_size
+        bufs = [self.mem_pool_host.get_dummy_flat_data_page() for _ in keys]
+        results = self.store.get_into(self._keys(keys), bufs)
+        for i, r in enumerate(results):
+            if r is True:
+                self.mem_pool_host.set_from_flat_data_page(host_indices[i * ps], bufs[i])
+        return results
+
+    def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
+        if not keys:
+            return 0
+        try:
+            return self.store.exists(self._keys(keys))
+        except Exception as e:
+            self.log.warn("batch_exists", e)
+            return 0
+
+    # ------------------------------------------------------------------ generic API
+
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Optional[torch.Tensor]:
+        got = self.batch_get([key], [target_location] if target_location is not None else None)
+        return got[0] if got else None
+
+    def batch_get(self, keys: List[str], target_locations: Any = None, target_sizes: Any = None) -> List[Optional[torch.Tensor]]:
+        try:
+            if target_locations is None:
+                target_locations = [self.mem_pool_host.get_dummy_flat_data_page() for _ in keys]
+            results = self.store.get_into(self._keys(keys), list(target_locations))
+        except Exception as e:
+            self.log.warn("batch_get", e)
+            return [None] * len(keys)
+        out = []
+        for r, t in zip(results, target_locations):
+            if r is not True and r is not False:
+                self.log.warn("get", r)
+            out.append(t if r is True else None)
+        return out
+
+    def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
+        return self.batch_set([key], [value])
+
+    def batch_set(self, keys: List[str], values: Any = None, target_locations: Any = None, target_sizes: Any = None) -> bool:
+        if not keys:
+            return True
+        if not self.is_writer:
+            return True
+        try:
+            results = self.store.put(self._keys(keys), [v.contiguous() if hasattr(v, "contiguous") else v for v in values])
+        except Exception as e:
+            self.log.warn("batch_set", e)
+            return False
+        for r in results:
+            if r is not None:
+                self.log.warn("put", r)
+        return all(r is None for r in results)
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    def clear(self) -> None:
+        try:
+            self.store.clear()
+        except Exception as e:
+            self.log.warn("clear", e)
+
+    # ------------------------------------------------------------------ metrics
+
+    def _record(self, pgs: list, bws: list, ok: int, host_indices: torch.Tensor, n: int, start: float) -> None:
+        elapsed = time.perf_counter() - start
+        if not getattr(self.config, "enable_storage_metrics", False) or n == 0:
+            return
+        page_bytes = self._page_bytes()
+        with self._lock:
+            pgs.append(ok)
+            bws.append(ok * page_bytes / max(elapsed, 1e-9) / 1e9)
+
+    def _page_bytes(self) -> int:
+        pool = self.mem_pool_host
+        if pool is None:
+            return 0
+        per_token = getattr(pool, "get_size_per_token", None)
+        return int(per_token() * pool.page_size) if per_token else 0
+
+    def get_stats(self):
+        with self._lock:
+            prefetch, backup = self._prefetch_pgs, self._backup_pgs
+            pbw, bbw = self._prefetch_bw, self._backup_bw
+            self._prefetch_pgs, self._backup_pgs, self._prefetch_bw, self._backup_bw = [], [], [], []
+        try:
+            from sglang.srt.observability.metrics_collector import StorageMetrics
+        except ImportError:
+            return {"prefetch_pgs": prefetch, "backup_pgs": backup, "kvtier": self.store.stats()}
+        metrics = StorageMetrics()
+        metrics.prefetch_pgs.extend(prefetch)
+        metrics.backup_pgs.extend(backup)
+        metrics.prefetch_bandwidth.extend(pbw)
+        metrics.backup_bandwidth.extend(bbw)
+        return metrics
+
+    def kvtier_stats(self) -> dict:
+        """kvtier's own counters (per tier and per level)."""
+        return self.store.stats()

@@ -1,0 +1,163 @@
+"""Fixtures: SGLang's real host pool on CPU, its storage config, and tier configs for every
+backend kvtier has (DRAM, NIXL FILE in path and fd mode, NIXL OBJ and object_store on a real
+S3 server, s3s-fs, started here on loopback)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+S3S_BIN = os.environ.get("KVTIER_S3S_BIN", "/opt/kvtier/s3s/bin/s3s-fs")
+ACCESS, SECRET = "kvtier-py-key", "kvtier-py-secret"
+
+
+def make_pool(layers=2, heads=2, head_dim=64, page=16, pages=64, layout="page_first", dtype=torch.float16):
+    """SGLang's MHATokenToKVPoolHost on CPU (the recipe of SGLang's own CPU tests)."""
+    from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+
+    dev_tokens = page * pages
+    k = [torch.zeros(dev_tokens, heads, head_dim, dtype=dtype) for _ in range(layers)]
+    v = [torch.zeros(dev_tokens, heads, head_dim, dtype=dtype) for _ in range(layers)]
+    ptrs = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)  # noqa: E731
+    info = MHABufferInfo(
+        buffers=KVBuffers(k=tuple(k), v=tuple(v), k_data_ptrs=ptrs(k), v_data_ptrs=ptrs(v), layout=KVBufferLayout.NHD),
+        page_size=page, head_num=heads, head_dim=head_dim, v_head_dim=head_dim, dtype=dtype,
+        device=torch.device("cpu"),
+    )
+    pool = MHATokenToKVPoolHost(
+        info, 1.0, 0, page, layout, pin_memory=False, device="cpu",
+        device_capacity_tokens=dev_tokens, start_layer=0, end_layer=layers - 1,
+    )
+    pool._keep = (k, v)
+    return pool
+
+
+def storage_config(extra, tp_rank=0, tp_size=1, mla=False, model="test-model", page_first=True, metrics=False):
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+
+    return HiCacheStorageConfig(
+        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        is_mla_model=mla, enable_storage_metrics=metrics, is_page_first_layout=page_first,
+        model_name=model, extra_config=extra,
+    )
+
+
+def backend(tiers, pool=None, **cfg):
+    """kvtier's backend created by SGLang's own factory, as `--hicache-storage-backend dynamic`."""
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    extra = {"backend_name": "kvtier", "module_path": "kvtier.sglang", "class_name": "KvtierStorage",
+             "interface_v1": 1, "tiers": tiers}
+    b = StorageBackendFactory.create_backend("dynamic", storage_config(extra, **cfg), pool)
+    if pool is not None:
+        b.register_mem_pool_host(pool)
+    return b
+
+
+def fill_pages(pool, first_page, n, seed):
+    """Distinct content in pages [first_page, first_page + n) of the pool's K and V."""
+    P = pool.page_size
+    idx = torch.arange(first_page * P, (first_page + n) * P, dtype=torch.int64)
+    g = torch.Generator().manual_seed(seed)
+    data = torch.randint(-30000, 30000, pool.kv_buffer[:, idx].shape, generator=g, dtype=torch.int16)
+    pool.kv_buffer[:, idx] = data.view(pool.dtype)
+    return idx
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3Server:
+    """A real S3 server (s3s-fs) on loopback, stopped by PID."""
+
+    def __init__(self, root: Path):
+        if not os.access(S3S_BIN, os.X_OK):
+            raise RuntimeError(f"s3s-fs not found at {S3S_BIN}: run scripts/setup.sh s3")
+        self.data = root / "s3data"
+        self.data.mkdir()
+        self.proc = None
+        self.port = free_port()
+        self.start()
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            [S3S_BIN, "--host", "127.0.0.1", "--port", str(self.port), "--access-key", ACCESS,
+             "--secret-key", SECRET, str(self.data)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("s3s-fs did not start")
+
+    def stop(self):
+        if self.proc:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+    @property
+    def endpoint(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def bucket(self):
+        name = f"b{uuid.uuid4().hex[:12]}"
+        (self.data / name).mkdir()
+        return name
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    server = S3Server(tmp_path_factory.mktemp("s3"))
+    yield server
+    server.stop()
+
+
+def s3_params(server, bucket):
+    return {"endpoint": server.endpoint, "bucket": bucket, "access_key": ACCESS,
+            "secret_key": SECRET, "region": "us-east-1"}
+
+
+def tier_configs(kind, tmp: Path, server=None):
+    """The tiers list for one backend kind."""
+    if kind == "mem":
+        return [{"kind": "mem", "capacity": "256MiB", "policy": "lru"}]
+    if kind == "nixl-file-path":
+        return [{"kind": "nixl-file", "dirs": [str(tmp / "disk")], "path_mode": "on"}]
+    if kind == "nixl-file-fd":
+        return [{"kind": "nixl-file", "dirs": [str(tmp / "disk")], "path_mode": "off"}]
+    if kind == "nixl-obj":
+        return [{"kind": "nixl-obj", "prefix": "kv", "checksum": "required", "transfer_timeout": "10s",
+                 **s3_params(server, server.bucket())}]
+    if kind == "object":
+        return [{"kind": "object", "store": "s3", "prefix": "kv", "op_timeout": "10s",
+                 **s3_params(server, server.bucket())}]
+    if kind == "mem-over-nixl-file":
+        return [{"kind": "mem", "capacity": "1MiB", "policy": "lru"},
+                {"kind": "nixl-file", "dirs": [str(tmp / "disk")]}]
+    raise ValueError(kind)
+
+
+KINDS = ["mem", "nixl-file-path", "nixl-file-fd", "nixl-obj", "object", "mem-over-nixl-file"]
+
+
+@pytest.fixture
+def tmp(tmp_path):
+    yield tmp_path
+    shutil.rmtree(tmp_path, ignore_errors=True)

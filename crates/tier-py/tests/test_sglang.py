@@ -1,0 +1,237 @@
+"""kvtier as SGLang's HiCache L3 backend, on SGLang's own classes (no stand-ins): its ABC, its
+storage config, its backend factory and its MHA host pool on CPU."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+
+from conftest import KINDS, backend, fill_pages, make_pool, tier_configs
+
+import kvtier
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
+
+
+def same(a, b):
+    """Bitwise equality (random bits include NaNs, which never compare equal)."""
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def hexkeys(prefix, n):
+    return [f"{prefix}{i:060x}" for i in range(n)]
+
+
+def roundtrip(b, pool, n=8, seed=1, first=0):
+    idx = fill_pages(pool, first, n, seed)
+    want = pool.kv_buffer[:, idx].clone()
+    keys = hexkeys(f"{seed:04x}", n)
+    assert b.batch_set_v1(keys, idx) == [True] * n
+    pool.kv_buffer[:, idx] = 0
+    assert b.batch_exists(keys) == n
+    assert b.batch_get_v1(keys, idx) == [True] * n
+    assert same(pool.kv_buffer[:, idx], want), "pages differ after the round trip"
+    return keys, idx, want
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_round_trip_every_byte(kind, tmp, s3):
+    pool = make_pool()
+    b = backend(tier_configs(kind, tmp, s3), pool)
+    assert isinstance(b, HiCacheStorage)
+    assert b.zero_copy, "page_first must take the zero-copy path"
+    # Three batches of distinct pages; the last fills the pool, the small DRAM top evicts.
+    for batch in range(3):
+        roundtrip(b, pool, n=16, seed=batch + 1, first=batch * 16)
+
+
+def test_zero_copy_counts(tmp):
+    """Pages go straight from SGLang's pool to NIXL FILE and back: no byte copied."""
+    pool = make_pool(pages=32)
+    b = backend(tier_configs("nixl-file-path", tmp), pool)
+    before = b.kvtier_stats()
+    roundtrip(b, pool, n=16)
+    after = b.kvtier_stats()
+    assert after["lent_bytes_copied"] == before["lent_bytes_copied"]
+    assert after["bytes_copied_to_callers"] == before["bytes_copied_to_callers"]
+    # DRAM keeps a copy of each page it stores: exactly the page bytes, once.
+    m = backend(tier_configs("mem", tmp), pool)
+    before = m.kvtier_stats()["lent_bytes_copied"]
+    idx = fill_pages(pool, 0, 4, 9)
+    assert m.batch_set_v1(hexkeys("cc", 4), idx) == [True] * 4
+    page_bytes = pool.get_size_per_token() * pool.page_size
+    assert m.kvtier_stats()["lent_bytes_copied"] - before == 4 * page_bytes
+
+
+def test_one_page_holds_both_regions(tmp):
+    """An MHA page (K and V regions) is one stored page: one file per page."""
+    pool = make_pool(pages=16)
+    b = backend(tier_configs("nixl-file-path", tmp), pool)
+    roundtrip(b, pool, n=8)
+    files = [f for _, _, fs in os.walk(tmp / "disk") for f in fs if not f.startswith(".")]
+    assert len(files) == 8, files
+
+
+def test_batch_exists_stops_at_gap(tmp):
+    pool = make_pool(pages=16)
+    b = backend(tier_configs("mem", tmp), pool)
+    keys, idx, _ = roundtrip(b, pool, n=6)
+    assert b.batch_exists(keys[:3] + ["f" * 64] + keys[3:]) == 3
+    assert b.exists(keys[0]) and not b.exists("e" * 64)
+
+
+def test_ranks_and_models_are_isolated(tmp):
+    pool = make_pool(pages=16)
+    tiers = tier_configs("nixl-file-path", tmp)
+    r0 = backend(tiers, pool, tp_rank=0, tp_size=2)
+    keys, idx, want = roundtrip(r0, pool, n=4)
+    del r0  # one process owns a folder at a time; ranks in one process take turns here
+    r1 = backend(tiers, pool, tp_rank=1, tp_size=2)
+    assert r1.batch_exists(keys) == 0, "rank 1 sees rank 0's pages"
+    assert r1.batch_get_v1(keys, idx) == [False] * 4
+    del r1
+    other = backend(tiers, pool, model="another-model")
+    assert other.batch_exists(keys) == 0, "another model sees this model's pages"
+    del other
+    layer_first = make_pool(pages=16, layout="layer_first")
+    lf = backend(tiers, layer_first)
+    assert lf.batch_exists(keys) == 0, "another page layout reads these pages"
+
+
+def test_mla_only_rank0_writes_every_rank_reads(tmp):
+    pool = make_pool(pages=16)
+    tiers = tier_configs("mem", tmp)
+    r1 = backend(tiers, pool, tp_rank=1, tp_size=2, mla=True)
+    idx = fill_pages(pool, 0, 4, 5)
+    keys = hexkeys("ml", 4)
+    assert r1.batch_set_v1(keys, idx) == [True] * 4  # the backup rank skips, reporting success
+    assert r1.batch_exists(keys) == 0
+    r0 = backend(tiers, pool, tp_rank=0, tp_size=2, mla=True)
+    assert r0.batch_set_v1(keys, idx) == [True] * 4
+    assert r0.prefix == r1.prefix, "MLA pages are shared by every rank"
+
+
+def test_restart_finds_pages(tmp):
+    pool = make_pool(pages=16)
+    tiers = tier_configs("nixl-file-path", tmp)
+    b = backend(tiers, pool)
+    keys, idx, want = roundtrip(b, pool, n=8)
+    del b
+    pool.kv_buffer[:, idx] = 0
+    again = backend(tiers, pool)
+    assert again.batch_exists(keys) == 8
+    assert again.batch_get_v1(keys, idx) == [True] * 8
+    assert same(pool.kv_buffer[:, idx], want)
+
+
+def test_generic_layout_round_trip(tmp):
+    """layer_first has no zero-copy metadata in SGLang's backends: the generic page path."""
+    pool = make_pool(pages=16, layout="layer_first")
+    b = backend(tier_configs("nixl-file-path", tmp), pool)
+    assert not b.zero_copy
+    P = pool.page_size
+    idx = torch.arange(0, 4 * P, dtype=torch.int64)
+    g = torch.Generator().manual_seed(3)
+    pool.kv_buffer[:, :, idx] = torch.randn(pool.kv_buffer[:, :, idx].shape, generator=g).to(pool.dtype)
+    want = pool.kv_buffer[:, :, idx].clone()
+    keys = hexkeys("lf", 4)
+    assert b.batch_set_v1(keys, idx) == [True] * 4
+    pool.kv_buffer[:, :, idx] = 0
+    assert b.batch_get_v1(keys, idx) == [True] * 4
+    assert same(pool.kv_buffer[:, :, idx], want)
+
+
+def test_generic_get_set(tmp):
+    pool = make_pool(pages=8)
+    b = backend(tier_configs("mem", tmp), pool)
+    page = pool.get_dummy_flat_data_page().random_()
+    assert b.set("a" * 64, page)
+    assert b.batch_set(["b" * 64, "c" * 64], [page, page])
+    got = b.get("a" * 64)
+    assert got is not None and torch.equal(got, page)
+    assert b.batch_get(["b" * 64, "d" * 64]) [1] is None
+    assert b.exists("c" * 64)
+    b.clear()
+    assert not b.exists("c" * 64)
+
+
+def test_data_path_failure_answers_false(tmp):
+    """A folder made unusable: every call answers False or 0, none raises."""
+    pool = make_pool(pages=16)
+    b = backend(tier_configs("nixl-file-fd", tmp), pool)
+    keys, idx, _ = roundtrip(b, pool, n=4)
+    os.system(f"rm -rf {tmp / 'disk'}")
+    (tmp / "disk").write_text("not a folder")
+    assert b.batch_set_v1(hexkeys("zz", 4), idx) == [False] * 4
+    assert b.batch_get_v1(keys, idx) == [False] * 4
+    assert b.batch_exists(hexkeys("zz", 4)) == 0
+
+
+def test_s3_server_stopped_answers_false(tmp, tmp_path_factory):
+    from conftest import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("s3-stop"))
+    try:
+        pool = make_pool(pages=16)
+        for kind in ("object", "nixl-obj"):
+            tiers = tier_configs(kind, tmp, server)
+            tiers[0]["op_timeout" if kind == "object" else "transfer_timeout"] = "2s"
+            b = backend(tiers, pool)
+            keys, idx, _ = roundtrip(b, pool, n=4, seed=7)
+            server.stop()
+            try:
+                assert b.batch_set_v1(hexkeys("dd", 4), idx) == [False] * 4
+                assert b.batch_get_v1(keys, idx) == [False] * 4
+                assert b.batch_exists(keys) == 0
+            finally:
+                server.start()
+    finally:
+        server.stop()
+
+
+def test_bad_config_raises_at_construction(tmp):
+    pool = make_pool(pages=8)
+    with pytest.raises(kvtier.ConfigError, match="capacity"):
+        backend([{"kind": "mem", "capacity": "-5"}], pool)
+    with pytest.raises(kvtier.ConfigError, match="kind"):
+        backend([{"kind": "no-such-kind"}], pool)
+    with pytest.raises(kvtier.ConfigError):
+        backend([], pool)
+
+
+def test_eight_threads(tmp):
+    pool = make_pool(pages=64)
+    b = backend(tier_configs("nixl-file-path", tmp), pool)
+    errors = []
+
+    def worker(t):
+        try:
+            for r in range(5):
+                first = t * 8
+                idx = fill_pages(pool, first, 8, 100 * t + r)
+                want = pool.kv_buffer[:, idx].clone()
+                keys = hexkeys(f"t{t}r{r}", 8)
+                assert b.batch_set_v1(keys, idx) == [True] * 8
+                pool.kv_buffer[:, idx] = 0
+                assert b.batch_get_v1(keys, idx) == [True] * 8
+                assert same(pool.kv_buffer[:, idx], want)
+        except BaseException as e:  # collected, re-raised in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+
+
+def test_get_stats_reports_storage_metrics(tmp):
+    pool = make_pool(pages=16)
+    b = backend(tier_configs("mem", tmp), pool, metrics=True)
+    roundtrip(b, pool, n=4)
+    m = b.get_stats()
+    assert m.backup_pgs == [4] and m.prefetch_pgs == [4]
+    assert b.get_stats().backup_pgs == []  # drained on read, as SGLang's collector expects
