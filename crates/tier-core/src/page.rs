@@ -266,6 +266,21 @@ impl<'a> Page<'a> {
         }
     }
 
+    /// For each key of a batch, the position of its last page that passes
+    /// [`Page::check_len`]: the one a tier writes when a batch repeats a key. An invalid later
+    /// copy (empty, too large) fails alone and never cancels a valid earlier one.
+    pub fn last_valid<'p>(
+        pages: &'p [Page<'a>],
+        limit: Option<usize>,
+    ) -> std::collections::HashMap<&'p PageKey, usize> {
+        pages
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.check_len(limit).is_ok())
+            .map(|(i, p)| (&p.key, i))
+            .collect()
+    }
+
     /// Checks the page's length against a tier's limit: non-empty and at most `limit` bytes.
     pub fn check_len(&self, limit: Option<usize>) -> Result<(), TierError> {
         let len = self.data.len();

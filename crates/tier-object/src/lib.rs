@@ -8,7 +8,6 @@
 //! page is written with `PutMode::Create`: two writers of one key never interleave and the
 //! first complete page wins (pages are content-addressed, so both hold the same bytes).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -266,14 +265,13 @@ impl StorageTier for ObjectTier {
     }
 
     async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
-        // A key repeated in the batch: only its last page is written.
-        let last: HashMap<&PageKey, usize> =
-            pages.iter().enumerate().map(|(i, p)| (&p.key, i)).collect();
+        // A key repeated in the batch: only its last valid page is written.
+        let last = Page::last_valid(pages, Some(self.config.max_page_bytes));
         let jobs: Vec<Job<'_, PutResult>> = pages
             .iter()
             .enumerate()
             .map(|(i, page)| -> Job<'_, PutResult> {
-                if last[&page.key] != i {
+                if last.get(&page.key) != Some(&i) {
                     let checked = page.check_len(Some(self.config.max_page_bytes));
                     Box::pin(async move { checked })
                 } else {

@@ -630,7 +630,21 @@ pub async fn overwrite(f: &dyn TierFactory) -> CaseResult {
     for r in tier.put(&batch).await {
         r.map_err(|e| format!("put of a duplicated key failed: {e}"))?;
     }
-    expect_pages(&tier, &[(ks[1].clone(), 5, len)], 1).await
+    expect_pages(&tier, &[(ks[1].clone(), 5, len)], 1).await?;
+    // A valid page, then an empty copy of the same key: the empty one fails alone, and the
+    // page reported stored is stored.
+    let batch = [
+        Page::new(ks[2].clone(), content::page(&ks[2], 6, len)),
+        Page::new(ks[2].clone(), Vec::<u8>::new()),
+    ];
+    let results = tier.put(&batch).await;
+    match results.as_slice() {
+        [Ok(()), Err(TierError::EmptyPage { .. })] => {}
+        other => return Err(format!("put of [page, empty copy] gave {other:?}")),
+    }
+    expect_pages(&tier, &[(ks[2].clone(), 6, len)], 1)
+        .await
+        .map_err(|e| format!("a page reported stored beside an empty copy of its key: {e}"))
 }
 
 /// Removing reports presence per key and leaves neighbours intact; a removed key can be

@@ -18,7 +18,7 @@ mod index;
 mod io;
 mod layout;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
@@ -773,9 +773,8 @@ impl StorageTier for NixlFileTier {
     async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
         let shared = &self.shared;
         let mut results: Vec<Option<PutResult>> = (0..pages.len()).map(|_| None).collect();
-        // A key repeated in the batch: only its last page is written.
-        let last: HashMap<&PageKey, usize> =
-            pages.iter().enumerate().map(|(i, p)| (&p.key, i)).collect();
+        // A key repeated in the batch: only its last valid page is written.
+        let last = Page::last_valid(pages, shared.limit());
         let (mut direct, mut buffered) = (Vec::new(), Vec::new());
         for (i, page) in pages.iter().enumerate() {
             let planned = page
@@ -787,7 +786,7 @@ impl StorageTier for NixlFileTier {
                     shared.stats.errors(1);
                     results[i] = Some(Err(e));
                 }
-                Ok(_) if last[&page.key] != i => results[i] = Some(Ok(())),
+                Ok(_) if last.get(&page.key) != Some(&i) => results[i] = Some(Ok(())),
                 Ok((is_direct, path)) => {
                     let write = PlannedWrite {
                         key: page.key.clone(),

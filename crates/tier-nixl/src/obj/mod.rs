@@ -13,7 +13,7 @@
 //! wrong length would silently return part of a page. So a get is one HEAD per page plus one
 //! NIXL transfer for the batch.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -448,9 +448,8 @@ impl StorageTier for NixlObjTier {
     async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
         let shared = &self.shared;
         let mut results: Vec<Option<PutResult>> = (0..pages.len()).map(|_| None).collect();
-        // A key repeated in the batch: only its last page is written.
-        let last: HashMap<&PageKey, usize> =
-            pages.iter().enumerate().map(|(i, p)| (&p.key, i)).collect();
+        // A key repeated in the batch: only its last valid page is written.
+        let last = Page::last_valid(pages, Some(shared.config.max_page_bytes));
         let mut positions = Vec::new();
         let mut writes = Vec::new();
         for (i, page) in pages.iter().enumerate() {
@@ -459,7 +458,7 @@ impl StorageTier for NixlObjTier {
                 .and_then(|()| shared.control.object_path(&page.key));
             match planned {
                 Err(e) => results[i] = Some(Err(e)),
-                Ok(_) if last[&page.key] != i => results[i] = Some(Ok(())),
+                Ok(_) if last.get(&page.key) != Some(&i) => results[i] = Some(Ok(())),
                 Ok(object) => {
                     positions.push(i);
                     // Owned by the transfer (a timed-out OBJ transfer may outlive this call):
