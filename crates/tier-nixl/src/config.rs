@@ -14,6 +14,7 @@
 //! staging_buffers = 2
 //! transfer_timeout = "30s"
 //! runtime_dir = "/opt/kvtier/nixl/lib"
+//! access = "owner"             # owner, or reader: reads what another process owns there
 //!
 //! [[tiers]]
 //! kind = "nixl-obj"
@@ -66,6 +67,17 @@ struct FileParams {
     staging_buffers: Option<usize>,
     transfer_timeout: Option<Seconds>,
     runtime_dir: Option<PathBuf>,
+    #[serde(default)]
+    access: Access,
+}
+
+/// Whether the tier owns its folders or reads what another process's tier owns there.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Access {
+    #[default]
+    Owner,
+    Reader,
 }
 
 #[derive(Debug, Default, Clone, Copy, Deserialize)]
@@ -121,6 +133,7 @@ fn to_config(name: &str, p: FileParams) -> NixlFileConfig {
         DirectName::Preferred => DirectIo::Preferred,
     };
     c.sync_writes = p.sync_writes;
+    c.reader = p.access == Access::Reader;
     if let Some(b) = p.staging_bytes {
         c.staging_bytes = b.0 as usize;
     }

@@ -531,3 +531,43 @@ fn walk_files(dir: &Path) -> Vec<String> {
     }
     out
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_sees_the_owners_pages_and_never_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs = [tmp.path().join("a"), tmp.path().join("b")];
+    let owner = open(&dirs, PathModeChoice::Auto).await;
+    put_ok(&owner, &[page(1, 1, 16 << 10), page(2, 1, 8 << 10)]).await;
+    // The owner holds the folders' lock; a reader opens beside it anyway.
+    let mut config = NixlFileConfig::new(dirs.iter().cloned());
+    config.reader = true;
+    let reader = NixlFileTier::open(config).await.unwrap();
+    assert_eq!(reader.exists(&[key(1), key(2), key(3)]).await.unwrap(), 2);
+    let (r, buf) = get_one(&reader, &key(1), 16 << 10).await;
+    assert_eq!(r.unwrap(), Lookup::Hit);
+    content::verify(&key(1), 1, &buf).unwrap();
+    // Pages the owner writes later are seen at once; overwrites and removals too.
+    put_ok(&owner, &[page(3, 1, 4 << 10), page(1, 2, 12 << 10)]).await;
+    assert_eq!(reader.exists(&[key(1), key(2), key(3)]).await.unwrap(), 3);
+    let (r, buf) = get_one(&reader, &key(1), 12 << 10).await;
+    assert_eq!(r.unwrap(), Lookup::Hit);
+    content::verify(&key(1), 2, &buf).unwrap();
+    assert!(matches!(
+        get_one(&reader, &key(1), 16 << 10).await.0,
+        Err(TierError::LengthMismatch { stored, .. }) if stored == 12 << 10
+    ));
+    owner.remove(&[key(2)]).await;
+    assert_eq!(
+        get_one(&reader, &key(2), 8 << 10).await.0.unwrap(),
+        Lookup::Miss
+    );
+    // It never writes, removes or clears what it does not own.
+    assert!(reader.put(&[page(9, 1, 4096)]).await[0].is_err());
+    assert_eq!(
+        reader.remove(&[key(1)]).await[0].as_ref().ok(),
+        Some(&false)
+    );
+    reader.clear().await.unwrap();
+    assert_eq!(owner.exists(&[key(1), key(3)]).await.unwrap(), 2);
+    assert!(!owner.page_path(&key(9)).unwrap().exists());
+}

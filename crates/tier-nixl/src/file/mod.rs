@@ -122,6 +122,12 @@ pub struct NixlFileConfig {
     pub transfer_timeout: Duration,
     /// Folder holding `libnixl_capi.so`, searched before `$NIXL_LIB_DIR` and the defaults.
     pub runtime_dir: Option<PathBuf>,
+    /// A *reader*: reads the pages another process's tier owns in the same folders (an SGLang
+    /// MLA rank reading what the writer rank stores). It takes no lock, removes no leftovers,
+    /// keeps no index (the files are its index: `exists` and `get` look at them), and never
+    /// writes or removes a page: puts fail, `remove` finds nothing of its own, `clear` is a
+    /// no-op. Pages appear to it whole or not at all (the owner renames them into place).
+    pub reader: bool,
 }
 
 impl NixlFileConfig {
@@ -140,6 +146,7 @@ impl NixlFileConfig {
             staging_buffers: 2,
             transfer_timeout: Duration::from_secs(30),
             runtime_dir: None,
+            reader: false,
         }
     }
 
@@ -255,18 +262,23 @@ impl Shared {
     fn open(config: NixlFileConfig) -> Result<Self, TierError> {
         let runtime = crate::runtime::load(config.runtime_dir.as_deref())?;
         let layout = Layout::create(&config.dirs)?;
-        let locks = layout
-            .dirs()
-            .iter()
-            .map(|d| lock_folder(&d.join(LOCK_FILE)))
-            .collect::<Result<Vec<_>, _>>()?;
-        let scan = layout.scan()?;
         let mut index = PageIndex::default();
-        let mut found = scan.pages;
-        found.sort_by_key(|(_, _, mtime)| *mtime);
-        for (key, len, _) in found {
-            index.insert(key, len);
-        }
+        let (locks, temps_removed) = if config.reader {
+            (Vec::new(), 0)
+        } else {
+            let locks = layout
+                .dirs()
+                .iter()
+                .map(|d| lock_folder(&d.join(LOCK_FILE)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let scan = layout.scan()?;
+            let mut found = scan.pages;
+            found.sort_by_key(|(_, _, mtime)| *mtime);
+            for (key, len, _) in found {
+                index.insert(key, len);
+            }
+            (locks, scan.temps_removed)
+        };
 
         let plugin = config.plugin.nixl_name();
         let backends = (0..config.staging_buffers)
@@ -304,7 +316,7 @@ impl Shared {
         };
         tracing::info!(
             tier = %config.name, %runtime, plugin, %mode, direct,
-            pages = index.pages(), temps_removed = scan.temps_removed,
+            pages = index.pages(), temps_removed, reader = config.reader,
             "NIXL FILE tier open"
         );
         let staging = StagingPool::new(
@@ -344,6 +356,18 @@ impl Shared {
 
     fn index(&self) -> MutexGuard<'_, PageIndex> {
         self.index.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The stored length of `key`'s page: from the index, or for a reader from its file.
+    fn stored_len(&self, index: &PageIndex, key: &PageKey) -> Option<u64> {
+        if !self.config.reader {
+            return index.len_of(key);
+        }
+        let path = self.layout.page_path(key).ok()?;
+        fs::metadata(path)
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| m.len())
     }
 
     fn limit(&self) -> Option<usize> {
@@ -772,6 +796,18 @@ impl StorageTier for NixlFileTier {
 
     async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
         let shared = &self.shared;
+        if shared.config.reader {
+            shared.stats.errors(pages.len());
+            return pages
+                .iter()
+                .map(|p| {
+                    Err(TierError::Unavailable(format!(
+                        "{} is a reader: it never writes (page {})",
+                        shared.config.name, p.key
+                    )))
+                })
+                .collect();
+        }
         let mut results: Vec<Option<PutResult>> = (0..pages.len()).map(|_| None).collect();
         // A key repeated in the batch: only its last valid page is written.
         let last = Page::last_valid(pages, shared.limit());
@@ -892,7 +928,7 @@ impl StorageTier for NixlFileTier {
         {
             let mut index = shared.index();
             for (i, slot) in slots.iter().enumerate() {
-                let len = match index.len_of(&slot.key) {
+                let len = match shared.stored_len(&index, &slot.key) {
                     None => {
                         results[i] = Some(Ok(Lookup::Miss));
                         continue;
@@ -993,7 +1029,15 @@ impl StorageTier for NixlFileTier {
     }
 
     async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
-        let index = self.shared.index();
+        let shared = &self.shared;
+        if shared.config.reader {
+            let index = shared.index();
+            return Ok(keys
+                .iter()
+                .take_while(|k| shared.stored_len(&index, k).is_some())
+                .count());
+        }
+        let index = shared.index();
         Ok(keys.iter().take_while(|k| index.contains(k)).count())
     }
 

@@ -19,8 +19,11 @@ data path never raises: a failure is ``False`` or a shorter prefix, logged at a 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import os
 import threading
+import tomllib
 import time
 from typing import Any, List, Optional
 
@@ -33,6 +36,24 @@ from . import ConfigError, Store
 logger = logging.getLogger(__name__)
 
 ZERO_COPY_LAYOUTS = ("page_first", "page_first_direct")
+
+
+def _load_config(extra: dict) -> dict:
+    """The hierarchy config: from ``extra["config"]`` (a TOML or JSON path) or inline from
+    ``extra["tiers"]`` and ``extra["hierarchy"]``."""
+    path = extra.get("config")
+    if path:
+        try:
+            text = open(path, encoding="utf-8").read()
+        except OSError as e:
+            raise ConfigError(f"cannot read kvtier config {path}: {e}") from None
+        try:
+            return json.loads(text) if str(path).endswith(".json") else tomllib.loads(text)
+        except ValueError as e:
+            raise ConfigError(f"kvtier config {path}: {e}") from None
+    if extra.get("tiers"):
+        return {"tiers": extra["tiers"], "hierarchy": extra.get("hierarchy", {})}
+    raise ConfigError('kvtier needs extra_config["config"] (a TOML or JSON path) or extra_config["tiers"]')
 
 
 class _RateLimitedLog:
@@ -59,18 +80,11 @@ class KvtierStorage(HiCacheStorage):
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
         extra = dict(storage_config.extra_config or {})
-        if extra.get("config"):
-            self.store = Store(extra["config"])
-        elif extra.get("tiers"):
-            self.store = Store({"tiers": extra["tiers"], "hierarchy": extra.get("hierarchy", {})})
-        else:
-            raise ConfigError(
-                'kvtier needs extra_config["config"] (a TOML or JSON path) or extra_config["tiers"]'
-            )
         self.config = storage_config
         self.is_mla = bool(storage_config.is_mla_model)
         writer = getattr(storage_config, "is_storage_writer", None)
         self.is_writer = bool(writer) if writer is not None else (not self.is_mla or storage_config.tp_rank == 0)
+        self.store = Store(self._rank_config(_load_config(extra)))
         self.mem_pool_host = None
         self.zero_copy = False
         self.prefix = self._namespace(None)
@@ -80,6 +94,28 @@ class KvtierStorage(HiCacheStorage):
         self._backup_pgs: List[int] = []
         self._prefetch_bw: List[float] = []
         self._backup_bw: List[float] = []
+
+    # ------------------------------------------------------------------ ranks
+
+    def _rank_config(self, config: dict) -> dict:
+        """SGLang runs one process per rank, each with this same config. Every rank gets a
+        folder (NIXL FILE) or prefix (object tiers) of its own under the configured ones, so
+        ranks never contend for a folder's ownership and one rank's ``clear`` or crash touches
+        only its own pages. MLA ranks share one: the writer rank owns it, the others open its
+        NIXL FILE folders as readers."""
+        ns = self._namespace(None)
+        tiers = []
+        for tier in config.get("tiers", []):
+            tier = dict(tier)
+            kind = tier.get("kind")
+            if kind == "nixl-file" and isinstance(tier.get("dirs"), list):
+                tier["dirs"] = [os.path.join(str(d), ns) for d in tier["dirs"]]
+                if not self.is_writer:
+                    tier["access"] = "reader"
+            elif kind in ("object", "nixl-obj") and isinstance(tier.get("prefix"), str):
+                tier["prefix"] = f"{tier['prefix'].rstrip('/')}/{ns}" if tier["prefix"] else ns
+            tiers.append(tier)
+        return {**config, "tiers": tiers}
 
     # ------------------------------------------------------------------ keys
 
@@ -243,6 +279,8 @@ class KvtierStorage(HiCacheStorage):
         return self.batch_exists([key]) == 1
 
     def clear(self) -> None:
+        if not self.is_writer:
+            return  # an MLA reader rank owns no pages: the writer's stay
         try:
             self.store.clear()
         except Exception as e:
