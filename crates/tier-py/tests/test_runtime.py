@@ -59,3 +59,5 @@ print(nixl_libs())
     names = [Path(p).name for p in libs]
     assert "libnixl.so" in names and "libnixl_capi.so" in names, libs
     assert len(names) == len(set(names)), f"two copies of the NIXL runtime: {libs}"
+    # kvtier's C API library comes from the same installed package as SGLang's runtime.
+    assert len({Path(p).parent for p in libs}) == 1, f"NIXL libraries from two places: {libs}"
