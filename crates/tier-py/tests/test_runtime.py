@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -39,9 +41,12 @@ print(nixl_libs())
     assert out.strip() == "[]", f"NIXL loaded for a DRAM-only store: {out}"
 
 
-def test_one_runtime_beside_sglangs_nixl_backend(tmp_path):
+@pytest.mark.parametrize("first", ["kvtier", "sglang"])
+def test_one_runtime_beside_sglangs_nixl_backend(tmp_path, first):
     out = run(MAPS + f"""
 import os
+if "{first}" == "kvtier":
+    import kvtier
 from conftest import backend, make_pool, storage_config, tier_configs
 from pathlib import Path
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory

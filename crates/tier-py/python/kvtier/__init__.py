@@ -16,14 +16,28 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, Union
 
 
+def _nixl_packages() -> list:
+    """The nixl wheels to look in, in the order the ``nixl`` package itself picks them: the one
+    already imported, else the one for the detected CUDA major, else cu13 then cu12."""
+    loaded = [n for n in ("nixl_cu13", "nixl_cu12") if n in sys.modules]
+    if loaded:
+        return loaded
+    try:
+        from nixl_meta_utils import detect_cuda_major
+
+        major = detect_cuda_major()
+    except Exception:  # no nixl meta package, or detection failed: try both
+        major = None
+    return [f"nixl_cu{major}"] if major else ["nixl_cu13", "nixl_cu12"]
+
+
 def _nixl_from_pip() -> None:
     """Points kvtier at the NIXL runtime of an installed ``nixl`` package (its ``nixl-cu12``
     or ``nixl-cu13`` wheel ships ``libnixl_capi.so``), unless ``NIXL_LIB_DIR`` is set, so a
-    process that also uses NIXL from Python shares one copy of the runtime."""
+    process that also uses NIXL from Python (SGLang's own NIXL backend) shares one runtime."""
     if os.environ.get("NIXL_LIB_DIR"):
         return
-    names = ["nixl_cu13", "nixl_cu12"] if "nixl_cu13" in sys.modules else ["nixl_cu12", "nixl_cu13"]
-    for name in names:
+    for name in _nixl_packages():
         try:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):
