@@ -15,6 +15,7 @@
 //! transfer_timeout = "30s"
 //! runtime_dir = "/opt/kvtier/nixl/lib"
 //! access = "owner"             # owner, or reader: reads what another process owns there
+//! engine = "nixl"               # nixl, or syscalls: pread/pwrite by kvtier (host memory only)
 //!
 //! [[tiers]]
 //! kind = "nixl-obj"
@@ -44,8 +45,8 @@ use tier_core::config::{ByteSize, OpenFuture, Registry, Seconds, TierContext, Ti
 use tier_core::{EvictionListener, TierError};
 
 use crate::{
-    DirectIo, FilePlugin, NixlFileConfig, NixlFileTier, NixlObjConfig, NixlObjTier, PathModeChoice,
-    RequestChecksum,
+    DirectIo, FileEngine, FilePlugin, NixlFileConfig, NixlFileTier, NixlObjConfig, NixlObjTier,
+    PathModeChoice, RequestChecksum,
 };
 
 #[derive(Debug, Deserialize)]
@@ -69,6 +70,16 @@ struct FileParams {
     runtime_dir: Option<PathBuf>,
     #[serde(default)]
     access: Access,
+    #[serde(default)]
+    engine: EngineName,
+}
+
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum EngineName {
+    #[default]
+    Nixl,
+    Syscalls,
 }
 
 /// Whether the tier owns its folders or reads what another process's tier owns there.
@@ -134,6 +145,10 @@ fn to_config(name: &str, p: FileParams) -> NixlFileConfig {
     };
     c.sync_writes = p.sync_writes;
     c.reader = p.access == Access::Reader;
+    c.engine = match p.engine {
+        EngineName::Nixl => FileEngine::Nixl,
+        EngineName::Syscalls => FileEngine::Syscalls,
+    };
     if let Some(b) = p.staging_bytes {
         c.staging_bytes = b.0 as usize;
     }

@@ -12,7 +12,8 @@ pub mod runtime;
 mod staging;
 
 pub use file::{
-    DirectIo, FileMode, FilePlugin, NixlFileConfig, NixlFileTier, PathModeChoice, BUCKETS,
+    DirectIo, FileEngine, FileMode, FilePlugin, NixlFileConfig, NixlFileTier, PathModeChoice,
+    BUCKETS,
 };
 pub use obj::{NixlObjConfig, NixlObjTier, RequestChecksum};
 

@@ -1,4 +1,5 @@
-"""kvtier's SGLang backend beside SGLang's own NIXL backend (HiCacheNixl, POSIX plugin), both
+"""kvtier's SGLang backend (a NIXL FILE tier, with its NIXL engine and with its syscall engine)
+beside SGLang's own NIXL backend (HiCacheNixl, POSIX plugin), all
 created by SGLang's StorageBackendFactory on one MHATokenToKVPoolHost (page_first layout), in
 128-page batch_set_v1 / batch_get_v1 calls, interleaved round by round; every page verified
 outside the timed region. Prints the medians (pages/s) and kvtier's ratio to SGLang's backend,
@@ -38,9 +39,10 @@ def sglang_nixl(pool, folder):
     return b
 
 
-def kvtier_backend(pool, folder):
+def kvtier_backend(pool, folder, engine):
+    tier = {"kind": "nixl-file", "dirs": [str(folder)], "engine": engine}
     extra = {"backend_name": "kvtier", "module_path": "kvtier.sglang", "class_name": "KvtierStorage",
-             "interface_v1": 1, "tiers": [{"kind": "nixl-file", "dirs": [str(folder)]}]}
+             "interface_v1": 1, "tiers": [tier]}
     b = StorageBackendFactory.create_backend("dynamic", storage_config(extra), pool)
     b.register_mem_pool_host(pool)
     return b
@@ -96,16 +98,21 @@ def main():
         idx = torch.arange(0, BATCH * tokens, dtype=torch.int64)
         batches = max(2, (64 << 20) // (page_bytes * BATCH))
         pages = batches * BATCH
-        folders = {name: root / f"{name}-{label.replace(' ', '')}" for name in ("sglang", "kvtier")}
+        names = ("sglang", "kvtier-nixl", "kvtier-syscalls")
+        folders = {name: root / f"{name}-{label.replace(' ', '')}" for name in names}
         for f in folders.values():
             shutil.rmtree(f, ignore_errors=True)
             f.mkdir(parents=True)
-        backends = {"sglang": sglang_nixl(pool, folders["sglang"]), "kvtier": kvtier_backend(pool, folders["kvtier"])}
+        backends = {
+            "sglang": sglang_nixl(pool, folders["sglang"]),
+            "kvtier-nixl": kvtier_backend(pool, folders["kvtier-nixl"], "nixl"),
+            "kvtier-syscalls": kvtier_backend(pool, folders["kvtier-syscalls"], "syscalls"),
+        }
         times = {name: ([], []) for name in backends}
         copies = []
         for r in range(args.rounds):
             for name, b in backends.items():
-                put_s, get_s = run_round(b, pool, idx, batches, f"{name[0]}{r}")
+                put_s, get_s = run_round(b, pool, idx, batches, f"{name[:1]}{name[-1]}{r}")
                 times[name][0].append(pages / put_s)
                 times[name][1].append(pages / get_s)
             copies.append(pages / memcpy_s(pool, idx, batches))
@@ -115,13 +122,14 @@ def main():
         for b in backends.values():
             b.clear()
         del backends
-        shutil.rmtree(folders["sglang"], ignore_errors=True)
-        shutil.rmtree(folders["kvtier"], ignore_errors=True)
+        for f in folders.values():
+            shutil.rmtree(f, ignore_errors=True)
 
-    print(f"{'page':>8} | {'SGLang put':>11} {'kvtier put':>11} {'ratio':>6} | {'SGLang get':>11} {'kvtier get':>11} {'ratio':>6} | {'memcpy':>9} {'get/memcpy':>10}")
+    print(f"{'page':>8} {'backend':>16} | {'put':>9} {'vs SGLang':>9} | {'get':>9} {'vs SGLang':>9} | {'memcpy':>9} {'get/memcpy':>10}")
     for label, med, mc in rows:
-        (sp, sg), (kp, kg) = med["sglang"], med["kvtier"]
-        print(f"{label:>8} | {sp:>11,.0f} {kp:>11,.0f} {kp / sp:>5.2f}x | {sg:>11,.0f} {kg:>11,.0f} {kg / sg:>5.2f}x | {mc:>9,.0f} {kg / mc:>9.2f}x")
+        sp, sg = med["sglang"]
+        for name, (p, g) in med.items():
+            print(f"{label:>8} {name:>16} | {p:>9,.0f} {p / sp:>8.2f}x | {g:>9,.0f} {g / sg:>8.2f}x | {mc:>9,.0f} {g / mc:>9.2f}x")
     if not args.dir:
         shutil.rmtree(root, ignore_errors=True)
 

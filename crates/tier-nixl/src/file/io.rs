@@ -16,6 +16,7 @@ use tier_core::{PageKey, TierError};
 use crate::batch::{move_isolating, BatchOutcome, Failure};
 use crate::nixl::{next_dev_id, Backend, Desc, Finished, MemKind, Registration, XferOp};
 use crate::staging::align_up;
+use crate::FileEngine;
 
 /// How files are handed to NIXL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +94,8 @@ impl Xfer {
 pub struct FileIo {
     /// The backend.
     pub backend: Arc<Backend>,
+    /// What moves the bytes.
+    pub engine: FileEngine,
     /// Path or fd mode.
     pub mode: FileMode,
     /// Bound on each transfer's completion.
@@ -121,10 +124,18 @@ impl FileIo {
         }
     }
 
-    /// Registers caller-owned DRAM (each distinct range once) for one batch's transfers.
-    pub fn register_local(&self, ranges: &[(usize, usize)]) -> Result<Registration, TierError> {
+    /// Registers caller-owned DRAM (each distinct range once) for one batch's transfers;
+    /// `None` where the engine needs no registration.
+    pub fn register_local(
+        &self,
+        ranges: &[(usize, usize)],
+    ) -> Result<Option<Registration>, TierError> {
+        if self.engine == FileEngine::Syscalls {
+            return Ok(None);
+        }
         self.backend
             .register_dram(ranges)
+            .map(Some)
             .map_err(|e| self.backend_error(None, format!("registering page memory: {e}")))
     }
 
@@ -134,6 +145,15 @@ impl FileIo {
     /// `borrowed` says the DRAM belongs to a caller who frees it on return (see
     /// [`crate::nixl::Transfer::finish`]).
     pub fn transfer_all(&self, op: XferOp, items: &[Xfer], borrowed: bool) -> BatchOutcome {
+        if self.engine == FileEngine::Syscalls {
+            return BatchOutcome {
+                results: items
+                    .iter()
+                    .map(|item| move_by_syscalls(op, item, self.sync))
+                    .collect(),
+                poisoned: false,
+            };
+        }
         move_isolating(
             items.len(),
             self.timeout,
@@ -248,6 +268,61 @@ fn op_name(op: XferOp) -> &'static str {
         XferOp::Read => "read page",
         XferOp::Write => "write page",
     }
+}
+
+/// Moves one page with `pread`/`pwrite` on the calling thread. The parts' addresses are
+/// memory the caller keeps valid (and, for reads, exclusively lent) for the call.
+fn move_by_syscalls(op: XferOp, item: &Xfer, sync: bool) -> Result<(), TierError> {
+    let io_err =
+        |e: std::io::Error| TierError::io(op_name(op), Some(&item.key), Some(item.path.clone()), e);
+    let file = open_page(&item.path, op, item.direct, sync).map_err(io_err)?;
+    if op == XferOp::Read {
+        // The page's file may have been replaced by one of another length since it was
+        // planned: never serve a cut or overlong page.
+        let stored = file.metadata().map_err(io_err)?.len();
+        if stored != item.len as u64 {
+            return Err(TierError::LengthMismatch {
+                key: item.key.clone(),
+                stored: stored as usize,
+                buffer: item.len,
+            });
+        }
+    }
+    let fd = file.as_raw_fd();
+    let mut offset = 0usize;
+    for &(addr, len) in &item.parts {
+        let mut done = 0;
+        while done < len {
+            let at = (offset + done) as libc::off_t;
+            // SAFETY: `addr..addr + len` is live memory lent for this call (writable for reads).
+            let n = unsafe {
+                match op {
+                    XferOp::Write => {
+                        libc::pwrite(fd, (addr + done) as *const libc::c_void, len - done, at)
+                    }
+                    XferOp::Read => {
+                        libc::pread(fd, (addr + done) as *mut libc::c_void, len - done, at)
+                    }
+                }
+            };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(io_err(e));
+            }
+            if n == 0 {
+                return Err(io_err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the file ended before the page did",
+                )));
+            }
+            done += n as usize;
+        }
+        offset += len;
+    }
+    Ok(())
 }
 
 fn open_page(path: &Path, op: XferOp, direct: bool, sync: bool) -> std::io::Result<File> {

@@ -80,6 +80,18 @@ pub enum PathModeChoice {
     Off,
 }
 
+/// What moves page bytes between memory and files.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FileEngine {
+    /// The NIXL FILE plugin: one registration and one transfer per batch.
+    #[default]
+    Nixl,
+    /// Plain `pread`/`pwrite` by the tier's own threads, for host memory on a local or mounted
+    /// filesystem: no registration and no NIXL request per batch. A read also checks that the
+    /// file still has the page's length.
+    Syscalls,
+}
+
 /// Whether to bypass the page cache (`O_DIRECT`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum DirectIo {
@@ -109,6 +121,8 @@ pub struct NixlFileConfig {
     pub path_mode: PathModeChoice,
     /// Direct I/O choice.
     pub direct_io: DirectIo,
+    /// What moves the bytes (NIXL, or the tier's own syscalls).
+    pub engine: FileEngine,
     /// Request synchronous writes (durable on return, slower).
     pub sync_writes: bool,
     /// Byte capacity; least recently used pages are evicted beyond it. `None`: unbounded.
@@ -140,6 +154,7 @@ impl NixlFileConfig {
             plugin_params: BTreeMap::new(),
             path_mode: PathModeChoice::Auto,
             direct_io: DirectIo::Off,
+            engine: FileEngine::Nixl,
             sync_writes: false,
             capacity_bytes: None,
             staging_bytes: 16 << 20,
@@ -329,6 +344,7 @@ impl Shared {
             .into_iter()
             .map(|backend| FileIo {
                 backend,
+                engine: config.engine,
                 mode,
                 timeout: config.transfer_timeout,
                 sync: config.sync_writes,
@@ -473,6 +489,16 @@ impl Shared {
         pages: &[PlannedWrite<'_>],
         lent: bool,
     ) -> (Vec<Xfer>, BatchOutcome) {
+        if io.engine == FileEngine::Syscalls {
+            let xfers = write_xfers(pages, |_, page| {
+                page.data
+                    .regions()
+                    .map(|r| (r.as_ptr() as usize, r.len()))
+                    .collect()
+            });
+            let outcome = io.transfer_all(XferOp::Write, &xfers, lent);
+            return (xfers, outcome);
+        }
         let regions: Vec<&[u8]> = pages.iter().flat_map(|p| p.data.regions()).collect();
         let mut xfers = Vec::new();
         let outcome = send_pages(&io.backend, &regions, &mut |addrs| {

@@ -14,6 +14,7 @@ pub struct FileFactory {
     root: PathBuf,
     mode: PathModeChoice,
     direct: tier_nixl::DirectIo,
+    engine: tier_nixl::FileEngine,
     bounded: std::sync::atomic::AtomicUsize,
 }
 
@@ -28,6 +29,7 @@ impl FileFactory {
             root,
             mode,
             direct: tier_nixl::DirectIo::Off,
+            engine: tier_nixl::FileEngine::Nixl,
             bounded: Default::default(),
         }
     }
@@ -39,10 +41,18 @@ impl FileFactory {
         self
     }
 
+    /// Moves bytes with the tier's own syscalls instead of NIXL.
+    #[allow(dead_code)]
+    pub fn syscalls(mut self) -> Self {
+        self.engine = tier_nixl::FileEngine::Syscalls;
+        self
+    }
+
     pub fn config(&self, dirs: &[PathBuf]) -> NixlFileConfig {
         let mut config = NixlFileConfig::new(dirs.iter().cloned());
         config.path_mode = self.mode;
         config.direct_io = self.direct;
+        config.engine = self.engine;
         config
     }
 
