@@ -106,6 +106,9 @@ async fn every_bucket_folder_exists_right_after_start(#[case] mode: PathModeChoi
 async fn fd_count_is_flat_over_10000_operations_with_injected_failures(
     #[case] mode: PathModeChoice,
 ) {
+    if !fd::in_own_process() {
+        return;
+    }
     const OPS: usize = 10_000;
     const KEYS: usize = 48;
     const LEN: usize = 4096;

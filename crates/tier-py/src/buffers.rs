@@ -56,6 +56,56 @@ impl Lent {
         Ok(lent)
     }
 
+    /// Raw regions of host memory the caller keeps valid for the call: `addresses` and
+    /// `lengths` hold the same number of regions per key, consecutive per page.
+    pub fn raw(
+        py: Python<'_>,
+        keys: &[String],
+        addresses: Vec<usize>,
+        lengths: Vec<usize>,
+        writable: bool,
+    ) -> PyResult<Self> {
+        if addresses.len() != lengths.len() {
+            return Err(buffer_error(
+                py,
+                None,
+                format!(
+                    "{} addresses but {} lengths",
+                    addresses.len(),
+                    lengths.len()
+                ),
+            ));
+        }
+        let per = if keys.is_empty() {
+            0
+        } else {
+            addresses.len() / keys.len()
+        };
+        if per * keys.len() != addresses.len() || (per == 0 && !addresses.is_empty()) {
+            return Err(buffer_error(
+                py,
+                None,
+                format!(
+                    "{} regions do not divide evenly among {} keys",
+                    addresses.len(),
+                    keys.len()
+                ),
+            ));
+        }
+        let mut lent = Lent::default();
+        for (n, key) in keys.iter().enumerate() {
+            let mut regions = Vec::with_capacity(per);
+            for i in n * per..(n + 1) * per {
+                regions.push(raw_region(py, key, addresses[i], lengths[i])?);
+            }
+            lent.pages.push(regions);
+        }
+        if writable {
+            check_disjoint(py, keys, &lent.pages)?;
+        }
+        Ok(lent)
+    }
+
     fn region(
         &mut self,
         py: Python<'_>,
@@ -71,21 +121,7 @@ impl Lent {
                     "a raw region is a tuple (address: int, length: int)".into(),
                 )
             })?;
-            if addr == 0 && len > 0 {
-                return Err(buffer_error(
-                    py,
-                    Some(key),
-                    "a raw region at address 0".into(),
-                ));
-            }
-            if addr.checked_add(len).is_none() {
-                return Err(buffer_error(
-                    py,
-                    Some(key),
-                    format!("raw region ({addr:#x}, {len}) wraps the address space"),
-                ));
-            }
-            return Ok((addr, len));
+            return raw_region(py, key, addr, len);
         }
         let buf = PyBuffer::<u8>::get(obj).map_err(|e| {
             buffer_error(
@@ -114,6 +150,25 @@ impl Lent {
         self.guards.push(buf);
         Ok(region)
     }
+}
+
+/// Checks one raw region: not at address 0, not wrapping the address space.
+fn raw_region(py: Python<'_>, key: &str, addr: usize, len: usize) -> PyResult<(usize, usize)> {
+    if addr == 0 && len > 0 {
+        return Err(buffer_error(
+            py,
+            Some(key),
+            "a raw region at address 0".into(),
+        ));
+    }
+    if addr.checked_add(len).is_none() {
+        return Err(buffer_error(
+            py,
+            Some(key),
+            format!("raw region ({addr:#x}, {len}) wraps the address space"),
+        ));
+    }
+    Ok((addr, len))
 }
 
 /// Buffers written by one call must not overlap (two pages into the same bytes).

@@ -45,6 +45,70 @@ pub struct Store {
 }
 
 impl Store {
+    fn put_lent(&self, py: Python<'_>, keys: &[String], lent: Lent) -> PyResult<Vec<PyObject>> {
+        let page_keys = self::keys(py, keys)?;
+        let hierarchy = &self.hierarchy;
+        let results = py.allow_threads(|| {
+            let pages: Vec<Page<'_>> = page_keys
+                .iter()
+                .zip(&lent.pages)
+                .map(|(key, regions)| {
+                    Page::lent(
+                        key.clone(),
+                        regions.iter().map(|&(addr, len)| {
+                            // SAFETY: each region is a live buffer export held by `lent`, or
+                            // memory the caller vouches for (a raw pair), for this call.
+                            unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
+                        }),
+                    )
+                })
+                .collect();
+            runtime().block_on(hierarchy.put(&pages))
+        });
+        drop(lent);
+        Ok(results
+            .into_iter()
+            .map(|r| match r {
+                Ok(()) => py.None(),
+                Err(e) => to_py(py, &e).into_value(py).into_any(),
+            })
+            .collect())
+    }
+
+    fn get_lent(&self, py: Python<'_>, keys: &[String], lent: Lent) -> PyResult<Vec<PyObject>> {
+        let page_keys = self::keys(py, keys)?;
+        let hierarchy = &self.hierarchy;
+        let results = py.allow_threads(|| {
+            let mut slots: Vec<ReadSlot<'_>> = page_keys
+                .iter()
+                .zip(&lent.pages)
+                .map(|(key, regions)| {
+                    ReadSlot::regions(
+                        key.clone(),
+                        regions
+                            .iter()
+                            .map(|&(addr, len)| {
+                                // SAFETY: writable, disjoint regions (checked by `Lent`) of live
+                                // exports held by `lent`, or caller-vouched raw memory.
+                                unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
+                            })
+                            .collect(),
+                    )
+                })
+                .collect();
+            runtime().block_on(hierarchy.get(&mut slots))
+        });
+        drop(lent);
+        Ok(results
+            .into_iter()
+            .map(|r| match r {
+                Ok(Lookup::Hit) => py_bool(py, true),
+                Ok(Lookup::Miss) => py_bool(py, false),
+                Err(e) => to_py(py, &e).into_value(py).into_any(),
+            })
+            .collect())
+    }
+
     fn open(py: Python<'_>, config: Result<HierarchyConfig, TierError>) -> PyResult<Self> {
         let config = config.map_err(|e| to_py(py, &e))?;
         let hierarchy = py
@@ -96,34 +160,21 @@ impl Store {
         keys: Vec<String>,
         pages: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<Vec<PyObject>> {
-        let page_keys = self::keys(py, &keys)?;
         let lent = Lent::parse(py, &keys, &pages, false)?;
-        let hierarchy = &self.hierarchy;
-        let results = py.allow_threads(|| {
-            let pages: Vec<Page<'_>> = page_keys
-                .iter()
-                .zip(&lent.pages)
-                .map(|(key, regions)| {
-                    Page::lent(
-                        key.clone(),
-                        regions.iter().map(|&(addr, len)| {
-                            // SAFETY: each region is a live buffer export held by `lent`, or
-                            // memory the caller vouches for (a raw pair), for this call.
-                            unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
-                        }),
-                    )
-                })
-                .collect();
-            runtime().block_on(hierarchy.put(&pages))
-        });
-        drop(lent);
-        Ok(results
-            .into_iter()
-            .map(|r| match r {
-                Ok(()) => py.None(),
-                Err(e) => to_py(py, &e).into_value(py).into_any(),
-            })
-            .collect())
+        self.put_lent(py, &keys, lent)
+    }
+
+    /// Stores pages of raw host regions: `addresses[i]`, `lengths[i]`, the same number of
+    /// regions per key, consecutive per page (an engine's `get_page_buffer_meta` lists).
+    fn put_regions(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        addresses: Vec<usize>,
+        lengths: Vec<usize>,
+    ) -> PyResult<Vec<PyObject>> {
+        let lent = Lent::raw(py, &keys, addresses, lengths, false)?;
+        self.put_lent(py, &keys, lent)
     }
 
     /// Reads pages into the caller's buffers (each a writable buffer, an (address, length)
@@ -135,38 +186,20 @@ impl Store {
         keys: Vec<String>,
         bufs: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<Vec<PyObject>> {
-        let page_keys = self::keys(py, &keys)?;
         let lent = Lent::parse(py, &keys, &bufs, true)?;
-        let hierarchy = &self.hierarchy;
-        let results = py.allow_threads(|| {
-            let mut slots: Vec<ReadSlot<'_>> = page_keys
-                .iter()
-                .zip(&lent.pages)
-                .map(|(key, regions)| {
-                    ReadSlot::regions(
-                        key.clone(),
-                        regions
-                            .iter()
-                            .map(|&(addr, len)| {
-                                // SAFETY: writable, disjoint regions (checked by `Lent::parse`)
-                                // of live exports held by `lent`, or caller-vouched raw memory.
-                                unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
-                            })
-                            .collect(),
-                    )
-                })
-                .collect();
-            runtime().block_on(hierarchy.get(&mut slots))
-        });
-        drop(lent);
-        Ok(results
-            .into_iter()
-            .map(|r| match r {
-                Ok(Lookup::Hit) => py_bool(py, true),
-                Ok(Lookup::Miss) => py_bool(py, false),
-                Err(e) => to_py(py, &e).into_value(py).into_any(),
-            })
-            .collect())
+        self.get_lent(py, &keys, lent)
+    }
+
+    /// Reads pages into raw host regions laid out as for [`Store::put_regions`].
+    fn get_into_regions(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        addresses: Vec<usize>,
+        lengths: Vec<usize>,
+    ) -> PyResult<Vec<PyObject>> {
+        let lent = Lent::raw(py, &keys, addresses, lengths, true)?;
+        self.get_lent(py, &keys, lent)
     }
 
     /// The number of leading keys that are all present (the reusable prefix).

@@ -124,3 +124,22 @@ def test_stats_per_level():
         st = s.stats()
         assert st["puts"] == 1 and [l["name"] for l in st["levels"]] == ["top", "below"]
         assert st["copied_down"] == 1
+
+
+def test_flat_region_lists():
+    with kvtier.Store(MEM) as s:
+        src = torch.arange(512, dtype=torch.uint8)
+        base = src.data_ptr()
+        # Two pages of two regions each, listed flat (an engine's page-buffer metadata).
+        assert s.put_regions(["a", "b"], [base, base + 300, base + 100, base + 400], [100, 50, 200, 112]) == [None, None]
+        dst = torch.zeros(462, dtype=torch.uint8)
+        d = dst.data_ptr()
+        assert s.get_into_regions(["a", "b"], [d, d + 100, d + 150, d + 350], [100, 50, 200, 112]) == [True, True]
+        want = torch.cat([src[0:100], src[300:350], src[100:300], src[400:512]])
+        assert torch.equal(dst, want)
+        with pytest.raises(kvtier.InvalidBuffer, match="evenly"):
+            s.put_regions(["a", "b"], [base, base, base], [1, 1, 1])
+        with pytest.raises(kvtier.InvalidBuffer, match="overlap"):
+            s.get_into_regions(["a", "b"], [d, d + 10, d, d + 10], [100, 50, 200, 112])
+        with pytest.raises(kvtier.InvalidBuffer, match="address 0"):
+            s.put_regions(["a"], [0], [10])

@@ -347,7 +347,11 @@ fn open_page(path: &Path, op: XferOp, direct: bool, sync: bool) -> std::io::Resu
     if op == XferOp::Read {
         // Reading a page must not write its inode: without O_NOATIME the first read after a
         // write updates the access time (relatime). Only the file's owner may ask for it.
-        match opts.clone().custom_flags(flags | libc::O_NOATIME).open(path) {
+        match opts
+            .clone()
+            .custom_flags(flags | libc::O_NOATIME)
+            .open(path)
+        {
             Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
             other => return other,
         }

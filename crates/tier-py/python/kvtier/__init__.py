@@ -17,25 +17,26 @@ from typing import Any, Iterable, Mapping, Sequence, Union
 
 
 def _nixl_packages() -> list:
-    """The nixl wheels to look in, in the order the ``nixl`` package itself picks them: the one
-    already imported, else the one for the detected CUDA major, else cu13 then cu12."""
+    """The nixl wheels to look in: the one already imported (a process has one NIXL runtime),
+    else cu12 first. cu13's OBJ plugin needs CUDA's object client library and cannot load
+    without it; cu12's loads anywhere. A NIXL imported later in the process (SGLang's own
+    backend) then shares the runtime loaded first: the libraries have the same sonames."""
     loaded = [n for n in ("nixl_cu13", "nixl_cu12") if n in sys.modules]
-    if loaded:
-        return loaded
-    try:
-        from nixl_meta_utils import detect_cuda_major
+    return loaded or ["nixl_cu12", "nixl_cu13"]
 
-        major = detect_cuda_major()
-    except Exception:  # no nixl meta package, or detection failed: try both
-        major = None
-    return [f"nixl_cu{major}"] if major else ["nixl_cu13", "nixl_cu12"]
+
+# Where kvtier records the NIXL_LIB_DIR value it chose itself (inherited by child processes
+# with it), to tell it from one the user set.
+_AUTO = "KVTIER_NIXL_LIB_DIR_AUTO"
 
 
 def _nixl_from_pip() -> None:
     """Points kvtier at the NIXL runtime of an installed ``nixl`` package (its ``nixl-cu12``
-    or ``nixl-cu13`` wheel ships ``libnixl_capi.so``), unless ``NIXL_LIB_DIR`` is set, so a
-    process that also uses NIXL from Python (SGLang's own NIXL backend) shares one runtime."""
-    if os.environ.get("NIXL_LIB_DIR"):
+    or ``nixl-cu13`` wheel ships ``libnixl_capi.so``), unless the user set ``NIXL_LIB_DIR``.
+    Called again as each store opens (the runtime loads with the first NIXL tier), so a NIXL
+    that SGLang imported meanwhile is the one kvtier uses: one runtime per process."""
+    current = os.environ.get("NIXL_LIB_DIR")
+    if current and current != os.environ.get(_AUTO):
         return
     for name in _nixl_packages():
         try:
@@ -47,7 +48,7 @@ def _nixl_from_pip() -> None:
         site = Path(next(iter(spec.submodule_search_locations))).parent
         libs = site / f".{name}.mesonpy.libs"
         if (libs / "libnixl_capi.so").is_file():
-            os.environ["NIXL_LIB_DIR"] = str(libs)
+            os.environ["NIXL_LIB_DIR"] = os.environ[_AUTO] = str(libs)
             return
 
 
@@ -119,6 +120,7 @@ class Store:
     """
 
     def __init__(self, config: Config):
+        _nixl_from_pip()
         if isinstance(config, Mapping):
             self._store = _Store.from_json(json.dumps(config))
         else:
@@ -140,6 +142,15 @@ class Store:
         """Reads pages into writable buffers of exactly the page's length; per key ``True``
         (hit), ``False`` (miss) or the exception for that key."""
         return self._store.get_into(list(keys), [_page(b) for b in bufs])
+
+    def put_regions(self, keys: Sequence[str], addresses: Sequence[int], lengths: Sequence[int]) -> list:
+        """Stores pages of raw host memory: the same number of regions per key, consecutive
+        per page, as ``(addresses[i], lengths[i])`` (an engine's page-buffer metadata)."""
+        return self._store.put_regions(list(keys), list(addresses), list(lengths))
+
+    def get_into_regions(self, keys: Sequence[str], addresses: Sequence[int], lengths: Sequence[int]) -> list:
+        """Reads pages into raw host regions laid out as for :meth:`put_regions`."""
+        return self._store.get_into_regions(list(keys), list(addresses), list(lengths))
 
     def exists(self, keys: Iterable[str]) -> int:
         """The number of leading keys that are all present (the reusable prefix)."""

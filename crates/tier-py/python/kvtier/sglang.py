@@ -160,15 +160,6 @@ class KvtierStorage(HiCacheStorage):
             layout, self.zero_copy, self.store.kinds,
         )
 
-    def _page_regions(self, host_indices: torch.Tensor, n: int) -> List[list]:
-        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
-        per = len(ptrs) // n if n else 0
-        if per == 0 or per * n != len(ptrs):
-            raise ValueError(f"{len(ptrs)} host regions for {n} pages")
-        return [
-            [(int(ptrs[i * per + j]), int(sizes[i * per + j])) for j in range(per)]
-            for i in range(n)
-        ]
 
     # ------------------------------------------------------------------ v1 (zero copy)
 
@@ -180,14 +171,15 @@ class KvtierStorage(HiCacheStorage):
         start = time.perf_counter()
         try:
             if self.zero_copy:
-                pages = self._page_regions(host_indices, len(keys))
+                ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
+                results = self.store.put_regions(self._keys(keys), ptrs, sizes)
             else:
                 ps = self.mem_pool_host.page_size
                 pages = [
                     self.mem_pool_host.get_data_page(host_indices[i * ps], flat=True).contiguous()
                     for i in range(len(keys))
                 ]
-            results = self.store.put(self._keys(keys), pages)
+                results = self.store.put(self._keys(keys), pages)
         except Exception as e:
             self.log.warn("batch_set_v1", e)
             return [False] * len(keys)
@@ -204,7 +196,8 @@ class KvtierStorage(HiCacheStorage):
         start = time.perf_counter()
         try:
             if self.zero_copy:
-                results = self.store.get_into(self._keys(keys), self._page_regions(host_indices, len(keys)))
+                ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
+                results = self.store.get_into_regions(self._keys(keys), ptrs, sizes)
             else:
                 results = self._get_generic(keys, host_indices)
         except Exception as e:
