@@ -327,12 +327,14 @@ impl StorageTier for ObjectTier {
     }
 
     async fn clear(&self) -> Result<(), TierError> {
+        // Only the prefix's own objects: a page name never holds a `/`, so anything deeper
+        // (another tier's prefix nested in this one, `models` over `models/llama`) is not ours.
         let listed: Vec<object_store::ObjectMeta> = self
             .bounded("object list", async {
                 self.store
-                    .list(Some(&self.prefix))
-                    .try_collect()
+                    .list_with_delimiter(Some(&self.prefix))
                     .await
+                    .map(|listing| listing.objects)
                     .map_err(|e| self.error(None, e))
             })
             .await?;
