@@ -220,11 +220,9 @@ mod tests {
     use super::*;
 
     fn synthetic() -> Vec<trace::Request> {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../../shared/traces/synthetic_trace.jsonl");
-        trace::load(&path).unwrap_or_else(|e| {
-            panic!("the Mooncake synthetic trace must sit in ../shared/traces: {e}")
-        })
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/synthetic_trace.jsonl");
+        trace::load(&path)
+            .unwrap_or_else(|e| panic!("the committed synthetic trace could not be read: {e}"))
     }
 
     async fn hierarchy(toml: &str) -> Hierarchy {
