@@ -142,6 +142,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             if let Some(limit) = limit {
                 requests.truncate(limit);
             }
+            check_replay_memory(&requests, page_bytes, machine_memory())?;
             let tmp = tempfile::tempdir().map_err(|e| format!("cannot make a temp folder: {e}"))?;
             let config = match &config {
                 Some(path) => HierarchyConfig::from_file(path).map_err(|e| e.to_string())?,
@@ -215,6 +216,48 @@ fn main() -> ExitCode {
     }
 }
 
+/// Largest page the replay takes (no tier stores a bigger one).
+const MAX_PAGE_BYTES: usize = 1 << 30;
+
+/// Refuses a replay whose buffers cannot fit: the longest request holds a read buffer and a
+/// page for each of its blocks; together they must fit in half the machine's memory.
+fn check_replay_memory(
+    requests: &[trace::Request],
+    page_bytes: usize,
+    memory: Option<u64>,
+) -> Result<(), String> {
+    if page_bytes > MAX_PAGE_BYTES {
+        return Err(format!(
+            "--page-bytes {page_bytes} is over the {MAX_PAGE_BYTES}-byte (1 GiB) page limit"
+        ));
+    }
+    let blocks = requests.iter().map(|r| r.hash_ids.len()).max().unwrap_or(0) as u64;
+    let need = blocks.saturating_mul(page_bytes as u64).saturating_mul(2);
+    match memory {
+        Some(total) if need > total / 2 => Err(format!(
+            "--page-bytes {page_bytes}: the longest request ({blocks} blocks) needs {:.1} GiB of \
+             buffers, over half of this machine's {:.1} GiB of memory",
+            need as f64 / (1u64 << 30) as f64,
+            total as f64 / (1u64 << 30) as f64
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Physical memory in bytes (`MemTotal` of /proc/meminfo), if readable.
+fn machine_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kb * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,6 +266,20 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/synthetic_trace.jsonl");
         trace::load(&path)
             .unwrap_or_else(|e| panic!("the committed synthetic trace could not be read: {e}"))
+    }
+
+    #[test]
+    fn pages_that_cannot_fit_are_refused_before_allocating() {
+        let trace = synthetic();
+        let err = check_replay_memory(&trace, 3_000_000_000, Some(24 << 30)).unwrap_err();
+        assert!(err.contains("1 GiB) page limit"), "{err}");
+        let err = check_replay_memory(&trace, 512 << 20, Some(24 << 30)).unwrap_err();
+        assert!(
+            err.contains("blocks) needs") && err.contains("24.0 GiB"),
+            "{err}"
+        );
+        check_replay_memory(&trace, 16 << 10, Some(24 << 30)).unwrap();
+        check_replay_memory(&trace, 16 << 10, None).unwrap();
     }
 
     async fn hierarchy(toml: &str) -> Hierarchy {
