@@ -146,9 +146,17 @@ impl<'de> Deserialize<'de> for Seconds {
                 "a duration must be positive and finite, not {secs}"
             )));
         }
+        if secs < 1e-6 {
+            return Err(serde::de::Error::custom(format!(
+                "a duration of {secs} s is below the 1 microsecond kvtier can wait"
+            )));
+        }
         Ok(Self(Duration::from_secs_f64(secs)))
     }
 }
+
+/// Most jobs a hierarchy's background queue may hold (the queue allocates by this bound).
+pub const MAX_QUEUE_JOBS: usize = 1 << 20;
 
 /// The `[hierarchy]` table.
 #[derive(Debug, Clone, Deserialize)]
@@ -240,6 +248,15 @@ impl HierarchyConfig {
         let config: Self = deserialize_at("", value)?;
         if config.tiers.is_empty() {
             return Err(TierError::config("tiers", "list at least one tier"));
+        }
+        if !(1..=MAX_QUEUE_JOBS).contains(&config.hierarchy.queue_jobs) {
+            return Err(TierError::config(
+                "hierarchy.queue_jobs",
+                format!(
+                    "{} is outside 1 to {MAX_QUEUE_JOBS}",
+                    config.hierarchy.queue_jobs
+                ),
+            ));
         }
         Ok(config)
     }
@@ -407,6 +424,28 @@ mod tests {
             .unwrap_err()
             .contains("1 EiB"));
         assert_eq!(ByteSize(8 << 30).to_string(), "8GiB");
+    }
+
+    #[test]
+    fn absurd_queues_and_vanishing_durations_are_refused() {
+        let err = HierarchyConfig::from_toml(
+            "[hierarchy]\nqueue_jobs = 4000000000000000000\n[[tiers]]\nkind = \"mem\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("hierarchy.queue_jobs"), "{err}");
+        for field in ["flush_timeout = \"1e-10s\"", "flush_timeout = 1e-10"] {
+            let err = HierarchyConfig::from_toml(&format!(
+                "[hierarchy]\n{field}\n[[tiers]]\nkind = \"mem\"\n"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("1 microsecond"), "{field}: {err}");
+        }
+        HierarchyConfig::from_toml(
+            "[hierarchy]\nflush_timeout = \"5ms\"\n[[tiers]]\nkind = \"mem\"\n",
+        )
+        .unwrap();
     }
 
     #[test]

@@ -137,9 +137,9 @@ pub struct DemotionQueue {
 }
 
 impl DemotionQueue {
-    /// A queue holding at most `jobs` jobs.
+    /// A queue holding at most `jobs` jobs (1 to [`crate::config::MAX_QUEUE_JOBS`]).
     pub fn new(jobs: usize) -> Arc<Self> {
-        let (tx, rx) = mpsc::channel(jobs.max(1));
+        let (tx, rx) = mpsc::channel(jobs.clamp(1, crate::config::MAX_QUEUE_JOBS));
         Arc::new(Self {
             tx,
             rx: Mutex::new(Some(rx)),
@@ -255,8 +255,11 @@ impl Hierarchy {
                 "a hierarchy needs at least one tier",
             ));
         }
-        if policy.queue_jobs == 0 {
-            return Err(TierError::config("queue_jobs", "must be at least 1"));
+        if !(1..=crate::config::MAX_QUEUE_JOBS).contains(&policy.queue_jobs) {
+            return Err(TierError::config(
+                "queue_jobs",
+                format!("must be 1 to {}", crate::config::MAX_QUEUE_JOBS),
+            ));
         }
         let queue = demotions.unwrap_or_else(|| DemotionQueue::new(policy.queue_jobs));
         let rx = queue
