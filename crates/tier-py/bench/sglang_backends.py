@@ -1,8 +1,9 @@
 """kvtier's SGLang backend (a NIXL FILE tier, with its NIXL engine and with its syscall engine)
 beside SGLang's own NIXL backend (HiCacheNixl, POSIX plugin), all
 created by SGLang's StorageBackendFactory on one MHATokenToKVPoolHost (page_first layout), in
-128-page batch_set_v1 / batch_get_v1 calls, interleaved round by round; every page verified
-outside the timed region. Prints the medians (pages/s) and kvtier's ratio to SGLang's backend,
+128-page batch_set_v1 / batch_get_v1 calls, interleaved round by round. Each batch uses host
+pages of its own; a round's puts, then its gets, run back to back in the timed region, and
+content is made, the pool zeroed and every page verified outside it. Prints the medians (pages/s) and kvtier's ratio to SGLang's backend,
 and, at 2 MiB, a memcpy of the same bytes measured in the same run.
 
 Run: make bench-sglang   (or python crates/tier-py/bench/sglang_backends.py [--rounds N])
@@ -48,32 +49,32 @@ def kvtier_backend(pool, folder, engine):
     return b
 
 
-def run_round(b, pool, idx, batches, tag):
-    """Writes `batches` batches of distinct pages, then reads them back; returns seconds."""
+def run_round(b, pool, batches, tag):
+    """Writes `batches` batches of distinct pages (each batch from host pages of its own), then
+    reads them all back; returns (put seconds, get seconds). Content is made and checked, and
+    the pool zeroed, outside the timed regions, which hold only the backend's calls."""
+    P = pool.page_size
+    idx = [torch.arange(n * BATCH * P, (n + 1) * BATCH * P, dtype=torch.int64) for n in range(batches)]
     keys = [[f"{tag}{n:04x}{i:056x}" for i in range(BATCH)] for n in range(batches)]
-    contents = []
-    for n in range(batches):
-        g = torch.Generator().manual_seed(hash((tag, n)) & 0xFFFF_FFFF)
-        contents.append(torch.randint(-30000, 30000, pool.kv_buffer[:, idx].shape, generator=g, dtype=torch.int16))
-    put_s = 0.0
-    for n in range(batches):
-        pool.kv_buffer[:, idx] = contents[n].view(pool.dtype)
-        t = time.perf_counter()
-        ok = b.batch_set_v1(keys[n], idx)
-        put_s += time.perf_counter() - t
-        assert all(ok), f"{tag}: set failed"
-    get_s = 0.0
-    for n in range(batches):
-        pool.kv_buffer[:, idx] = 0
-        t = time.perf_counter()
-        ok = b.batch_get_v1(keys[n], idx)
-        get_s += time.perf_counter() - t
-        assert all(ok), f"{tag}: get failed"
-        assert torch.equal(pool.kv_buffer[:, idx].view(torch.int16), contents[n]), f"{tag}: wrong bytes"
+    everything = torch.arange(0, batches * BATCH * P, dtype=torch.int64)
+    g = torch.Generator().manual_seed(hash(tag) & 0xFFFF_FFFF)
+    want = torch.randint(-30000, 30000, pool.kv_buffer[:, everything].shape, generator=g, dtype=torch.int16)
+    pool.kv_buffer[:, everything] = want.view(pool.dtype)
+    t = time.perf_counter()
+    ok = [b.batch_set_v1(keys[n], idx[n]) for n in range(batches)]
+    put_s = time.perf_counter() - t
+    assert all(all(o) for o in ok), f"{tag}: set failed"
+    pool.kv_buffer[:, everything] = 0
+    t = time.perf_counter()
+    ok = [b.batch_get_v1(keys[n], idx[n]) for n in range(batches)]
+    get_s = time.perf_counter() - t
+    assert all(all(o) for o in ok), f"{tag}: get failed"
+    assert torch.equal(pool.kv_buffer[:, everything].view(torch.int16), want), f"{tag}: wrong bytes"
     return put_s, get_s
 
 
-def memcpy_s(pool, idx, batches):
+def memcpy_s(pool, batches):
+    idx = torch.arange(0, BATCH * pool.page_size, dtype=torch.int64)
     src = pool.kv_buffer[:, idx].clone()
     dst = torch.empty_like(src)
     dst.copy_(src)  # touched before timing: no page faults in the timed copies
@@ -93,10 +94,9 @@ def main():
     print(f"medians of {args.rounds} interleaved rounds, pages/s; every page verified outside the timed region\n")
     rows = []
     for label, layers, heads, dim, tokens in GEOMETRIES:
-        pool = make_pool(layers=layers, heads=heads, head_dim=dim, page=tokens, pages=BATCH + 1)
-        page_bytes = pool.get_size_per_token() * pool.page_size
-        idx = torch.arange(0, BATCH * tokens, dtype=torch.int64)
+        page_bytes = 2 * layers * tokens * heads * dim * 2
         batches = max(2, (64 << 20) // (page_bytes * BATCH))
+        pool = make_pool(layers=layers, heads=heads, head_dim=dim, page=tokens, pages=batches * BATCH + 1)
         pages = batches * BATCH
         names = ("sglang", "kvtier-nixl", "kvtier-syscalls")
         folders = {name: root / f"{name}-{label.replace(' ', '')}" for name in names}
@@ -112,10 +112,10 @@ def main():
         copies = []
         for r in range(args.rounds):
             for name, b in backends.items():
-                put_s, get_s = run_round(b, pool, idx, batches, f"{name[:1]}{name[-1]}{r}")
+                put_s, get_s = run_round(b, pool, batches, f"{name[:1]}{name[-1]}{r}")
                 times[name][0].append(pages / put_s)
                 times[name][1].append(pages / get_s)
-            copies.append(pages / memcpy_s(pool, idx, batches))
+            copies.append(pages / memcpy_s(pool, batches))
         med = {name: (statistics.median(p), statistics.median(g)) for name, (p, g) in times.items()}
         mc = statistics.median(copies)
         rows.append((label, med, mc))
