@@ -103,8 +103,8 @@ pub fn search(candidates: &[RuntimeSource]) -> Result<RuntimeSource, TierError> 
         }
     }
     Err(TierError::Unavailable(format!(
-        "the NIXL runtime ({LIBRARY}) was not found; install it with `scripts/setup.sh nixl` \
-         or point ${ENV_DIR} at its folder. Tried: {}",
+        "the NIXL runtime ({LIBRARY}) was not found; install it (`pip install nixl`, or \
+         `scripts/setup.sh nixl`) or point ${ENV_DIR} at its folder. Tried: {}",
         tried.join("; ")
     )))
 }

@@ -41,6 +41,27 @@ def make_pool(layers=2, heads=2, head_dim=64, page=16, pages=64, layout="page_fi
     return pool
 
 
+def make_mla_pool(layers=2, kv_lora_rank=64, rope_dim=16, page=16, pages=64, layout="page_first", dtype=torch.float16):
+    """SGLang's MLATokenToKVPoolHost on CPU: one latent region per page, shared by every rank."""
+    from sglang.srt.mem_cache.device_pool_info import MLABufferInfo
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
+    dev_tokens = page * pages
+    bufs = tuple(torch.zeros(dev_tokens, 1, kv_lora_rank + rope_dim, dtype=dtype) for _ in range(layers))
+    info = MLABufferInfo(
+        buffers=bufs, data_ptrs=torch.tensor([b.data_ptr() for b in bufs], dtype=torch.uint64),
+        layer_indices=tuple(range(layers)), device_layer_num=layers, page_size=page,
+        kv_lora_rank=kv_lora_rank, qk_rope_head_dim=rope_dim, kv_cache_dim=kv_lora_rank + rope_dim,
+        dtype=dtype, device=torch.device("cpu"),
+    )
+    pool = MLATokenToKVPoolHost(
+        info, 1.0, 0, page, layout, pin_memory=False, device="cpu",
+        device_capacity_tokens=dev_tokens, start_layer=0, end_layer=layers - 1, target_layer_num=layers,
+    )
+    pool._keep = bufs
+    return pool
+
+
 def storage_config(extra, tp_rank=0, tp_size=1, mla=False, model="test-model", page_first=True, metrics=False):
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 

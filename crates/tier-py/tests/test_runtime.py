@@ -3,6 +3,7 @@ copy shared with SGLang's own NIXL backend in the same process."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -66,3 +67,33 @@ print(nixl_libs())
     assert len(names) == len(set(names)), f"two copies of the NIXL runtime: {libs}"
     # kvtier's C API library comes from the same installed package as SGLang's runtime.
     assert len({Path(p).parent for p in libs}) == 1, f"NIXL libraries from two places: {libs}"
+
+
+def test_missing_runtime_is_an_exception_naming_the_places_tried(tmp_path):
+    """No NIXL anywhere (the default folder hidden in a private mount namespace, the pip
+    package's folder overridden): a NIXL tier raises kvtier.Unavailable listing every place
+    tried, the interpreter lives on, and a DRAM store still opens."""
+    empty = tmp_path / "no-nixl-here"
+    empty.mkdir()
+    code = textwrap.dedent(f"""
+        import kvtier
+        try:
+            kvtier.Store({{"tiers": [{{"kind": "nixl-file", "dirs": ["{tmp_path / 'disk'}"]}}]}})
+        except kvtier.Unavailable as e:
+            print("RAISED", e)
+        with kvtier.Store({{"tiers": [{{"kind": "mem", "capacity": "1MiB"}}]}}) as s:
+            assert s.put(["k"], [b"x"]) == [None]
+        print("ALIVE")
+    """)
+    script = tmp_path / "probe.py"
+    script.write_text(code)
+    hide = "mount -t tmpfs none /opt/kvtier/nixl && exec \"$0\" \"$1\""
+    out = subprocess.run(["unshare", "-rm", "sh", "-c", hide, sys.executable, str(script)], cwd=HERE,
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "NIXL_LIB_DIR": str(empty)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    raised = [line for line in out.stdout.splitlines() if line.startswith("RAISED")]
+    assert raised, f"no exception for a missing NIXL runtime: {out.stdout}{out.stderr}"
+    for place in (str(empty), "/opt/kvtier/nixl/lib", "system loader path"):
+        assert place in raised[0], f"{place} not named in: {raised[0]}"
+    assert "ALIVE" in out.stdout

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from conftest import KINDS, backend, fill_pages, make_pool, tier_configs
+from conftest import KINDS, backend, fill_pages, make_mla_pool, make_pool, tier_configs
 
 import kvtier
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
@@ -111,6 +111,33 @@ def test_mla_only_rank0_writes_every_rank_reads(tmp):
     r0 = backend(tiers, pool, tp_rank=0, tp_size=2, mla=True)
     assert r0.batch_set_v1(keys, idx) == [True] * 4
     assert r0.prefix == r1.prefix, "MLA pages are shared by every rank"
+
+
+@pytest.mark.parametrize("kind", ["mem", "nixl-file-path"])
+def test_mla_host_pool_round_trip(kind, tmp):
+    """SGLang's MLA host pool (one latent region per page): rank 0 stores, zero copy, and a
+    second rank's backend on the same storage reads every byte back into a zeroed pool."""
+    pool = make_mla_pool(pages=32)
+    tiers = tier_configs(kind, tmp)
+    r0 = backend(tiers, pool, tp_rank=0, tp_size=2, mla=True)
+    assert r0.zero_copy, "MLA page_first must take the zero-copy path"
+    idx = torch.arange(0, 12 * pool.page_size, dtype=torch.int64)
+    g = torch.Generator().manual_seed(11)
+    pool.kv_buffer[idx] = torch.randint(-30000, 30000, pool.kv_buffer[idx].shape, generator=g,
+                                        dtype=torch.int16).view(pool.dtype)
+    want = pool.kv_buffer[idx].clone()
+    keys = hexkeys("d1a", 12)
+    before = r0.kvtier_stats()
+    assert r0.batch_set_v1(keys, idx) == [True] * 12
+    if kind != "mem":
+        assert r0.kvtier_stats()["lent_bytes_copied"] == before["lent_bytes_copied"]
+    pool.kv_buffer[idx] = 0
+    # A second rank reads through its own backend (on the in-process DRAM tier, the same one
+    # rank 0 stored into is asked: separate processes share only persistent tiers).
+    reader = r0 if kind == "mem" else backend(tiers, pool, tp_rank=1, tp_size=2, mla=True)
+    assert reader.batch_exists(keys) == 12
+    assert reader.batch_get_v1(keys, idx) == [True] * 12
+    assert same(pool.kv_buffer[idx], want), "MLA pages differ after the round trip"
 
 
 def test_restart_finds_pages(tmp):
