@@ -155,9 +155,6 @@ impl<'de> Deserialize<'de> for Seconds {
     }
 }
 
-/// Most jobs a hierarchy's background queue may hold (the queue allocates by this bound).
-pub const MAX_QUEUE_JOBS: usize = 1 << 20;
-
 /// The `[hierarchy]` table.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -166,8 +163,9 @@ pub struct PolicyConfig {
     pub write: WriteMode,
     /// Copy lower hits into upper tiers.
     pub promote: bool,
-    /// Background queue length in jobs.
-    pub queue_jobs: usize,
+    /// Bytes of pages the background queue holds before puts wait (default: a quarter of the
+    /// top tier's capacity, or 1 GiB).
+    pub queue_bytes: Option<ByteSize>,
     /// Bound on flush and close.
     pub flush_timeout: Option<Seconds>,
 }
@@ -178,7 +176,7 @@ impl Default for PolicyConfig {
         Self {
             write: WriteMode::WriteThrough,
             promote: d.promote,
-            queue_jobs: d.queue_jobs,
+            queue_bytes: None,
             flush_timeout: None,
         }
     }
@@ -249,13 +247,10 @@ impl HierarchyConfig {
         if config.tiers.is_empty() {
             return Err(TierError::config("tiers", "list at least one tier"));
         }
-        if !(1..=MAX_QUEUE_JOBS).contains(&config.hierarchy.queue_jobs) {
+        if config.hierarchy.queue_bytes == Some(ByteSize(0)) {
             return Err(TierError::config(
-                "hierarchy.queue_jobs",
-                format!(
-                    "{} is outside 1 to {MAX_QUEUE_JOBS}",
-                    config.hierarchy.queue_jobs
-                ),
+                "hierarchy.queue_bytes",
+                "the queue must hold at least one byte",
             ));
         }
         Ok(config)
@@ -270,7 +265,7 @@ impl HierarchyConfig {
                 WriteMode::WriteBack => WritePolicy::WriteBack,
             },
             promote: self.hierarchy.promote,
-            queue_jobs: self.hierarchy.queue_jobs,
+            queue_bytes: self.hierarchy.queue_bytes.map(|b| b.0),
             flush_timeout: self
                 .hierarchy
                 .flush_timeout
@@ -396,7 +391,7 @@ impl Registry {
     pub async fn build(&self, config: &HierarchyConfig) -> Result<Hierarchy, TierError> {
         let policy = config.policy();
         let plans = self.plan(config)?;
-        let queue = DemotionQueue::new(policy.queue_jobs);
+        let queue = DemotionQueue::new();
         let last = plans.len() - 1;
         let mut tiers = Vec::new();
         for (i, (_, plan)) in plans.into_iter().enumerate() {
@@ -428,12 +423,11 @@ mod tests {
 
     #[test]
     fn absurd_queues_and_vanishing_durations_are_refused() {
-        let err = HierarchyConfig::from_toml(
-            "[hierarchy]\nqueue_jobs = 4000000000000000000\n[[tiers]]\nkind = \"mem\"\n",
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("hierarchy.queue_jobs"), "{err}");
+        let err =
+            HierarchyConfig::from_toml("[hierarchy]\nqueue_bytes = 0\n[[tiers]]\nkind = \"mem\"\n")
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("hierarchy.queue_bytes"), "{err}");
         for field in ["flush_timeout = \"1e-10s\"", "flush_timeout = 1e-10"] {
             let err = HierarchyConfig::from_toml(&format!(
                 "[hierarchy]\n{field}\n[[tiers]]\nkind = \"mem\"\n"

@@ -22,7 +22,7 @@ fn policy(write: WritePolicy) -> HierarchyPolicy {
 
 /// DRAM (`top` bytes) over DRAM (256 MiB), wired for `write`.
 fn dram_over_dram(top: u64, write: WritePolicy) -> Result<Hierarchy, TierError> {
-    let queue = DemotionQueue::new(1024);
+    let queue = DemotionQueue::new();
     let mut upper = MemTier::builder(top).name("upper");
     if write == WritePolicy::WriteBack {
         upper = upper.on_evict(queue.listener(0));
@@ -162,7 +162,7 @@ async fn bad_compositions_are_config_errors() {
         Hierarchy::new("empty", vec![], HierarchyPolicy::default(), None),
         Err(TierError::Config { field, .. }) if field == "tiers"
     ));
-    let queue = DemotionQueue::new(4);
+    let queue = DemotionQueue::new();
     let one = || -> Vec<DynTier> { vec![Arc::new(MemTier::builder(1 << 20).build().unwrap())] };
     let _first =
         Hierarchy::new("a", one(), HierarchyPolicy::default(), Some(queue.clone())).unwrap();

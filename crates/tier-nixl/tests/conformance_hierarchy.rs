@@ -35,7 +35,7 @@ tier_tests::conformance_suite!(DramOverFile(common::FileFactory::new(PathModeCho
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_back_demotes_evicted_pages_into_files() {
     let tmp = tempfile::tempdir().unwrap();
-    let queue = DemotionQueue::new(256);
+    let queue = DemotionQueue::new();
     let dram = MemTier::builder(1 << 20)
         .on_evict(queue.listener(0))
         .build()

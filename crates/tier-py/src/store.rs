@@ -266,6 +266,7 @@ impl Store {
         d.set_item("demotions", h.demotions)?;
         d.set_item("demotions_dropped", h.demotions_dropped)?;
         d.set_item("queue_depth", h.queue_depth)?;
+        d.set_item("queue_bytes", h.queue_bytes)?;
         d.set_item("lower_errors", h.lower_errors)?;
         let copies = tier_core::copied_bytes();
         d.set_item("lent_bytes_copied", copies.lent)?;

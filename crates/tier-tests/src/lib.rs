@@ -23,6 +23,7 @@ pub mod broken;
 pub mod content;
 pub mod faulty;
 pub mod fd;
+pub mod history;
 pub mod model;
 pub mod s3;
 pub mod s3_faults;
@@ -30,18 +31,49 @@ pub mod suite;
 
 pub use suite::{read_page, Failure, TierFactory};
 
+/// Calls `$callback!` with the name of every conformance case: the one list both
+/// [`suite::CASES`] and [`conformance_suite!`] are made from.
+#[macro_export]
+macro_rules! with_cases {
+    ($callback:path $(, $arg:expr)?) => {
+        $callback! {
+            $($arg;)?
+            integrity_batches,
+            integrity_page_sizes,
+            integrity_regions,
+            fd_leak,
+            partial_batch,
+            exists_prefix,
+            overwrite,
+            remove,
+            clear,
+            concurrent_writers,
+            bad_input,
+            hostile_keys,
+            capacity_bound,
+            persistence,
+            stats_count,
+            hierarchy_over_faulty_tier,
+            hierarchy_lower_outage,
+            histories,
+        }
+    };
+}
+
 /// Expands to one `#[test]` per conformance case, each opening tiers from a fresh `$factory`
 /// (an expression evaluated once per test).
 #[macro_export]
 macro_rules! conformance_suite {
     ($factory:expr) => {
-        $crate::conformance_suite!(@cases $factory;
-            integrity_batches, integrity_page_sizes, integrity_regions, fd_leak, partial_batch, exists_prefix,
-            overwrite, remove, clear, concurrent_writers, bad_input, hostile_keys,
-            capacity_bound, persistence, stats_count, hierarchy_over_faulty_tier,
-            hierarchy_lower_outage);
+        $crate::with_cases!($crate::conformance_tests, $factory);
     };
-    (@cases $factory:expr; $($case:ident),* $(,)?) => {
+}
+
+/// One `#[test]` per case named (used by [`conformance_suite!`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! conformance_tests {
+    ($factory:expr; $($case:ident),* $(,)?) => {
         $(
             #[test]
             fn $case() {

@@ -5,22 +5,37 @@
 //!   every tier above (if `promote` is set). A failing lower tier never fails a key an upper
 //!   tier serves; its errors are counted.
 //! - `put`: to the top tier, then, by [`WritePolicy`], either write-through (to every lower
-//!   tier, in the background, through a bounded queue that applies backpressure) or write-back
-//!   (a page goes down only when the tier above evicts it, through [`DemotionQueue`]).
+//!   tier, in the background, through a queue bounded in bytes that applies backpressure) or
+//!   write-back (a page goes down only when the tier above evicts it, through
+//!   [`DemotionQueue`]).
+//! - `remove` and `clear` take effect in every tier at once: queued copies of removed pages
+//!   never land, a promotion never brings one back.
 //! - `flush` waits for queued writes (bounded by `flush_timeout`); `close` drains and stops.
+//!
+//! Every call may be dropped at any await point: what it did is then done or not, per page,
+//! and nothing it held stays held. Pages in motion and key generations have one owner,
+//! [`motion::Motion`]; the queue and its writer live in [`queue`].
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+mod motion;
+mod queue;
+
+pub use queue::DemotionQueue;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::{
-    EvictedPage, EvictionListener, GetResult, Lookup, Page, PageData, PageKey, PutResult, ReadSlot,
-    RemoveResult, StatsRecorder, StorageTier, TierError, TierInfo, TierStats,
+    GetResult, Lookup, Page, PageKey, PutResult, ReadSlot, RemoveResult, StatsRecorder,
+    StorageTier, TierError, TierInfo, TierStats,
 };
+use motion::{InMotion, Motion};
+use queue::{Job, Moving};
 
 /// How pages reach the lower tiers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,9 +53,10 @@ pub struct HierarchyPolicy {
     pub write: WritePolicy,
     /// Copy pages found in a lower tier into every tier above.
     pub promote: bool,
-    /// Jobs the background queue holds (a write-through job is one put batch, a demotion one
-    /// page) before `put` waits (write-through) or demotions are dropped (write-back).
-    pub queue_jobs: usize,
+    /// Bytes of pages the background queue holds before `put` waits (and, in write-back, an
+    /// evicted page is no longer carried down: its stale copies below are removed instead).
+    /// `None`: a quarter of the top tier's capacity, or 1 GiB if it has none.
+    pub queue_bytes: Option<u64>,
     /// Bound on `flush` and `close`.
     pub flush_timeout: Duration,
 }
@@ -50,125 +66,9 @@ impl Default for HierarchyPolicy {
         Self {
             write: WritePolicy::WriteThrough,
             promote: true,
-            queue_jobs: 1024,
+            queue_bytes: None,
             flush_timeout: Duration::from_secs(60),
         }
-    }
-}
-
-/// Background work: write `pages` into tiers `targets`.
-struct Job {
-    targets: std::ops::Range<usize>,
-    pages: Vec<Page<'static>>,
-    demotion: bool,
-}
-
-/// Pages on their way down, readable until they land: `exists` and `get` see them, so a page
-/// the top tier evicted before its copy reached the tier below is never lost to a reader.
-#[derive(Default)]
-struct InFlight {
-    pages: Mutex<std::collections::HashMap<PageKey, (PageData<'static>, u32)>>,
-}
-
-impl InFlight {
-    fn map(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<PageKey, (PageData<'static>, u32)>>
-    {
-        self.pages.lock().unwrap_or_else(|e| e.into_inner())
-    }
-    fn add(&self, pages: &[Page<'static>]) {
-        let mut map = self.map();
-        for p in pages {
-            let entry = map
-                .entry(p.key.clone())
-                .or_insert_with(|| (p.data.clone(), 0));
-            entry.0 = p.data.clone();
-            entry.1 += 1;
-        }
-    }
-    fn done(&self, pages: &[Page<'_>]) {
-        let mut map = self.map();
-        for p in pages {
-            if let Some(entry) = map.get_mut(&p.key) {
-                entry.1 -= 1;
-                if entry.1 == 0 {
-                    map.remove(&p.key);
-                }
-            }
-        }
-    }
-    fn get(&self, key: &PageKey) -> Option<PageData<'static>> {
-        self.map().get(key).map(|(data, _)| data.clone())
-    }
-    fn leading(&self, keys: &[PageKey]) -> usize {
-        let map = self.map();
-        keys.iter().take_while(|k| map.contains_key(*k)).count()
-    }
-}
-
-/// Pages queued for lower tiers, and a way to wait for none.
-#[derive(Default)]
-struct Backlog {
-    pages: AtomicUsize,
-    drained: Notify,
-}
-
-impl Backlog {
-    fn add(&self, n: usize) {
-        self.pages.fetch_add(n, Relaxed);
-    }
-    fn done(&self, n: usize) {
-        if self.pages.fetch_sub(n, Relaxed) == n {
-            self.drained.notify_waiters();
-        }
-    }
-}
-
-/// The queue that carries evicted pages down one tier (write-back). Create it first, hand
-/// [`DemotionQueue::listener`] to each tier's eviction hook, then give it to
-/// [`Hierarchy::new`].
-pub struct DemotionQueue {
-    tx: mpsc::Sender<Job>,
-    rx: Mutex<Option<mpsc::Receiver<Job>>>,
-    backlog: Arc<Backlog>,
-    inflight: Arc<InFlight>,
-    dropped: Arc<AtomicU64>,
-}
-
-impl DemotionQueue {
-    /// A queue holding at most `jobs` jobs (1 to [`crate::config::MAX_QUEUE_JOBS`]).
-    pub fn new(jobs: usize) -> Arc<Self> {
-        let (tx, rx) = mpsc::channel(jobs.clamp(1, crate::config::MAX_QUEUE_JOBS));
-        Arc::new(Self {
-            tx,
-            rx: Mutex::new(Some(rx)),
-            backlog: Arc::default(),
-            inflight: Arc::default(),
-            dropped: Arc::default(),
-        })
-    }
-
-    /// The eviction hook for tier `level`: its evicted pages go to tier `level + 1`. It never
-    /// blocks; when the queue is full the page is dropped and counted.
-    pub fn listener(&self, level: usize) -> EvictionListener {
-        let (tx, backlog, dropped) = (
-            self.tx.clone(),
-            Arc::clone(&self.backlog),
-            Arc::clone(&self.dropped),
-        );
-        Arc::new(move |page: EvictedPage| {
-            backlog.add(1);
-            let job = Job {
-                targets: level + 1..level + 2,
-                pages: vec![Page::new(page.key, page.data)],
-                demotion: true,
-            };
-            if tx.try_send(job).is_err() {
-                backlog.done(1);
-                dropped.fetch_add(1, Relaxed);
-            }
-        })
     }
 }
 
@@ -194,10 +94,19 @@ pub struct HierarchyStats {
     pub copied_down: u64,
     /// Evicted pages demoted one tier down.
     pub demotions: u64,
-    /// Evicted pages dropped because the demotion queue was full.
+    /// Evicted pages not carried down because the queue was full (their copies below were
+    /// removed, never served stale).
     pub demotions_dropped: u64,
     /// Pages waiting in the background queue now.
     pub queue_depth: usize,
+    /// Bytes of those pages (held in memory until they land).
+    pub queue_bytes: u64,
+    /// Keys whose copies below may be stale after a failed copy down or remove; only the top
+    /// tier serves them until a later copy down or remove succeeds.
+    pub stale_below: usize,
+    /// A clear failed below: only the top tier serves (and what is in motion) until a clear
+    /// succeeds.
+    pub stale_below_all: bool,
     /// Reads served from pages still on their way down.
     pub served_in_flight: u64,
     /// Bytes moved between tiers (promotions and background writes).
@@ -231,13 +140,16 @@ pub struct Hierarchy {
     inner: Arc<Inner>,
     policy: HierarchyPolicy,
     stats: StatsRecorder,
-    tx: Mutex<Option<mpsc::Sender<Job>>>,
-    backlog: Arc<Backlog>,
-    inflight: Arc<InFlight>,
+    tx: Mutex<Option<mpsc::UnboundedSender<Job>>>,
+    motion: Arc<Motion>,
     served_in_flight: AtomicU64,
     dropped: Arc<AtomicU64>,
     worker: Mutex<Option<JoinHandle<()>>>,
 }
+
+/// The queue bound when the policy names none: a quarter of the top tier, at most 1 GiB
+/// when the top tier has no byte bound.
+const DEFAULT_QUEUE_BYTES: u64 = 1 << 30;
 
 impl Hierarchy {
     /// Composes `tiers` (fastest first). With [`WritePolicy::WriteBack`], pass the
@@ -255,13 +167,13 @@ impl Hierarchy {
                 "a hierarchy needs at least one tier",
             ));
         }
-        if !(1..=crate::config::MAX_QUEUE_JOBS).contains(&policy.queue_jobs) {
+        if policy.queue_bytes == Some(0) {
             return Err(TierError::config(
-                "queue_jobs",
-                format!("must be 1 to {}", crate::config::MAX_QUEUE_JOBS),
+                "queue_bytes",
+                "the queue must hold at least one byte",
             ));
         }
-        let queue = demotions.unwrap_or_else(|| DemotionQueue::new(policy.queue_jobs));
+        let queue = demotions.unwrap_or_else(DemotionQueue::new);
         let rx = queue
             .rx
             .lock()
@@ -273,6 +185,13 @@ impl Hierarchy {
                     "this demotion queue already serves a hierarchy",
                 )
             })?;
+        let bound = policy.queue_bytes.unwrap_or_else(|| {
+            tiers[0]
+                .info()
+                .capacity_bytes
+                .map_or(DEFAULT_QUEUE_BYTES, |c| c / 4)
+        });
+        queue.motion.set_bound(bound);
         let inner = Arc::new(Inner {
             levels: tiers
                 .into_iter()
@@ -283,11 +202,10 @@ impl Hierarchy {
                 .collect(),
             counters: Counters::default(),
         });
-        let worker = tokio::spawn(background_writer(
+        let worker = tokio::spawn(queue::background_writer(
             Arc::clone(&inner),
             rx,
-            Arc::clone(&queue.backlog),
-            Arc::clone(&queue.inflight),
+            Arc::clone(&queue.motion),
         ));
         Ok(Self {
             name: name.into(),
@@ -295,8 +213,7 @@ impl Hierarchy {
             policy,
             stats: StatsRecorder::default(),
             tx: Mutex::new(Some(queue.tx.clone())),
-            backlog: Arc::clone(&queue.backlog),
-            inflight: Arc::clone(&queue.inflight),
+            motion: Arc::clone(&queue.motion),
             served_in_flight: AtomicU64::new(0),
             dropped: Arc::clone(&queue.dropped),
             worker: Mutex::new(Some(worker)),
@@ -315,6 +232,8 @@ impl Hierarchy {
     /// Per-level and hierarchy-wide counters.
     pub fn hierarchy_stats(&self) -> HierarchyStats {
         let c = &self.inner.counters;
+        let (queue_depth, queue_bytes) = self.motion.backlog();
+        let (stale_below, stale_below_all) = self.motion.stale_below();
         HierarchyStats {
             levels: self
                 .inner
@@ -330,7 +249,10 @@ impl Hierarchy {
             copied_down: c.copied_down.load(Relaxed),
             demotions: c.demotions.load(Relaxed),
             demotions_dropped: self.dropped.load(Relaxed),
-            queue_depth: self.backlog.pages.load(Relaxed),
+            queue_depth,
+            queue_bytes,
+            stale_below,
+            stale_below_all,
             served_in_flight: self.served_in_flight.load(Relaxed),
             bytes_moved: c.bytes_moved.load(Relaxed),
             lower_errors: c.lower_errors.load(Relaxed),
@@ -339,21 +261,15 @@ impl Hierarchy {
 
     /// Waits until every queued page has been written below, at most `flush_timeout`.
     pub async fn flush(&self) -> Result<(), TierError> {
-        let wait = async {
-            loop {
-                let drained = self.backlog.drained.notified();
-                if self.backlog.pages.load(Relaxed) == 0 {
-                    return;
-                }
-                drained.await;
-            }
-        };
-        tokio::time::timeout(self.policy.flush_timeout, wait)
-            .await
-            .map_err(|_| TierError::Timeout {
-                op: "hierarchy flush",
-                after: self.policy.flush_timeout,
-            })
+        tokio::time::timeout(
+            self.policy.flush_timeout,
+            self.motion.wait_until(|m| m.backlog().0 == 0),
+        )
+        .await
+        .map_err(|_| TierError::Timeout {
+            op: "hierarchy flush",
+            after: self.policy.flush_timeout,
+        })
     }
 
     /// Drains the queue, then stops the background writer. Later puts still reach the top tier
@@ -369,8 +285,18 @@ impl Hierarchy {
         Ok(())
     }
 
-    fn sender(&self) -> Option<mpsc::Sender<Job>> {
+    fn sender(&self) -> Option<mpsc::UnboundedSender<Job>> {
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Waits (at most `flush_timeout`) until the queue has room for `bytes`. Holds nothing
+    /// while it waits, so a dropped call leaves nothing behind.
+    async fn room_for(&self, bytes: u64) {
+        let _ = tokio::time::timeout(
+            self.policy.flush_timeout,
+            self.motion.wait_until(|m| m.has_room(bytes)),
+        )
+        .await;
     }
 }
 
@@ -379,34 +305,6 @@ impl Drop for Hierarchy {
         if let Some(worker) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
             worker.abort();
         }
-    }
-}
-
-async fn background_writer(
-    inner: Arc<Inner>,
-    mut rx: mpsc::Receiver<Job>,
-    backlog: Arc<Backlog>,
-    inflight: Arc<InFlight>,
-) {
-    while let Some(job) = rx.recv().await {
-        let n = job.pages.len();
-        let bytes: u64 = job.pages.iter().map(|p| p.data.len() as u64).sum();
-        for level in job.targets.clone() {
-            let Some(target) = inner.levels.get(level) else {
-                continue;
-            };
-            let results = target.tier.put(&job.pages).await;
-            let failed = results.iter().filter(|r| r.is_err()).count();
-            let c = &inner.counters;
-            c.lower_errors.fetch_add(failed as u64, Relaxed);
-            c.copied_down.fetch_add((n - failed) as u64, Relaxed);
-            c.bytes_moved.fetch_add(bytes, Relaxed);
-            if job.demotion {
-                c.demotions.fetch_add((n - failed) as u64, Relaxed);
-            }
-        }
-        inflight.done(&job.pages);
-        backlog.done(n);
     }
 }
 
@@ -440,46 +338,65 @@ impl StorageTier for Hierarchy {
         let limit = self.info().max_page_bytes;
         let mut results: Vec<PutResult> = pages.iter().map(|p| p.check_len(limit)).collect();
         let valid: Vec<usize> = (0..pages.len()).filter(|&i| results[i].is_ok()).collect();
+        let keys: Vec<PageKey> = valid.iter().map(|&i| pages[i].key.clone()).collect();
+        let lower = self.inner.levels.len() > 1;
         let sender = match self.policy.write {
-            WritePolicy::WriteThrough if self.inner.levels.len() > 1 => self.sender(),
+            WritePolicy::WriteThrough if lower => self.sender(),
             _ => None,
         };
         let Some(tx) = sender else {
+            let mutation = self.motion.writing(&keys).await;
             let top: Vec<Page<'_>> = valid.iter().map(|&i| pages[i].clone()).collect();
             self.put_top(&top, &valid, &mut results).await;
+            drop(mutation);
             self.count_puts(pages, &results);
+            if lower {
+                // Write-back: the demotions this put caused may fill the queue.
+                self.room_for(0).await;
+            }
             return results;
         };
+        let bytes: u64 = valid.iter().map(|&i| pages[i].data.len() as u64).sum();
+        self.room_for(bytes).await;
+        let mutation = self.motion.writing(&keys).await;
         // The queue keeps the pages past this call: take shared content once (lent regions
         // are copied here, once) and give the same pages to the top tier.
         let shared: Vec<Page<'static>> = valid.iter().map(|&i| pages[i].to_shared()).collect();
         self.put_top(&shared, &valid, &mut results).await;
-        self.count_puts(pages, &results);
-        let stored: Vec<Page<'static>> = shared
+        // From here to the send nothing awaits: a dropped put queues all its stored pages or
+        // none, and what it queues is readable until it lands.
+        let moving: Vec<Moving> = shared
             .into_iter()
             .zip(&valid)
             .filter(|(_, &i)| results[i].is_ok())
-            .map(|(p, _)| p)
+            .map(|(p, _)| Moving {
+                seq: self.motion.track(&p.key, Some(p.data.clone())),
+                key: p.key,
+                data: Some(p.data),
+            })
             .collect();
-        if !stored.is_empty() {
-            let n = stored.len();
-            self.backlog.add(n);
-            self.inflight.add(&stored);
+        if !moving.is_empty() {
             let job = Job {
                 targets: 1..self.inner.levels.len(),
-                pages: stored,
+                pages: moving,
                 demotion: false,
             };
-            // Backpressure: waits while the queue is full.
-            if let Err(mpsc::error::SendError(job)) = tx.send(job).await {
-                self.inflight.done(&job.pages);
-                self.backlog.done(n);
+            if let Err(mpsc::error::SendError(job)) = tx.send(job) {
+                for p in &job.pages {
+                    self.motion
+                        .done(&p.key, p.seq, p.data.as_ref().map_or(0, |d| d.len() as u64));
+                }
             }
         }
+        drop(mutation);
+        self.count_puts(pages, &results);
         results
     }
 
     async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
+        let keys: Vec<PageKey> = slots.iter().map(|s| s.key.clone()).collect();
+        // What a promotion must find unchanged to copy a lower hit up.
+        let generations = self.motion.generations(&keys);
         let mut results: Vec<Option<GetResult>> = (0..slots.len()).map(|_| None).collect();
         let mut first_error: Vec<Option<TierError>> = (0..slots.len()).map(|_| None).collect();
         let mut pending: Vec<usize> = (0..slots.len()).collect();
@@ -502,12 +419,25 @@ impl StorageTier for Hierarchy {
             let mut still = Vec::new();
             let mut promote = Vec::new();
             for (&i, r) in pending.iter().zip(level_results) {
+                let found = matches!(r, Ok(Lookup::Hit) | Err(TierError::LengthMismatch { .. }));
+                if depth > 0 && found {
+                    // The page may have left the top for below while this read ran, or a
+                    // copy down failed meanwhile: what is in motion is newer than what was read.
+                    match self.motion.lookup(&slots[i].key) {
+                        InMotion::Still => {}
+                        moving => {
+                            results[i] = Some(self.serve_in_motion(&mut slots[i], moving));
+                            continue;
+                        }
+                    }
+                }
                 match r {
                     Ok(Lookup::Hit) => {
                         level.served.fetch_add(1, Relaxed);
                         results[i] = Some(Ok(Lookup::Hit));
                         if depth > 0 && self.policy.promote {
-                            promote.push(Page::new(slots[i].key.clone(), slots[i].buf.to_vec()));
+                            promote
+                                .push((i, Page::new(slots[i].key.clone(), slots[i].buf.to_vec())));
                         }
                     }
                     Ok(Lookup::Miss) => still.push(i),
@@ -523,21 +453,21 @@ impl StorageTier for Hierarchy {
                 }
             }
             if !promote.is_empty() {
-                self.promote(depth, &promote).await;
+                self.promote(depth, promote, &generations).await;
             }
             if depth == 0 {
-                // Pages on their way down are served before the lower tiers are asked.
-                still.retain(|&i| {
-                    let slot = &mut slots[i];
-                    match self.inflight.get(&slot.key) {
-                        Some(data) if data.len() == slot.buf.len() => {
-                            slot.buf.fill_from_page(&data);
-                            self.served_in_flight.fetch_add(1, Relaxed);
-                            results[i] = Some(Ok(Lookup::Hit));
-                            first_error[i] = None;
-                            false
-                        }
-                        _ => true,
+                // Pages in motion are served before the lower tiers are asked; a key whose
+                // copies below are stale is not asked below at all.
+                still.retain(|&i| match self.motion.lookup(&slots[i].key) {
+                    InMotion::Still => true,
+                    InMotion::StaleBelow => {
+                        results[i] = Some(first_error[i].take().map_or(Ok(Lookup::Miss), Err));
+                        false
+                    }
+                    moving => {
+                        results[i] = Some(self.serve_in_motion(&mut slots[i], moving));
+                        first_error[i] = None;
+                        false
                     }
                 });
             }
@@ -563,10 +493,14 @@ impl StorageTier for Hierarchy {
     async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
         let mut at = 0;
         while at < keys.len() {
-            let mut best = self.inflight.leading(&keys[at..]);
+            let rest = &keys[at..];
+            // Lower tiers' copies of a key whose demotion was not carried are stale.
+            let stale_from = self.motion.first_stale_below(rest);
+            let mut best = self.motion.leading(rest);
             for (depth, level) in self.inner.levels.iter().enumerate() {
-                match level.tier.exists(&keys[at..]).await {
-                    Ok(n) => best = best.max(n),
+                match level.tier.exists(rest).await {
+                    Ok(n) if depth == 0 => best = best.max(n),
+                    Ok(n) => best = best.max(n.min(stale_from)),
                     Err(e) if depth == 0 => return Err(e),
                     Err(_) => {
                         self.inner.counters.lower_errors.fetch_add(1, Relaxed);
@@ -582,15 +516,33 @@ impl StorageTier for Hierarchy {
     }
 
     async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
-        // Queued copies could re-create removed pages below: let them land first.
-        let _ = self.flush().await;
-        let mut results: Vec<RemoveResult> = keys.iter().map(|_| Ok(false)).collect();
+        // Exclusive over the keys: no put, copy down or promotion of them runs meanwhile,
+        // their queued copies are forgotten and their evictions not carried, so nothing of
+        // them lands after this.
+        let removal = self.motion.removing(Some(keys)).await;
+        let mut results: Vec<RemoveResult> = removal.in_motion.iter().map(|&m| Ok(m)).collect();
+        // A copy a tier failed to remove may still be served: that key's remove failed.
         for level in &self.inner.levels {
             for (r, lr) in results.iter_mut().zip(level.tier.remove(keys).await) {
                 match (lr, &r) {
-                    (Ok(true), _) => *r = Ok(true),
-                    (Err(e), Ok(false)) => *r = Err(e),
+                    (Err(e), Ok(_)) => *r = Err(e),
+                    (Ok(true), Ok(_)) => *r = Ok(true),
                     _ => {}
+                }
+            }
+        }
+        // Where a tier failed, older copies than the removed ones may remain below: only the
+        // top tier answers for those keys until a later copy down or remove succeeds.
+        for (key, r) in keys.iter().zip(&results) {
+            if r.is_ok() {
+                self.motion.removed(Some(std::slice::from_ref(key)));
+            }
+        }
+        // A page a tier evicted while this ran was there until this removed it.
+        for (r, evicted) in results.iter_mut().zip(removal.finish()) {
+            if evicted {
+                if let Ok(found) = r {
+                    *found = true;
                 }
             }
         }
@@ -603,7 +555,7 @@ impl StorageTier for Hierarchy {
     }
 
     async fn clear(&self) -> Result<(), TierError> {
-        let _ = self.flush().await;
+        let removal = self.motion.removing(None).await;
         let mut first = Ok(());
         for level in &self.inner.levels {
             if let Err(e) = level.tier.clear().await {
@@ -612,6 +564,10 @@ impl StorageTier for Hierarchy {
                 }
             }
         }
+        if first.is_ok() {
+            self.motion.removed(None);
+        }
+        removal.finish();
         first
     }
 }
@@ -639,15 +595,49 @@ impl Hierarchy {
         }
     }
 
-    async fn promote(&self, found_at: usize, pages: &[Page<'static>]) {
+    /// Answers a read from what is in motion for its key.
+    fn serve_in_motion(&self, slot: &mut ReadSlot<'_>, moving: InMotion) -> GetResult {
+        match moving {
+            InMotion::Page(data) if data.len() == slot.buf.len() => {
+                slot.buf.fill_from_page(&data);
+                self.served_in_flight.fetch_add(1, Relaxed);
+                Ok(Lookup::Hit)
+            }
+            InMotion::Page(data) => Err(TierError::LengthMismatch {
+                key: slot.key.clone(),
+                stored: data.len(),
+                buffer: slot.buf.len(),
+            }),
+            InMotion::StaleBelow | InMotion::Still => Ok(Lookup::Miss),
+        }
+    }
+
+    /// Copies pages read at level `found_at` into every level above, each only if no put,
+    /// remove or clear touched its key since the read began (`generations`, by slot).
+    async fn promote(
+        &self,
+        found_at: usize,
+        candidates: Vec<(usize, Page<'static>)>,
+        generations: &[u64],
+    ) {
+        let mut held = HashMap::new();
+        let pages: Vec<Page<'static>> = candidates
+            .into_iter()
+            .filter(|(i, p)| self.motion.may_promote(&p.key, generations[*i], &mut held))
+            .map(|(_, p)| p)
+            .collect();
+        if pages.is_empty() {
+            return;
+        }
         let bytes: u64 = pages.iter().map(|p| p.data.len() as u64).sum();
         for level in &self.inner.levels[..found_at] {
-            let results = level.tier.put(pages).await;
+            let results = level.tier.put(&pages).await;
             let ok = results.iter().filter(|r| r.is_ok()).count() as u64;
             let c = &self.inner.counters;
             c.promotions.fetch_add(ok, Relaxed);
             c.bytes_moved.fetch_add(bytes, Relaxed);
             c.lower_errors.fetch_add(results.len() as u64 - ok, Relaxed);
         }
+        drop(held);
     }
 }

@@ -1,0 +1,160 @@
+//! The background queue that carries pages down: write-through copies and write-back
+//! demotions, one FIFO, one writer task.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+
+use super::motion::Motion;
+use super::Inner;
+use crate::{EvictedPage, EvictionListener, Page, PageData, PageKey};
+
+/// One page (or a tombstone: its copies below are stale) on its way down.
+pub(super) struct Moving {
+    pub key: PageKey,
+    pub data: Option<PageData<'static>>,
+    pub seq: u64,
+}
+
+impl Moving {
+    fn bytes(&self) -> u64 {
+        self.data.as_ref().map_or(0, |d| d.len() as u64)
+    }
+}
+
+/// Background work: write (or remove) `pages` in tiers `targets`.
+pub(super) struct Job {
+    pub targets: std::ops::Range<usize>,
+    pub pages: Vec<Moving>,
+    pub demotion: bool,
+}
+
+/// The queue that carries evicted pages down one tier (write-back). Create it first, hand
+/// [`DemotionQueue::listener`] to each tier's eviction hook, then give it to
+/// [`Hierarchy::new`](super::Hierarchy::new).
+pub struct DemotionQueue {
+    pub(super) tx: mpsc::UnboundedSender<Job>,
+    pub(super) rx: Mutex<Option<mpsc::UnboundedReceiver<Job>>>,
+    pub(super) motion: Arc<Motion>,
+    pub(super) dropped: Arc<AtomicU64>,
+}
+
+impl DemotionQueue {
+    /// A queue; its bound in bytes is the hierarchy's `queue_bytes`.
+    pub fn new() -> Arc<Self> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        Arc::new(Self {
+            tx,
+            rx: Mutex::new(Some(rx)),
+            motion: Arc::new(Motion::new()),
+            dropped: Arc::default(),
+        })
+    }
+
+    /// The eviction hook for tier `level`: its evicted pages go to tier `level + 1`. It never
+    /// blocks. The page is readable through the hierarchy from the moment the hook runs until
+    /// it lands. When the queue holds its bound in bytes, the page is not carried: its stale
+    /// copies below are removed instead (counted as dropped), never served.
+    pub fn listener(&self, level: usize) -> EvictionListener {
+        let (tx, motion, dropped) = (
+            self.tx.clone(),
+            Arc::clone(&self.motion),
+            Arc::clone(&self.dropped),
+        );
+        Arc::new(move |page: EvictedPage| {
+            if !motion.carry_eviction(&page.key) {
+                return;
+            }
+            let data = PageData::from(page.data);
+            let carried = motion.has_room(data.len() as u64).then_some(data);
+            if carried.is_none() {
+                dropped.fetch_add(1, Relaxed);
+            }
+            let seq = motion.track(&page.key, carried.clone());
+            let moving = Moving {
+                key: page.key,
+                data: carried,
+                seq,
+            };
+            let job = Job {
+                targets: level + 1..level + 2,
+                pages: vec![moving],
+                demotion: true,
+            };
+            if let Err(mpsc::error::SendError(job)) = tx.send(job) {
+                // The hierarchy is closed: nothing will land.
+                for p in &job.pages {
+                    motion.done(&p.key, p.seq, p.bytes());
+                }
+            }
+        })
+    }
+}
+
+/// Writes each job's pages that are still current (a newer version or a remove supersedes a
+/// queued one) into its target tiers, holding their keys' stripes so a remove waits for it.
+pub(super) async fn background_writer(
+    inner: Arc<Inner>,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    motion: Arc<Motion>,
+) {
+    while let Some(job) = rx.recv().await {
+        let keys: Vec<PageKey> = job.pages.iter().map(|p| p.key.clone()).collect();
+        let landing = motion.landing(&keys).await;
+        let (mut pages, mut stale) = (Vec::new(), Vec::new());
+        for p in job
+            .pages
+            .iter()
+            .filter(|p| motion.is_current(&p.key, p.seq))
+        {
+            match &p.data {
+                Some(data) => pages.push(Page::with_data(p.key.clone(), data.clone())),
+                None => stale.push(p.key.clone()),
+            }
+        }
+        let bytes: u64 = pages.iter().map(|p| p.data.len() as u64).sum();
+        let c = &inner.counters;
+        // Keys a target failed to take: that target may keep an older version.
+        let mut failed_keys: Vec<bool> = vec![false; pages.len()];
+        for level in job.targets.clone() {
+            let Some(target) = inner.levels.get(level) else {
+                continue;
+            };
+            if !pages.is_empty() {
+                let results = target.tier.put(&pages).await;
+                let mut failed = 0;
+                for (i, r) in results.iter().enumerate() {
+                    if r.is_err() {
+                        failed += 1;
+                        failed_keys[i] = true;
+                    }
+                }
+                c.lower_errors.fetch_add(failed as u64, Relaxed);
+                c.copied_down
+                    .fetch_add((pages.len() - failed) as u64, Relaxed);
+                c.bytes_moved.fetch_add(bytes, Relaxed);
+                if job.demotion {
+                    c.demotions
+                        .fetch_add((pages.len() - failed) as u64, Relaxed);
+                }
+            }
+            if !stale.is_empty() {
+                let results = target.tier.remove(&stale).await;
+                for (key, r) in stale.iter().zip(&results) {
+                    if r.is_err() {
+                        c.lower_errors.fetch_add(1, Relaxed);
+                        motion.set_stale_below(key, true);
+                    }
+                }
+            }
+        }
+        for (page, failed) in pages.iter().zip(failed_keys) {
+            motion.set_stale_below(&page.key, failed);
+        }
+        drop(landing);
+        for p in &job.pages {
+            motion.done(&p.key, p.seq, p.bytes());
+        }
+    }
+}

@@ -1,0 +1,627 @@
+//! Random concurrent histories, checked against what a sequential store may answer.
+//!
+//! Several tasks call `put`, `get`, `exists`, `remove` and `clear` on a few keys at once, with
+//! random page lengths; some calls are dropped at a random point: after 0 to 5 polls (so at
+//! each await point in turn) or after up to 2 ms, whichever comes first. Every call's start and end are stamped on one logical clock.
+//! Afterwards each answer is checked against every order the calls could have run in:
+//!
+//! - a hit holds, byte for byte, a version that was put under that key with that length, and
+//!   not one *superseded* before the get began (a later put that returned Ok, or a remove or
+//!   clear that returned, all begun after the version's put ended);
+//! - a length mismatch names the length of such a version;
+//! - `exists` counts no superseded page, and stops at no page that must be there;
+//! - unless the tier may lose pages (bounded, or faults injected), a page whose put returned Ok
+//!   is there until a later call touched its key: a miss, an error or a `false` remove is a
+//!   lost write.
+//!
+//! A dropped call may have happened or not, but only until it was dropped: a version whose
+//! put was dropped and that surfaces after a later, acknowledged put is stale too.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
+
+use crate::content;
+
+/// Page lengths a history writes and reads (most calls use the first).
+const LENS: [usize; 3] = [4096, 1500, 9000];
+/// Bound on one call that is not dropped on purpose: past it the history reports a hang.
+const CALL_BOUND: Duration = Duration::from_secs(60);
+
+/// The shape of one history.
+#[derive(Debug, Clone, Copy)]
+pub struct HistoryPlan {
+    /// Seed of every random choice (printed with any violation).
+    pub seed: u64,
+    /// Concurrent tasks.
+    pub tasks: usize,
+    /// Calls per task.
+    pub ops: usize,
+    /// Distinct keys the calls touch.
+    pub keys: usize,
+    /// Share of calls dropped before they finish, in percent.
+    pub cancel_percent: u64,
+    /// The tier may lose pages (it evicts, or faults are injected below it): misses and
+    /// errors are then allowed, wrong or stale bytes never.
+    pub may_lose: bool,
+}
+
+impl Default for HistoryPlan {
+    fn default() -> Self {
+        Self {
+            seed: 0x6b76_7469_6572,
+            tasks: 4,
+            ops: 120,
+            keys: 6,
+            cancel_percent: 20,
+            may_lose: false,
+        }
+    }
+}
+
+/// What a history did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HistoryCounts {
+    /// Calls made.
+    pub calls: u64,
+    /// Calls dropped before they finished.
+    pub cancelled: u64,
+    /// Pages read back as hits and checked.
+    pub hits: u64,
+    /// Answers that were misses.
+    pub misses: u64,
+    /// Answers that were errors (other than length mismatches).
+    pub errors: u64,
+}
+
+impl std::ops::AddAssign for HistoryCounts {
+    fn add_assign(&mut self, o: Self) {
+        self.calls += o.calls;
+        self.cancelled += o.cancelled;
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.errors += o.errors;
+    }
+}
+
+/// splitmix64: small, seeded, good enough to pick calls.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn len(&mut self) -> usize {
+        match self.below(100) {
+            0..=84 => LENS[0],
+            85..=94 => LENS[1],
+            _ => LENS[2],
+        }
+    }
+    /// 1 to `max` distinct key indices out of `keys`.
+    fn keys(&mut self, keys: usize, max: u64) -> Vec<usize> {
+        let n = 1 + self.below(max) as usize;
+        let mut picked = Vec::new();
+        while picked.len() < n.min(keys) {
+            let k = self.below(keys as u64) as usize;
+            if !picked.contains(&k) {
+                picked.push(k);
+            }
+        }
+        picked
+    }
+}
+
+/// A call, with what it asked.
+#[derive(Debug)]
+enum Call {
+    /// (key, version, length) per page.
+    Put(Vec<(usize, u64, usize)>),
+    /// (key, buffer length) per slot.
+    Get(Vec<(usize, usize)>),
+    Exists(Vec<usize>),
+    Remove(Vec<usize>),
+    Clear,
+}
+
+/// What one key's get answered.
+#[derive(Debug)]
+enum Seen {
+    Hit(Vec<u8>),
+    Miss,
+    Mismatch(usize),
+    Error(String),
+}
+
+#[derive(Debug)]
+enum Answer {
+    Dropped,
+    /// Per page: the put's error, if any.
+    Put(Vec<Option<String>>),
+    Get(Vec<Seen>),
+    Exists(Result<usize, String>),
+    Remove(Vec<Result<bool, String>>),
+    Clear(Result<(), String>),
+}
+
+impl Answer {
+    /// The answer without page bytes.
+    fn brief(&self) -> String {
+        match self {
+            Answer::Get(seen) => format!(
+                "{:?}",
+                seen.iter()
+                    .map(|s| match s {
+                        Seen::Hit(buf) => format!("hit {} B", buf.len()),
+                        other => format!("{other:?}"),
+                    })
+                    .collect::<Vec<_>>()
+            ),
+            other => format!("{other:?}"),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Event {
+    task: usize,
+    call: Call,
+    start: u64,
+    end: u64,
+    answer: Answer,
+}
+
+impl Event {
+    fn touches(&self, key: usize) -> bool {
+        match &self.call {
+            Call::Put(pages) => pages.iter().any(|p| p.0 == key),
+            Call::Remove(keys) => keys.contains(&key),
+            Call::Clear => true,
+            Call::Get(_) | Call::Exists(_) => false,
+        }
+    }
+
+    fn mentions(&self, key: usize) -> bool {
+        match &self.call {
+            Call::Get(slots) => slots.iter().any(|s| s.0 == key),
+            Call::Exists(keys) => keys.contains(&key),
+            _ => self.touches(key),
+        }
+    }
+
+    /// Whether this call certainly replaced or removed `key`'s page (it returned, and Ok).
+    fn supersedes(&self, key: usize) -> bool {
+        match (&self.call, &self.answer) {
+            (Call::Put(pages), Answer::Put(errs)) => pages
+                .iter()
+                .zip(errs)
+                .any(|(p, e)| p.0 == key && e.is_none()),
+            (Call::Remove(keys), Answer::Remove(rs)) => {
+                keys.iter().zip(rs).any(|(k, r)| *k == key && r.is_ok())
+            }
+            (Call::Clear, Answer::Clear(r)) => r.is_ok(),
+            _ => false,
+        }
+    }
+}
+
+/// A version some put wrote: the event that wrote it and its length.
+struct Written {
+    event: usize,
+    version: u64,
+    len: usize,
+    acked: bool,
+}
+
+/// The keys a history with `plan` touches.
+pub fn keys(plan: &HistoryPlan) -> Vec<PageKey> {
+    (0..plan.keys)
+        .map(|i| PageKey::new(format!("hist{:04x}k{i:03}", plan.seed & 0xffff)).expect("valid key"))
+        .collect()
+}
+
+/// Runs one history on `tier`; returns its counts, or every violation found (with the seed).
+pub async fn run_history(
+    tier: Arc<dyn StorageTier>,
+    plan: HistoryPlan,
+) -> Result<HistoryCounts, String> {
+    let names = Arc::new(keys(&plan));
+    let clock = Arc::new(AtomicU64::new(0));
+    let versions = Arc::new(AtomicU64::new(1));
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..plan.tasks {
+        let (tier, names, clock, versions) = (
+            Arc::clone(&tier),
+            Arc::clone(&names),
+            Arc::clone(&clock),
+            Arc::clone(&versions),
+        );
+        tasks.spawn(async move {
+            let mut rng = Rng(plan.seed ^ (task as u64 + 1).wrapping_mul(0xa076_1d64_78bd_642f));
+            let mut events = Vec::new();
+            for _ in 0..plan.ops {
+                let call = match rng.below(100) {
+                    0..=39 => Call::Put(
+                        rng.keys(plan.keys, 3)
+                            .into_iter()
+                            .map(|k| (k, versions.fetch_add(1, SeqCst), rng.len()))
+                            .collect(),
+                    ),
+                    40..=74 => Call::Get(
+                        rng.keys(plan.keys, 3)
+                            .into_iter()
+                            .map(|k| (k, rng.len()))
+                            .collect(),
+                    ),
+                    75..=84 => Call::Exists(rng.keys(plan.keys, 4)),
+                    85..=97 => Call::Remove(rng.keys(plan.keys, 2)),
+                    _ => Call::Clear,
+                };
+                let drop_after = (rng.below(100) < plan.cancel_percent).then(|| DropAfter {
+                    polls: rng.below(6) as u32,
+                    time: Duration::from_micros(rng.below(2000)),
+                });
+                let start = clock.fetch_add(1, SeqCst);
+                let answer = perform(&*tier, &names, &call, drop_after).await;
+                let end = clock.fetch_add(1, SeqCst);
+                if let Some(answer) = answer {
+                    events.push(Event {
+                        task,
+                        call,
+                        start,
+                        end,
+                        answer,
+                    });
+                } else {
+                    return Err(format!(
+                        "task {task}: {call:?} did not finish within {CALL_BOUND:?}"
+                    ));
+                }
+                if rng.below(4) == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+            Ok(events)
+        });
+    }
+    let mut events = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        let task_events = joined.map_err(|e| format!("a history task panicked: {e}"))??;
+        events.extend(task_events);
+    }
+    events.sort_by_key(|e| e.start);
+    let (counts, violations) = check(&names, &events, plan.may_lose);
+    if violations.is_empty() {
+        return Ok(counts);
+    }
+    let shown: Vec<&String> = violations.iter().take(5).map(|(_, _, v)| v).collect();
+    // The calls on the first violation's key, up to the call that saw it.
+    let (key, call) = violations
+        .iter()
+        .find(|(k, _, _)| *k < names.len())
+        .map_or((0, events.len() - 1), |(k, c, _)| (*k, *c));
+    let mut story: Vec<String> = events[..=call]
+        .iter()
+        .filter(|e| e.mentions(key))
+        .map(|e| {
+            format!(
+                "[{}, {}] task {}: {:?} -> {}",
+                e.start,
+                e.end,
+                e.task,
+                e.call,
+                e.answer.brief()
+            )
+        })
+        .collect();
+    story.drain(..story.len().saturating_sub(16));
+    Err(format!(
+        "history with seed {:#x} ({} calls, {} dropped): {} violations, first: {shown:#?}\ncalls on {} (key {key}): {story:#?}",
+        plan.seed,
+        counts.calls,
+        counts.cancelled,
+        violations.len(),
+        names[key],
+    ))
+}
+
+/// When to drop a call: after this many polls, or this long, whichever comes first.
+#[derive(Debug, Clone, Copy)]
+struct DropAfter {
+    polls: u32,
+    time: Duration,
+}
+
+/// `fut`, dropped unfinished after `limit.polls` polls or `limit.time`; `Err(())` if it was.
+async fn within<F: Future>(limit: Option<DropAfter>, fut: F) -> Result<F::Output, ()> {
+    let Some(limit) = limit else {
+        return tokio::time::timeout(CALL_BOUND, fut).await.map_err(|_| ());
+    };
+    let mut fut = std::pin::pin!(fut);
+    let mut polls = 0;
+    let counted = std::future::poll_fn(|cx| {
+        if polls == limit.polls {
+            return Poll::Ready(Err(()));
+        }
+        polls += 1;
+        fut.as_mut().poll(cx).map(Ok)
+    });
+    tokio::time::timeout(limit.time, counted)
+        .await
+        .unwrap_or(Err(()))
+}
+
+/// Makes one call; `None` if it hung past [`CALL_BOUND`].
+async fn perform(
+    tier: &dyn StorageTier,
+    names: &[PageKey],
+    call: &Call,
+    drop_after: Option<DropAfter>,
+) -> Option<Answer> {
+    let bound = drop_after;
+    let answer = match call {
+        Call::Put(pages) => {
+            let pages: Vec<Page<'static>> = pages
+                .iter()
+                .map(|&(k, v, len)| Page::new(names[k].clone(), content::page(&names[k], v, len)))
+                .collect();
+            within(bound, tier.put(&pages)).await.map(|rs| {
+                Answer::Put(
+                    rs.into_iter()
+                        .map(|r| r.err().map(|e| e.to_string()))
+                        .collect(),
+                )
+            })
+        }
+        Call::Get(slots) => {
+            let mut bufs: Vec<Vec<u8>> = slots.iter().map(|&(_, len)| vec![0u8; len]).collect();
+            let mut read: Vec<ReadSlot<'_>> = slots
+                .iter()
+                .zip(bufs.iter_mut())
+                .map(|(&(k, _), b)| ReadSlot::new(names[k].clone(), b))
+                .collect();
+            let results = within(bound, tier.get(&mut read)).await;
+            drop(read);
+            results.map(|rs| {
+                Answer::Get(
+                    rs.into_iter()
+                        .zip(bufs)
+                        .map(|(r, buf)| match r {
+                            Ok(Lookup::Hit) => Seen::Hit(buf),
+                            Ok(Lookup::Miss) => Seen::Miss,
+                            Err(TierError::LengthMismatch { stored, .. }) => Seen::Mismatch(stored),
+                            Err(e) => Seen::Error(e.to_string()),
+                        })
+                        .collect(),
+                )
+            })
+        }
+        Call::Exists(keys) => {
+            let keys: Vec<PageKey> = keys.iter().map(|&k| names[k].clone()).collect();
+            within(bound, tier.exists(&keys))
+                .await
+                .map(|r| Answer::Exists(r.map_err(|e| e.to_string())))
+        }
+        Call::Remove(keys) => {
+            let keys: Vec<PageKey> = keys.iter().map(|&k| names[k].clone()).collect();
+            within(bound, tier.remove(&keys)).await.map(|rs| {
+                Answer::Remove(
+                    rs.into_iter()
+                        .map(|r| r.map_err(|e| e.to_string()))
+                        .collect(),
+                )
+            })
+        }
+        Call::Clear => within(bound, tier.clear())
+            .await
+            .map(|r| Answer::Clear(r.map_err(|e| e.to_string()))),
+    };
+    match answer {
+        Ok(answer) => Some(answer),
+        Err(_) if drop_after.is_some() => Some(Answer::Dropped),
+        Err(_) => None,
+    }
+}
+
+/// Checks every answer of `events` (sorted by start); returns counts and violations.
+fn check(
+    names: &[PageKey],
+    events: &[Event],
+    may_lose: bool,
+) -> (HistoryCounts, Vec<(usize, usize, String)>) {
+    let mut written: HashMap<usize, Vec<Written>> = HashMap::new();
+    for (i, e) in events.iter().enumerate() {
+        if let Call::Put(pages) = &e.call {
+            for (n, &(k, version, len)) in pages.iter().enumerate() {
+                let acked = matches!(&e.answer, Answer::Put(errs) if errs[n].is_none());
+                written.entry(k).or_default().push(Written {
+                    event: i,
+                    version,
+                    len,
+                    acked,
+                });
+            }
+        }
+    }
+    let none = Vec::new();
+    let versions_of = |k: usize| written.get(&k).unwrap_or(&none);
+    // Whether the version written by event `w` was superseded for `key` before `at`.
+    let superseded = |key: usize, w: usize, at: u64| {
+        events
+            .iter()
+            .enumerate()
+            .any(|(x, e)| x != w && e.supersedes(key) && events[w].end < e.start && e.end < at)
+    };
+    // The acknowledged version `key` must hold during [from, to], if any.
+    // (`asking` is the call asking, which may touch the key itself.)
+    let must_hold = |key: usize, asking: usize| -> Option<&Written> {
+        let (from, to) = (events[asking].start, events[asking].end);
+        versions_of(key).iter().filter(|w| w.acked).find(|w| {
+            events[w.event].end < from
+                && !events.iter().enumerate().any(|(y, e)| {
+                    y != w.event
+                        && y != asking
+                        && e.touches(key)
+                        && e.end > events[w.event].start
+                        && e.start < to
+                })
+        })
+    };
+    let mut counts = HistoryCounts::default();
+    let mut bad = Vec::new();
+    for (asking, e) in events.iter().enumerate() {
+        counts.calls += 1;
+        let at = format!("task {} call at [{}, {}]", e.task, e.start, e.end);
+        match (&e.call, &e.answer) {
+            (_, Answer::Dropped) => counts.cancelled += 1,
+            (Call::Put(pages), Answer::Put(errs)) => {
+                for ((k, v, _), err) in pages.iter().zip(errs) {
+                    if let Some(err) = err {
+                        counts.errors += 1;
+                        if !may_lose {
+                            bad.push((
+                                *k,
+                                asking,
+                                format!("{at}: put of {} v{v} failed: {err}", names[*k]),
+                            ));
+                        }
+                    }
+                }
+            }
+            (Call::Get(slots), Answer::Get(seen)) => {
+                for (&(k, len), s) in slots.iter().zip(seen) {
+                    let key = &names[k];
+                    match s {
+                        Seen::Hit(buf) => {
+                            counts.hits += 1;
+                            let found = versions_of(k).iter().find(|w| {
+                                w.len == len
+                                    && events[w.event].start < e.end
+                                    && content::verify(key, w.version, buf).is_ok()
+                            });
+                            match found {
+                                None => bad.push((k, asking, format!(
+                                    "{at}: get of {key} ({len} B) is a hit on bytes no put wrote (torn or foreign)"
+                                ))),
+                                Some(w) if superseded(k, w.event, e.start) => bad.push((k, asking, format!(
+                                    "{at}: get of {key} returned v{} (put at [{}, {}]), superseded before the get began (stale or resurrected)",
+                                    w.version, events[w.event].start, events[w.event].end
+                                ))),
+                                Some(_) => {}
+                            }
+                        }
+                        Seen::Mismatch(stored) => {
+                            let possible = versions_of(k).iter().any(|w| {
+                                w.len == *stored
+                                    && events[w.event].start < e.end
+                                    && !superseded(k, w.event, e.start)
+                            });
+                            if !possible {
+                                bad.push((k, asking, format!(
+                                    "{at}: get of {key} says {stored} B are stored: no current version has that length"
+                                )));
+                            }
+                        }
+                        Seen::Miss | Seen::Error(_) => {
+                            if let Seen::Error(err) = s {
+                                counts.errors += 1;
+                                if !may_lose {
+                                    bad.push((
+                                        k,
+                                        asking,
+                                        format!("{at}: get of {key} failed: {err}"),
+                                    ));
+                                }
+                            } else {
+                                counts.misses += 1;
+                            }
+                            if let (false, Some(w)) = (may_lose, must_hold(k, asking)) {
+                                bad.push((k, asking, format!(
+                                    "{at}: get of {key} ({len} B) found nothing, but v{} ({} B) was acknowledged at {} and untouched since (lost write)",
+                                    w.version, w.len, events[w.event].end
+                                )));
+                            }
+                        }
+                    }
+                }
+            }
+            (Call::Exists(keys), Answer::Exists(r)) => match r {
+                Err(err) => {
+                    counts.errors += 1;
+                    if !may_lose {
+                        bad.push((usize::MAX, asking, format!("{at}: exists failed: {err}")));
+                    }
+                }
+                Ok(n) if *n > keys.len() => bad.push((
+                    usize::MAX,
+                    asking,
+                    format!("{at}: exists of {} keys answered {n}", keys.len()),
+                )),
+                Ok(n) => {
+                    for &k in &keys[..*n] {
+                        let live = versions_of(k).iter().any(|w| {
+                            events[w.event].start < e.end && !superseded(k, w.event, e.start)
+                        });
+                        if !live {
+                            bad.push((
+                                k,
+                                asking,
+                                format!(
+                                    "{at}: exists counts {}, removed or never put (resurrected)",
+                                    names[k]
+                                ),
+                            ));
+                        }
+                    }
+                    if let Some(&k) = keys.get(*n) {
+                        if let (false, Some(w)) = (may_lose, must_hold(k, asking)) {
+                            bad.push((k, asking, format!(
+                                "{at}: exists stops at {}, whose v{} was acknowledged and untouched since (lost write)",
+                                names[k], w.version
+                            )));
+                        }
+                    }
+                }
+            },
+            (Call::Remove(keys), Answer::Remove(rs)) => {
+                for (&k, r) in keys.iter().zip(rs) {
+                    match r {
+                        Err(err) => {
+                            counts.errors += 1;
+                            if !may_lose {
+                                bad.push((k, asking, format!("{at}: remove of {} failed: {err}", names[k])));
+                            }
+                        }
+                        Ok(false) if !may_lose && must_hold(k, asking).is_some() => {
+                            bad.push((k, asking, format!(
+                                "{at}: remove of {} found nothing, but an acknowledged version was there (lost write)",
+                                names[k]
+                            )))
+                        }
+                        Ok(_) => {}
+                    }
+                }
+            }
+            (Call::Clear, Answer::Clear(Err(err))) => {
+                counts.errors += 1;
+                if !may_lose {
+                    bad.push((usize::MAX, asking, format!("{at}: clear failed: {err}")));
+                }
+            }
+            _ => {}
+        }
+    }
+    (counts, bad)
+}
