@@ -17,7 +17,7 @@ use crate::suite::{DynTier, TierFactory};
 /// The fault a [`BrokenTier`] has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
-    /// Opens a file on every read and never closes it.
+    /// Opens a file on every read (its first 64) and never closes it.
     LeaksFd,
     /// Flips one bit of one byte in the 200th page it returns.
     FlipsByte,
@@ -25,11 +25,14 @@ pub enum Fault {
     PhantomHit,
     /// `exists` counts every present key instead of the leading run.
     CountsAllInExists,
+    /// A put writes from a task of its own that outlives the call: a put dropped before it
+    /// returned still lands, later, over whatever was put meanwhile.
+    LandsAfterDrop,
 }
 
 /// A correct [`ModelTier`] with one [`Fault`].
 pub struct BrokenTier {
-    inner: ModelTier,
+    inner: Arc<ModelTier>,
     fault: Fault,
     hits_returned: AtomicU64,
     leaked: Mutex<Vec<File>>,
@@ -39,7 +42,7 @@ impl BrokenTier {
     /// A fresh, empty tier with `fault`.
     pub fn new(fault: Fault) -> Self {
         Self {
-            inner: ModelTier::default(),
+            inner: Arc::default(),
             fault,
             hits_returned: AtomicU64::new(0),
             leaked: Mutex::new(Vec::new()),
@@ -61,16 +64,33 @@ impl StorageTier for BrokenTier {
     }
 
     async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
-        self.inner.put(pages).await
+        if self.fault != Fault::LandsAfterDrop {
+            return self.inner.put(pages).await;
+        }
+        let (inner, pages) = (
+            Arc::clone(&self.inner),
+            pages.iter().map(Page::to_shared).collect::<Vec<_>>(),
+        );
+        let n = pages.len();
+        let writer = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            inner.put(&pages).await
+        });
+        writer.await.unwrap_or_else(|e| {
+            (0..n)
+                .map(|_| Err(TierError::Unavailable(format!("writer task: {e}"))))
+                .collect()
+        })
     }
 
     async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
         if self.fault == Fault::LeaksFd {
-            if let Ok(f) = File::open("/dev/null") {
-                self.leaked
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(f);
+            let mut leaked = self.leaked.lock().unwrap_or_else(|e| e.into_inner());
+            // Enough for the fd-leak case to see, too few to starve the test process.
+            if leaked.len() < 64 {
+                if let Ok(f) = File::open("/dev/null") {
+                    leaked.push(f);
+                }
             }
         }
         let mut results = self.inner.get(slots).await;

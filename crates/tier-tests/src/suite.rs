@@ -1205,6 +1205,10 @@ pub async fn histories(f: &dyn TierFactory) -> CaseResult {
         may_lose,
         ..HistoryPlan::default()
     };
+    let dropped = crate::history::overwrite_after_drop(&*tier, 24, may_lose)
+        .await
+        .map_err(|e| format!("overwrite_after_drop: {e}"))?;
+    eprintln!("histories/overwrite_after_drop: 24 rounds, {dropped} puts dropped");
     let mut total = HistoryCounts::default();
     let run = |name: &'static str, tier: DynTier, plan: HistoryPlan| async move {
         remove_history_keys(&tier, &plan).await;

@@ -12,6 +12,7 @@ tier_tests::conformance_suite!(ModelFactory);
 #[case::flipped_byte(Fault::FlipsByte, "integrity_batches", "1 bytes differ")]
 #[case::phantom_hit(Fault::PhantomHit, "partial_batch", "gave Ok(Hit)")]
 #[case::exists_not_prefix(Fault::CountsAllInExists, "exists_prefix", "want 3")]
+#[case::lands_after_drop(Fault::LandsAfterDrop, "histories", "stale")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suite_rejects_broken_tier(#[case] fault: Fault, #[case] case: &str, #[case] says: &str) {
     let failure = suite::run(case, &BrokenFactory(fault))
@@ -30,16 +31,16 @@ async fn suite_rejects_broken_tier(#[case] fault: Fault, #[case] case: &str, #[c
 #[case(Fault::FlipsByte)]
 #[case(Fault::PhantomHit)]
 #[case(Fault::CountsAllInExists)]
+#[case(Fault::LandsAfterDrop)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
     let verdicts = suite::run_all(&BrokenFactory(fault)).await;
-    let failed: Vec<&str> = verdicts
+    let failed: Vec<(&str, String)> = verdicts
         .iter()
-        .filter(|(_, v)| v.is_err())
-        .map(|(name, _)| *name)
+        .filter_map(|(name, v)| v.as_ref().err().map(|f| (*name, f.to_string())))
         .collect();
     assert!(!failed.is_empty(), "{fault:?} passed every case");
-    for name in &failed {
+    for (name, failure) in &failed {
         // A phantom hit also shows up wherever the suite expects a miss.
         let expected: &[&str] = match fault {
             Fault::LeaksFd => &["fd_leak"],
@@ -49,6 +50,7 @@ async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
                 "concurrent_writers",
                 "capacity_bound",
                 "hierarchy_over_faulty_tier",
+                "histories",
             ],
             // ... and as wrong bytes wherever a hierarchy reads through to the tier.
             Fault::PhantomHit => &[
@@ -58,12 +60,14 @@ async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
                 "hostile_keys",
                 "hierarchy_over_faulty_tier",
                 "hierarchy_lower_outage",
+                "histories",
             ],
-            Fault::CountsAllInExists => &["exists_prefix"],
+            Fault::CountsAllInExists => &["exists_prefix", "histories"],
+            Fault::LandsAfterDrop => &["histories"],
         };
         assert!(
             expected.contains(name),
-            "{fault:?} unexpectedly failed {name}"
+            "{fault:?} unexpectedly failed {name}: {failure}"
         );
     }
 }

@@ -344,20 +344,20 @@ impl StorageTier for Hierarchy {
             WritePolicy::WriteThrough if lower => self.sender(),
             _ => None,
         };
+        // Room in the queue for what this put sends down (write-through) or may evict there
+        // (write-back).
+        let bytes: u64 = valid.iter().map(|&i| pages[i].data.len() as u64).sum();
+        if lower {
+            self.room_for(bytes).await;
+        }
         let Some(tx) = sender else {
             let mutation = self.motion.writing(&keys).await;
             let top: Vec<Page<'_>> = valid.iter().map(|&i| pages[i].clone()).collect();
             self.put_top(&top, &valid, &mut results).await;
             drop(mutation);
             self.count_puts(pages, &results);
-            if lower {
-                // Write-back: the demotions this put caused may fill the queue.
-                self.room_for(0).await;
-            }
             return results;
         };
-        let bytes: u64 = valid.iter().map(|&i| pages[i].data.len() as u64).sum();
-        self.room_for(bytes).await;
         let mutation = self.motion.writing(&keys).await;
         // The queue keeps the pages past this call: take shared content once (lent regions
         // are copied here, once) and give the same pages to the top tier.
@@ -626,10 +626,13 @@ impl Hierarchy {
             .filter(|(i, p)| self.motion.may_promote(&p.key, generations[*i], &mut held))
             .map(|(_, p)| p)
             .collect();
-        if pages.is_empty() {
+        let bytes: u64 = pages.iter().map(|p| p.data.len() as u64).sum();
+        // In write-back a promotion evicts into the queue: skip it (it is only a copy) rather
+        // than overfill the queue.
+        let room = self.policy.write == WritePolicy::WriteThrough || self.motion.has_room(bytes);
+        if pages.is_empty() || !room {
             return;
         }
-        let bytes: u64 = pages.iter().map(|p| p.data.len() as u64).sum();
         for level in &self.inner.levels[..found_at] {
             let results = level.tier.put(&pages).await;
             let ok = results.iter().filter(|r| r.is_ok()).count() as u64;

@@ -298,10 +298,18 @@ impl Motion {
         self.bound.store(bytes.max(1), Relaxed);
     }
 
-    /// Whether `bytes` more fit under the bound (an empty backlog takes anything).
+    /// Whether `bytes` more fit under the bound (an empty backlog takes anything). Writers
+    /// wait for this before they put.
     pub(super) fn has_room(&self, bytes: u64) -> bool {
         let (pages, queued) = self.backlog();
         pages == 0 || queued.saturating_add(bytes) <= self.bound.load(Relaxed)
+    }
+
+    /// Whether an evicted page of `bytes` may still be queued: up to four times the bound,
+    /// the room writers that already passed [`Motion::has_room`] may still need.
+    pub(super) fn may_queue_eviction(&self, bytes: u64) -> bool {
+        let (pages, queued) = self.backlog();
+        pages == 0 || queued.saturating_add(bytes) <= self.bound.load(Relaxed).saturating_mul(4)
     }
 
     /// Waits until `ready` holds, re-checking whenever the backlog shrinks.

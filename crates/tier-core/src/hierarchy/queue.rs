@@ -54,7 +54,8 @@ impl DemotionQueue {
 
     /// The eviction hook for tier `level`: its evicted pages go to tier `level + 1`. It never
     /// blocks. The page is readable through the hierarchy from the moment the hook runs until
-    /// it lands. When the queue holds its bound in bytes, the page is not carried: its stale
+    /// it lands. Writers wait for room in the queue before they put (so before they evict);
+    /// if the queue still holds four times its bound, the page is not carried: its stale
     /// copies below are removed instead (counted as dropped), never served.
     pub fn listener(&self, level: usize) -> EvictionListener {
         let (tx, motion, dropped) = (
@@ -67,7 +68,7 @@ impl DemotionQueue {
                 return;
             }
             let data = PageData::from(page.data);
-            let carried = motion.has_room(data.len() as u64).then_some(data);
+            let carried = motion.may_queue_eviction(data.len() as u64).then_some(data);
             if carried.is_none() {
                 dropped.fetch_add(1, Relaxed);
             }
