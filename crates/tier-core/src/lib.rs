@@ -11,6 +11,7 @@ mod evict;
 mod hierarchy;
 mod info;
 mod key;
+mod order;
 mod page;
 mod stats;
 mod tier;
@@ -22,6 +23,7 @@ pub use hierarchy::{
 };
 pub use info::TierInfo;
 pub use key::PageKey;
+pub use order::{OrderGuard, WriteOrder};
 pub use page::{copied_bytes, CopiedBytes, Lookup, Page, PageBuf, PageData, ReadSlot};
 pub use stats::{StatsRecorder, TierStats};
 pub use tier::{GetResult, PutResult, RemoveResult, StorageTier};

@@ -18,7 +18,7 @@ use object_store::path::{Path, PathPart};
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
 use tier_core::{
     async_trait, GetResult, Page, PageData, PageKey, PutResult, ReadSlot, RemoveResult,
-    StatsRecorder, StorageTier, TierError, TierInfo, TierStats,
+    StatsRecorder, StorageTier, TierError, TierInfo, TierStats, WriteOrder,
 };
 
 pub mod config;
@@ -27,6 +27,115 @@ mod s3;
 /// Longest escaped object name (stores that keep objects as files need it under NAME_MAX).
 const MAX_NAME: usize = 200;
 pub use s3::S3Settings;
+
+/// Pages as objects in any object store.
+///
+/// A put or remove runs in a task of its own holding its keys' turn ([`WriteOrder`]): a call
+/// dropped half way still finishes (a request the store may already have cannot be called
+/// back), and a later put or remove of the same keys waits for it, so it never lands late.
+pub struct ObjectTier {
+    objects: Arc<Objects>,
+    order: WriteOrder,
+}
+
+impl ObjectTier {
+    /// A tier over `store`; checks the config (no request is made).
+    pub fn new(store: Arc<dyn ObjectStore>, config: ObjectTierConfig) -> Result<Self, TierError> {
+        Ok(Self {
+            objects: Arc::new(Objects::new(store, config)?),
+            order: WriteOrder::new(),
+        })
+    }
+
+    /// The object a page is stored as, or `KeyRejected` if its escaped name is too long for
+    /// stores that keep objects as files.
+    pub fn object_path(&self, key: &PageKey) -> Result<Path, TierError> {
+        self.objects.object_path(key)
+    }
+
+    /// The stored length of `key`'s object, `None` if absent.
+    pub async fn stored_len(&self, key: &PageKey) -> Result<Option<u64>, TierError> {
+        self.objects.stored_len(key).await
+    }
+
+    /// [`Self::stored_len`] of each key, `concurrency` HEADs in flight.
+    pub async fn stored_lens(&self, keys: &[PageKey]) -> Vec<Result<Option<u64>, TierError>> {
+        self.objects.stored_lens(keys).await
+    }
+
+    /// The order this tier's puts and removes take turns in: a tier writing the same objects
+    /// another way (NIXL OBJ) takes its turns here too.
+    pub fn write_order(&self) -> &WriteOrder {
+        &self.order
+    }
+
+    /// Checks that the store answers and the credentials may list the prefix.
+    pub async fn check_access(&self) -> Result<(), TierError> {
+        self.objects.check_access().await
+    }
+
+    /// Runs `work` on the tier in a task of its own holding `keys`' turn; `n` results.
+    async fn in_turn<T, F, Fut>(&self, keys: Vec<PageKey>, n: usize, work: F) -> Vec<Result<T, TierError>>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Objects>) -> Fut + Send + 'static,
+        Fut: Future<Output = Vec<Result<T, TierError>>> + Send + 'static,
+    {
+        let turn = self.order.turn(&keys).await;
+        let objects = Arc::clone(&self.objects);
+        tokio::spawn(async move {
+            let results = work(objects).await;
+            drop(turn);
+            results
+        })
+        .await
+        .unwrap_or_else(|e| {
+            (0..n)
+                .map(|_| Err(TierError::Unavailable(format!("object task failed: {e}"))))
+                .collect()
+        })
+    }
+}
+
+#[async_trait]
+impl StorageTier for ObjectTier {
+    fn info(&self) -> TierInfo {
+        self.objects.info()
+    }
+
+    fn stats(&self) -> TierStats {
+        self.objects.stats()
+    }
+
+    async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
+        let keys = pages.iter().map(|p| p.key.clone()).collect();
+        let owned: Vec<Page<'static>> = pages.iter().map(Page::to_shared).collect();
+        self.in_turn(keys, pages.len(), move |objects| async move {
+            objects.put(&owned).await
+        })
+        .await
+    }
+
+    async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
+        self.objects.get(slots).await
+    }
+
+    async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
+        self.objects.exists(keys).await
+    }
+
+    async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
+        let owned = keys.to_vec();
+        self.in_turn(keys.to_vec(), keys.len(), move |objects| async move {
+            objects.remove(&owned).await
+        })
+        .await
+    }
+
+    async fn clear(&self) -> Result<(), TierError> {
+        self.objects.clear().await
+    }
+}
 
 /// Configuration of an [`ObjectTier`].
 #[derive(Debug, Clone)]
@@ -62,8 +171,8 @@ impl ObjectTierConfig {
     }
 }
 
-/// Pages as objects in any object store.
-pub struct ObjectTier {
+/// The tier's requests; shared with the tasks its writes run in.
+struct Objects {
     store: Arc<dyn ObjectStore>,
     prefix: Path,
     config: ObjectTierConfig,
@@ -71,8 +180,7 @@ pub struct ObjectTier {
     stats: StatsRecorder,
 }
 
-impl ObjectTier {
-    /// A tier over `store`; checks the config (no request is made).
+impl Objects {
     pub fn new(store: Arc<dyn ObjectStore>, config: ObjectTierConfig) -> Result<Self, TierError> {
         if !(1..=1024).contains(&config.concurrency) {
             return Err(TierError::config("concurrency", "must be 1 to 1024"));
@@ -248,8 +356,7 @@ impl ObjectTier {
     }
 }
 
-#[async_trait]
-impl StorageTier for ObjectTier {
+impl Objects {
     fn info(&self) -> TierInfo {
         TierInfo {
             name: self.config.name.clone(),
@@ -351,7 +458,7 @@ impl StorageTier for ObjectTier {
     }
 }
 
-impl ObjectTier {
+impl Objects {
     async fn remove_one(&self, key: &PageKey) -> RemoveResult {
         let was = self.present(key).await?;
         if was {

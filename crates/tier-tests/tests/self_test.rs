@@ -2,8 +2,14 @@
 //! rejected by the case aimed at its fault.
 
 use rstest::rstest;
+use std::sync::Arc;
+
+use tier_core::TierError;
 use tier_tests::broken::{BrokenFactory, Fault, ModelFactory};
-use tier_tests::suite;
+use tier_tests::faulty::{Faults, FaultyTier};
+use tier_tests::model::ModelTier;
+use tier_tests::suite::{self, DynTier};
+use tier_tests::TierFactory;
 
 tier_tests::conformance_suite!(ModelFactory);
 
@@ -76,4 +82,24 @@ async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
 async fn unknown_case_is_a_failure_not_a_pass() {
     let failure = suite::run("no_such_case", &ModelFactory).await.unwrap_err();
     assert!(failure.message.contains("no_such_case"));
+}
+
+/// The model behind a delay: calls overlap the way they do on a real tier (a slow lower tier
+/// under the histories' hierarchies).
+struct SlowModelFactory;
+
+#[tier_core::async_trait]
+impl TierFactory for SlowModelFactory {
+    async fn open(&self) -> Result<DynTier, TierError> {
+        let faults = Faults {
+            latency: std::time::Duration::from_millis(2),
+            ..Faults::default()
+        };
+        Ok(Arc::new(FaultyTier::new(Arc::new(ModelTier::default()), faults)))
+    }
+}
+
+#[test]
+fn histories_over_a_slow_tier() {
+    suite::run_case("histories", &SlowModelFactory);
 }

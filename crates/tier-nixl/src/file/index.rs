@@ -1,5 +1,10 @@
 //! The in-memory index of complete pages: presence, length, recency, pins and byte capacity.
 //!
+//! The tier changes a page's file and its entry together, under the index's lock (a rename
+//! in with its insert, an unlink with its removal), so the index never describes a file that
+//! is gone or of another length. Each entry has a generation: a read that finds its file
+//! vanished forgets the entry only if it is still the one the read planned with.
+//!
 //! The index is authoritative for the process that owns the storage folders (an exclusive lock
 //! file makes that one process). It is rebuilt by scanning at start. Cost: about 120 bytes per
 //! page for 64-character keys (hash-map slot, the key's shared string, and an LRU-order entry;
@@ -14,6 +19,7 @@ struct Entry {
     len: u64,
     tick: u64,
     pins: u32,
+    generation: u64,
 }
 
 /// Pages known to be complete on disk.
@@ -29,6 +35,19 @@ impl PageIndex {
     /// The stored length of `key`, if present.
     pub fn len_of(&self, key: &PageKey) -> Option<u64> {
         self.entries.get(key).map(|e| e.len)
+    }
+
+    /// The generation of `key`'s entry (new with every insert), if present.
+    pub fn generation(&self, key: &PageKey) -> Option<u64> {
+        self.entries.get(key).map(|e| e.generation)
+    }
+
+    /// Forgets `key` if its entry is still of `generation`; returns whether it did.
+    pub fn remove_if(&mut self, key: &PageKey, generation: u64) -> bool {
+        if self.generation(key) != Some(generation) {
+            return false;
+        }
+        self.remove(key)
     }
 
     /// Whether `key` is present.
@@ -59,10 +78,18 @@ impl PageIndex {
             self.bytes = self.bytes - e.len + len;
             e.len = len;
             e.tick = tick;
+            e.generation = tick;
         } else {
             self.bytes += len;
-            self.entries
-                .insert(key.clone(), Entry { len, tick, pins: 0 });
+            self.entries.insert(
+                key.clone(),
+                Entry {
+                    len,
+                    tick,
+                    pins: 0,
+                    generation: tick,
+                },
+            );
         }
         self.by_age.insert(tick, key);
     }

@@ -263,6 +263,92 @@ impl FileIo {
     }
 }
 
+/// Which file a path names: a read is whole only if the file it began on is the one it ended
+/// on. kvtier never writes a page file in place (it renames a new file over it), so the same
+/// identity before and after a read means the bytes read are one version's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+    ctime_ns: i128,
+    len: u64,
+}
+
+fn file_id(path: &Path) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::metadata(path).ok()?;
+    Some(FileId {
+        dev: m.dev(),
+        ino: m.ino(),
+        ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+        len: m.len(),
+    })
+}
+
+impl FileIo {
+    /// Reads every item. Per item: a hit (`true`); a miss (`false`) if its file vanished, or
+    /// was replaced while it was read (what arrived may mix two versions: never a hit); a
+    /// length mismatch if it now holds a page of another length; or the error. NIXL opens
+    /// (path mode) or reads (fd mode) files where kvtier cannot watch, so each file's
+    /// identity is compared before and after; the syscall engine checks the open file itself.
+    pub fn read_all(&self, items: &[Xfer], borrowed: bool) -> BatchReads {
+        let watch = self.engine == FileEngine::Nixl;
+        let before: Vec<Option<FileId>> = items
+            .iter()
+            .map(|i| if watch { file_id(&i.path) } else { None })
+            .collect();
+        let outcome = self.transfer_all(XferOp::Read, items, borrowed);
+        let results = outcome
+            .results
+            .into_iter()
+            .zip(items)
+            .zip(before)
+            .map(|((r, item), before)| {
+                if !watch {
+                    // The file the syscalls opened was checked; one that was not there to
+                    // open is a miss, even if a put renamed a new one in since.
+                    return match r {
+                        Ok(()) => Ok(true),
+                        Err(TierError::Io { ref source, .. })
+                            if source.kind() == std::io::ErrorKind::NotFound =>
+                        {
+                            Ok(false)
+                        }
+                        Err(_) if !item.path.exists() => Ok(false),
+                        Err(e) => Err(e),
+                    };
+                }
+                let after = file_id(&item.path);
+                match (r, after) {
+                    (_, None) => Ok(false),
+                    (_, Some(after)) if before != Some(after) => Ok(false),
+                    (_, Some(after)) if after.len != item.len as u64 => {
+                        Err(TierError::LengthMismatch {
+                            key: item.key.clone(),
+                            stored: after.len as usize,
+                            buffer: item.len,
+                        })
+                    }
+                    (Ok(()), _) => Ok(true),
+                    (Err(e), _) => Err(e),
+                }
+            })
+            .collect();
+        BatchReads {
+            results,
+            poisoned: outcome.poisoned,
+        }
+    }
+}
+
+/// What [`FileIo::read_all`] found.
+pub struct BatchReads {
+    /// Per item: hit (`true`), miss (`false`), or the error.
+    pub results: Vec<Result<bool, TierError>>,
+    /// True if the batch's DRAM must never be reused or freed.
+    pub poisoned: bool,
+}
+
 fn op_name(op: XferOp) -> &'static str {
     match op {
         XferOp::Read => "read page",

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use tier_core::{
     async_trait, GetResult, Lookup, Page, PageBuf, PageData, PageKey, PutResult, ReadSlot,
-    RemoveResult, StatsRecorder, StorageTier, TierError, TierInfo, TierStats,
+    RemoveResult, StatsRecorder, StorageTier, TierError, TierInfo, TierStats, WriteOrder,
 };
 
 pub use io::{probe_path_mode, FileMode};
@@ -220,6 +220,9 @@ struct Shared {
     /// Bounds zero-copy write jobs in flight (staged jobs are bounded by the staging pool).
     inflight: Arc<tokio::sync::Semaphore>,
     stats: StatsRecorder,
+    /// Per-key turns: a remove still running after its call was dropped finishes before a
+    /// later put or remove of its keys starts.
+    order: WriteOrder,
     direct: bool,
     max_page: usize,
     // Held for the tier's life: the exclusive locks on the storage folders.
@@ -357,6 +360,7 @@ impl Shared {
             staging,
             inflight: Arc::new(tokio::sync::Semaphore::new(config.staging_buffers)),
             stats: StatsRecorder::default(),
+            order: WriteOrder::new(),
             direct,
             max_page,
             _locks: locks,
@@ -417,8 +421,9 @@ impl Shared {
         let Some(capacity) = self.config.capacity_bytes else {
             return;
         };
-        let victims = self.index().evict_to(capacity);
-        for key in victims {
+        // Unlinked under the lock that forgets them: a put renaming a new file in waits.
+        let mut index = self.index();
+        for key in index.evict_to(capacity) {
             self.stats.eviction();
             if let Ok(path) = self.layout.page_path(&key) {
                 let _ = fs::remove_file(path);
@@ -443,13 +448,14 @@ impl Shared {
             Some(lease) => self.write_staged(pages, lease),
             None => self.write_zero_copy(self.lane(lane), pages, lent),
         };
-        FileIo::commit_writes(&xfers, &finals, &mut outcome);
         if outcome.poisoned {
             // NIXL may still read these bytes: never free them (lent pages are never poisoned).
             std::mem::forget(pages.iter().map(|p| p.data.clone()).collect::<Vec<_>>());
         }
         {
+            // Files and entries change together: renamed in under the lock that inserts them.
             let mut index = self.index();
+            FileIo::commit_writes(&xfers, &finals, &mut outcome);
             for (page, result) in pages.iter().zip(&outcome.results) {
                 match result {
                     Ok(()) => {
@@ -567,9 +573,9 @@ impl Shared {
             Err(e) => return reads.iter().map(|_| Err(copy_error(&e))).collect(),
         };
         let xfers = read_xfers(reads, |i| ranges[i].clone());
-        let outcome = io.transfer_all(XferOp::Read, &xfers, true);
+        let outcome = io.read_all(&xfers, true);
         drop(registration);
-        classify_reads(reads, outcome.results)
+        outcome.results
     }
 
     /// Reads a chunk into a staging lease (blocking thread), for direct I/O.
@@ -585,8 +591,8 @@ impl Shared {
         let (offsets, _) = io::slots(reads.iter().map(|r| r.len));
         let base = lease.buf().addr();
         let xfers = read_xfers(reads, |i| vec![(base + offsets[i], reads[i].len)]);
-        let outcome = self.lane(0).transfer_all(XferOp::Read, &xfers, false);
-        let results = classify_reads(reads, outcome.results);
+        let outcome = self.lane(0).read_all(&xfers, false);
+        let results = outcome.results;
         if outcome.poisoned {
             lease.leak();
             return (None, offsets, results);
@@ -594,17 +600,19 @@ impl Shared {
         (Some(lease), offsets, results)
     }
 
-    /// Unpins read pages; hits become most recent, vanished files are forgotten.
+    /// Unpins read pages; hits become most recent. A file that vanished under its entry
+    /// (deleted by hand) is forgotten, unless the entry is no longer the one the read planned
+    /// with (a newer put replaced it meanwhile).
     fn finish_reads(&self, reads: &[PlannedRead], results: &[Result<bool, TierError>]) {
         let mut index = self.index();
         for (read, result) in reads.iter().zip(results) {
             index.unpin(&read.key);
             match result {
                 Ok(true) => index.touch(&read.key),
-                Ok(false) => {
-                    index.remove(&read.key);
+                Ok(false) if !read.path.exists() => {
+                    index.remove_if(&read.key, read.generation);
                 }
-                Err(_) => {}
+                _ => {}
             }
         }
     }
@@ -623,6 +631,8 @@ struct PlannedWrite<'a> {
 struct PlannedRead {
     slot: usize,
     key: PageKey,
+    /// The index entry's generation when planned (0 for a reader, which has no index).
+    generation: u64,
     path: PathBuf,
     len: usize,
     direct: bool,
@@ -657,22 +667,6 @@ fn read_xfers(reads: &[PlannedRead], parts: impl Fn(usize) -> Vec<(usize, usize)
             len: r.len,
             direct: r.direct,
             parts: parts(i),
-        })
-        .collect()
-}
-
-/// Hit (`true`), vanished file (`false`), or the error.
-fn classify_reads(
-    reads: &[PlannedRead],
-    results: Vec<Result<(), TierError>>,
-) -> Vec<Result<bool, TierError>> {
-    results
-        .into_iter()
-        .zip(reads)
-        .map(|(r, read)| match r {
-            Ok(()) => Ok(true),
-            Err(_) if !read.path.exists() => Ok(false),
-            Err(e) => Err(e),
         })
         .collect()
 }
@@ -834,6 +828,8 @@ impl StorageTier for NixlFileTier {
                 })
                 .collect();
         }
+        let keys: Vec<PageKey> = pages.iter().map(|p| p.key.clone()).collect();
+        let _turn = shared.order.turn(&keys).await;
         let mut results: Vec<Option<PutResult>> = (0..pages.len()).map(|_| None).collect();
         // A key repeated in the batch: only its last valid page is written.
         let last = Page::last_valid(pages, shared.limit());
@@ -976,6 +972,7 @@ impl StorageTier for NixlFileTier {
                         let read = PlannedRead {
                             slot: i,
                             key: slot.key.clone(),
+                            generation: index.generation(&slot.key).unwrap_or(0),
                             path,
                             len,
                             direct: is_direct,
@@ -1071,13 +1068,18 @@ impl StorageTier for NixlFileTier {
         let shared = Arc::clone(&self.shared);
         let keys = keys.to_vec();
         let n = keys.len();
+        // Runs to the end even if this call is dropped, holding the keys' turn till then.
+        let turn = shared.order.turn(&keys).await;
         tokio::task::spawn_blocking(move || {
+            let _turn = turn;
             keys.iter()
                 .map(|key| {
-                    if !shared.index().remove(key) {
+                    let path = shared.layout.page_path(key)?;
+                    // Forgotten and unlinked together (see the index).
+                    let mut index = shared.index();
+                    if !index.remove(key) {
                         return Ok(false);
                     }
-                    let path = shared.layout.page_path(key)?;
                     match fs::remove_file(&path) {
                         Ok(()) => {
                             shared.stats.removed();
@@ -1103,7 +1105,8 @@ impl StorageTier for NixlFileTier {
     async fn clear(&self) -> Result<(), TierError> {
         let shared = Arc::clone(&self.shared);
         tokio::task::spawn_blocking(move || {
-            let keys = shared.index().drain();
+            let mut index = shared.index();
+            let keys = index.drain();
             let mut first_err = None;
             for key in keys {
                 let Ok(path) = shared.layout.page_path(&key) else {

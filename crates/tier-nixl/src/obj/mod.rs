@@ -469,8 +469,15 @@ impl StorageTier for NixlObjTier {
         }
         if !writes.is_empty() {
             let job_shared = Arc::clone(shared);
-            // Spawned, so a dropped `put` still finishes its transfer with the bytes it owns.
-            let outcome = tokio::task::spawn_blocking(move || job_shared.write_pages(&writes))
+            let keys: Vec<PageKey> = writes.iter().map(|w| w.0.clone()).collect();
+            let turn = shared.control.write_order().turn(&keys).await;
+            // Spawned, so a dropped `put` still finishes its transfer with the bytes it owns;
+            // it holds its keys' turn until then, so a later write of them never lands first.
+            let outcome = tokio::task::spawn_blocking(move || {
+                let written = job_shared.write_pages(&writes);
+                drop(turn);
+                written
+            })
                 .await
                 .map_err(|e| TierError::Unavailable(format!("write task failed: {e}")));
             match outcome {
