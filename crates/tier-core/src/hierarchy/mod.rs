@@ -494,12 +494,17 @@ impl StorageTier for Hierarchy {
         let mut at = 0;
         while at < keys.len() {
             let rest = &keys[at..];
-            // Lower tiers' copies of a key whose demotion was not carried are stale.
-            let stale_from = self.motion.first_stale_below(rest);
-            let mut best = self.motion.leading(rest);
+            // Asked in the order a page travels (top, in motion, below), so a page moving down
+            // while this runs is seen at one stop or the next, never missed between them.
+            let mut best = 0;
+            let mut stale_from = rest.len();
             for (depth, level) in self.inner.levels.iter().enumerate() {
+                if depth == 1 {
+                    best = best.max(self.motion.leading(rest));
+                    // Copies below of a key whose demotion was not carried are stale.
+                    stale_from = self.motion.first_stale_below(rest);
+                }
                 match level.tier.exists(rest).await {
-                    Ok(n) if depth == 0 => best = best.max(n),
                     Ok(n) => best = best.max(n.min(stale_from)),
                     Err(e) if depth == 0 => return Err(e),
                     Err(_) => {
