@@ -79,7 +79,10 @@ impl Drop for OrderGuard {
         for (key, guard) in held {
             drop(guard);
             // Nobody else holds or waits for this key's lock: forget it.
-            if keys.get(&key).is_some_and(|lock| Arc::strong_count(lock) == 1) {
+            if keys
+                .get(&key)
+                .is_some_and(|lock| Arc::strong_count(lock) == 1)
+            {
                 keys.remove(&key);
             }
         }

@@ -28,6 +28,19 @@ mod s3;
 const MAX_NAME: usize = 200;
 pub use s3::S3Settings;
 
+/// Which object a name held when asked: its length and the store's identity of its content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectId {
+    /// Length in bytes.
+    pub len: u64,
+    /// The store's entity tag, if it gives one.
+    pub e_tag: Option<String>,
+    /// The store's version id, if versioned.
+    pub version: Option<String>,
+    /// Last modification, in nanoseconds since the epoch.
+    pub modified: Option<i64>,
+}
+
 /// Pages as objects in any object store.
 ///
 /// A put or remove runs in a task of its own holding its keys' turn ([`WriteOrder`]): a call
@@ -60,7 +73,18 @@ impl ObjectTier {
 
     /// [`Self::stored_len`] of each key, `concurrency` HEADs in flight.
     pub async fn stored_lens(&self, keys: &[PageKey]) -> Vec<Result<Option<u64>, TierError>> {
-        self.objects.stored_lens(keys).await
+        self.objects
+            .object_ids(keys)
+            .await
+            .into_iter()
+            .map(|r| r.map(|id| id.map(|id| id.len)))
+            .collect()
+    }
+
+    /// Which object each key names now (`None`: absent), `concurrency` HEADs in flight. The
+    /// same id before and after a read means the read saw one whole object.
+    pub async fn object_ids(&self, keys: &[PageKey]) -> Vec<Result<Option<ObjectId>, TierError>> {
+        self.objects.object_ids(keys).await
     }
 
     /// The order this tier's puts and removes take turns in: a tier writing the same objects
@@ -75,7 +99,12 @@ impl ObjectTier {
     }
 
     /// Runs `work` on the tier in a task of its own holding `keys`' turn; `n` results.
-    async fn in_turn<T, F, Fut>(&self, keys: Vec<PageKey>, n: usize, work: F) -> Vec<Result<T, TierError>>
+    async fn in_turn<T, F, Fut>(
+        &self,
+        keys: Vec<PageKey>,
+        n: usize,
+        work: F,
+    ) -> Vec<Result<T, TierError>>
     where
         T: Send + 'static,
         F: FnOnce(Arc<Objects>) -> Fut + Send + 'static,
@@ -317,12 +346,21 @@ impl Objects {
 
     /// The stored length of a key's object (`None`: absent), by one HEAD.
     pub async fn stored_len(&self, key: &PageKey) -> Result<Option<u64>, TierError> {
+        Ok(self.object_id(key).await?.map(|id| id.len))
+    }
+
+    async fn object_id(&self, key: &PageKey) -> Result<Option<ObjectId>, TierError> {
         let Ok(path) = self.object_path(key) else {
             return Ok(None);
         };
         self.bounded("object head", async {
             match self.store.head(&path).await {
-                Ok(meta) => Ok(Some(meta.size)),
+                Ok(meta) => Ok(Some(ObjectId {
+                    len: meta.size,
+                    e_tag: meta.e_tag,
+                    version: meta.version,
+                    modified: meta.last_modified.timestamp_nanos_opt(),
+                })),
                 Err(object_store::Error::NotFound { .. }) => Ok(None),
                 Err(e) => Err(self.error(Some(key), e)),
             }
@@ -347,10 +385,12 @@ impl Objects {
     }
 
     /// [`Self::stored_len`] of each key, `concurrency` HEADs in flight.
-    pub async fn stored_lens(&self, keys: &[PageKey]) -> Vec<Result<Option<u64>, TierError>> {
-        let jobs: Vec<Job<'_, Result<Option<u64>, TierError>>> = keys
+    async fn object_ids(&self, keys: &[PageKey]) -> Vec<Result<Option<ObjectId>, TierError>> {
+        let jobs: Vec<Job<'_, Result<Option<ObjectId>, TierError>>> = keys
             .iter()
-            .map(|k| -> Job<'_, Result<Option<u64>, TierError>> { Box::pin(self.stored_len(k)) })
+            .map(|k| -> Job<'_, Result<Option<ObjectId>, TierError>> {
+                Box::pin(self.object_id(k))
+            })
             .collect();
         run_ordered(jobs, self.config.concurrency).await
     }

@@ -95,7 +95,10 @@ impl TierFactory for SlowModelFactory {
             latency: std::time::Duration::from_millis(2),
             ..Faults::default()
         };
-        Ok(Arc::new(FaultyTier::new(Arc::new(ModelTier::default()), faults)))
+        Ok(Arc::new(FaultyTier::new(
+            Arc::new(ModelTier::default()),
+            faults,
+        )))
     }
 }
 

@@ -478,8 +478,8 @@ impl StorageTier for NixlObjTier {
                 drop(turn);
                 written
             })
-                .await
-                .map_err(|e| TierError::Unavailable(format!("write task failed: {e}")));
+            .await
+            .map_err(|e| TierError::Unavailable(format!("write task failed: {e}")));
             match outcome {
                 Ok(mut written) => {
                     shared.explain_failures(&mut written).await;
@@ -513,25 +513,25 @@ impl StorageTier for NixlObjTier {
     async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
         let shared = &self.shared;
         let keys: Vec<PageKey> = slots.iter().map(|s| s.key.clone()).collect();
-        let lens = shared.control.stored_lens(&keys).await;
+        let ids = shared.control.object_ids(&keys).await;
         let mut results: Vec<Option<GetResult>> = (0..slots.len()).map(|_| None).collect();
         let mut reads = Vec::new();
         let mut wanted = vec![false; slots.len()];
-        for (i, (slot, len)) in slots.iter().zip(lens).enumerate() {
-            match len {
+        for (i, (slot, id)) in slots.iter().zip(ids).enumerate() {
+            match id {
                 Err(e) => results[i] = Some(Err(e)),
                 Ok(None) => results[i] = Some(Ok(Lookup::Miss)),
-                Ok(Some(len)) if len != slot.buf.len() as u64 => {
+                Ok(Some(id)) if id.len != slot.buf.len() as u64 => {
                     results[i] = Some(Err(TierError::LengthMismatch {
                         key: slot.key.clone(),
-                        stored: len as usize,
+                        stored: id.len as usize,
                         buffer: slot.buf.len(),
                     }))
                 }
-                Ok(Some(_)) => match shared.control.object_path(&slot.key) {
+                Ok(Some(id)) => match shared.control.object_path(&slot.key) {
                     Ok(object) => {
                         wanted[i] = true;
-                        reads.push((i, slot.key.clone(), object.to_string()));
+                        reads.push((i, slot.key.clone(), object.to_string(), id));
                     }
                     Err(_) => results[i] = Some(Ok(Lookup::Miss)),
                 },
@@ -541,17 +541,21 @@ impl StorageTier for NixlObjTier {
             let mut bufs = marked_bufs(slots, &wanted);
             let objects: Vec<(PageKey, String)> = reads
                 .iter()
-                .map(|(_, k, o)| (k.clone(), o.clone()))
+                .map(|(_, k, o, _)| (k.clone(), o.clone()))
                 .collect();
             let outcome = run_blocking(|| shared.read_pages(&objects, &mut bufs));
-            for ((i, key, _), r) in reads.iter().zip(outcome) {
-                results[*i] = Some(match r {
-                    Ok(()) => Ok(Lookup::Hit),
-                    // Removed since the HEAD: a miss; otherwise the transfer's error.
-                    Err(e) => match shared.control.stored_len(key).await {
-                        Ok(None) => Ok(Lookup::Miss),
-                        _ => Err(e),
-                    },
+            drop(bufs);
+            // NIXL reads a range of whatever the name holds when its request arrives: a read
+            // is whole only if the object is the same one after it as before it. One that was
+            // replaced or removed meanwhile is a miss (what arrived may mix two objects).
+            let read_keys: Vec<PageKey> = reads.iter().map(|(_, k, _, _)| k.clone()).collect();
+            let after = shared.control.object_ids(&read_keys).await;
+            for ((i, _, _, before), (r, after)) in reads.iter().zip(outcome.into_iter().zip(after))
+            {
+                results[*i] = Some(match (r, after) {
+                    (_, Ok(after)) if after.as_ref() != Some(before) => Ok(Lookup::Miss),
+                    (Ok(()), Ok(_)) => Ok(Lookup::Hit),
+                    (Ok(()), Err(e)) | (Err(e), _) => Err(e),
                 });
             }
         }
