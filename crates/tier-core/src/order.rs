@@ -60,6 +60,12 @@ impl WriteOrder {
         guard
     }
 
+    /// Waits for every write running or waiting now (a clear), then holds their keys' turn.
+    pub async fn turn_all(&self) -> OrderGuard {
+        let busy: Vec<PageKey> = self.turns.lock().keys().cloned().collect();
+        self.turn(&busy).await
+    }
+
     /// Keys with a write running or waiting now.
     pub fn busy_keys(&self) -> usize {
         self.turns.lock().len()

@@ -17,6 +17,10 @@ pub use file::{
 };
 pub use obj::{NixlObjConfig, NixlObjTier, RequestChecksum};
 
+/// Reads of a page file replaced while it was read (checked by the file's identity),
+/// before it is answered as a miss.
+const READ_ATTEMPTS: usize = 3;
+
 /// What `kvtier probe` reports about the NIXL runtime.
 #[derive(Debug, Clone)]
 pub struct Probe {

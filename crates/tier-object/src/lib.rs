@@ -162,7 +162,16 @@ impl StorageTier for ObjectTier {
     }
 
     async fn clear(&self) -> Result<(), TierError> {
-        self.objects.clear().await
+        // Writes still running (some for dropped calls) land first, then go with the rest.
+        let turn = self.order.turn_all().await;
+        let objects = Arc::clone(&self.objects);
+        tokio::spawn(async move {
+            let cleared = objects.clear().await;
+            drop(turn);
+            cleared
+        })
+        .await
+        .unwrap_or_else(|e| Err(TierError::Unavailable(format!("clear task failed: {e}"))))
     }
 }
 

@@ -529,6 +529,11 @@ impl StorageTier for Hierarchy {
         // A copy a tier failed to remove may still be served: that key's remove failed.
         for level in &self.inner.levels {
             for (r, lr) in results.iter_mut().zip(level.tier.remove(keys).await) {
+                // A key a tier cannot store is not there to remove.
+                let lr = match lr {
+                    Err(TierError::KeyRejected { .. }) => Ok(false),
+                    other => other,
+                };
                 match (lr, &r) {
                     (Err(e), Ok(_)) => *r = Err(e),
                     (Ok(true), Ok(_)) => *r = Ok(true),

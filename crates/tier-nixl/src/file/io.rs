@@ -16,7 +16,7 @@ use tier_core::{PageKey, TierError};
 use crate::batch::{move_isolating, BatchOutcome, Failure};
 use crate::nixl::{next_dev_id, Backend, Desc, Finished, MemKind, Registration, XferOp};
 use crate::staging::align_up;
-use crate::FileEngine;
+use crate::{FileEngine, READ_ATTEMPTS};
 
 /// How files are handed to NIXL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +59,7 @@ pub fn probe_path_mode(backend: &Arc<Backend>) -> FileMode {
 }
 
 /// One page to move: its file, its length, and the DRAM regions of its bytes.
+#[derive(Clone)]
 pub struct Xfer {
     /// The page's key.
     pub key: PageKey,
@@ -292,6 +293,30 @@ impl FileIo {
     /// (path mode) or reads (fd mode) files where kvtier cannot watch, so each file's
     /// identity is compared before and after; the syscall engine checks the open file itself.
     pub fn read_all(&self, items: &[Xfer], borrowed: bool) -> BatchReads {
+        let mut reads = self.read_once(items, borrowed);
+        // A page replaced by a put while it was read is read again (the new file), a few
+        // times, before it is answered as a miss.
+        for _ in 0..READ_ATTEMPTS - 1 {
+            if reads.poisoned {
+                break;
+            }
+            let again: Vec<usize> = (0..items.len())
+                .filter(|&i| matches!(reads.results[i], Ok(false)) && items[i].path.exists())
+                .collect();
+            if again.is_empty() {
+                break;
+            }
+            let retry: Vec<Xfer> = again.iter().map(|&i| items[i].clone()).collect();
+            let second = self.read_once(&retry, borrowed);
+            reads.poisoned |= second.poisoned;
+            for (i, r) in again.into_iter().zip(second.results) {
+                reads.results[i] = r;
+            }
+        }
+        reads
+    }
+
+    fn read_once(&self, items: &[Xfer], borrowed: bool) -> BatchReads {
         let watch = self.engine == FileEngine::Nixl;
         let before: Vec<Option<FileId>> = items
             .iter()

@@ -23,7 +23,7 @@ use tier_core::{
     async_trait, Bytes, GetResult, Lookup, Page, PageBuf, PageKey, PutResult, ReadSlot,
     RemoveResult, StatsRecorder, StorageTier, TierError, TierInfo, TierStats,
 };
-use tier_object::{ObjectTier, ObjectTierConfig, S3Settings};
+use tier_object::{ObjectId, ObjectTier, ObjectTierConfig, S3Settings};
 
 use crate::batch::{marked_bufs, move_isolating, run_blocking, send_pages, BatchOutcome, Failure};
 use crate::nixl::{next_dev_id, Agent, Backend, Desc, Finished, MemKind, XferOp};
@@ -175,6 +175,23 @@ impl NixlObjConfig {
 
 /// The largest object one S3 PUT may write.
 const MAX_OBJECT: usize = 5 << 30;
+
+/// Reads of an object overwritten while it was read, before it is answered as a miss (S3
+/// answers a ranged GET of whatever the name holds when the request arrives).
+const OBJ_READ_ATTEMPTS: u32 = 8;
+
+/// Whether `bytes` are the content one of `ids` names: their MD5 is its entity tag (what S3
+/// and compatible stores give for an object written by one PUT).
+fn holds_tagged(bytes: &[u8], ids: [&ObjectId; 2]) -> bool {
+    use md5::{Digest, Md5};
+    let digest = Md5::digest(bytes);
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    ids.iter().any(|id| {
+        id.e_tag
+            .as_deref()
+            .is_some_and(|tag| tag.trim_matches('"').eq_ignore_ascii_case(&hex))
+    })
+}
 
 /// A shared page tier on S3-compatible object storage, data moved by NIXL OBJ.
 pub struct NixlObjTier {
@@ -516,7 +533,6 @@ impl StorageTier for NixlObjTier {
         let ids = shared.control.object_ids(&keys).await;
         let mut results: Vec<Option<GetResult>> = (0..slots.len()).map(|_| None).collect();
         let mut reads = Vec::new();
-        let mut wanted = vec![false; slots.len()];
         for (i, (slot, id)) in slots.iter().zip(ids).enumerate() {
             match id {
                 Err(e) => results[i] = Some(Err(e)),
@@ -529,34 +545,65 @@ impl StorageTier for NixlObjTier {
                     }))
                 }
                 Ok(Some(id)) => match shared.control.object_path(&slot.key) {
-                    Ok(object) => {
-                        wanted[i] = true;
-                        reads.push((i, slot.key.clone(), object.to_string(), id));
-                    }
+                    Ok(object) => reads.push((i, slot.key.clone(), object.to_string(), id)),
                     Err(_) => results[i] = Some(Ok(Lookup::Miss)),
                 },
             }
         }
-        if !reads.is_empty() {
+        // NIXL reads a range of whatever the name holds when its request arrives: a read is
+        // whole only if the object is the same one after it as before it. One replaced while
+        // it was read is read again (a few times); one removed, or replaced every time, is a
+        // miss: what arrived may mix two objects.
+        for attempt in 1..=OBJ_READ_ATTEMPTS {
+            if reads.is_empty() {
+                break;
+            }
+            let mut wanted = vec![false; slots.len()];
+            for (i, ..) in &reads {
+                wanted[*i] = true;
+            }
             let mut bufs = marked_bufs(slots, &wanted);
+            // `marked_bufs` gives the buffers in slot order: read in that order too.
+            reads.sort_by_key(|(i, ..)| *i);
             let objects: Vec<(PageKey, String)> = reads
                 .iter()
                 .map(|(_, k, o, _)| (k.clone(), o.clone()))
                 .collect();
             let outcome = run_blocking(|| shared.read_pages(&objects, &mut bufs));
             drop(bufs);
-            // NIXL reads a range of whatever the name holds when its request arrives: a read
-            // is whole only if the object is the same one after it as before it. One that was
-            // replaced or removed meanwhile is a miss (what arrived may mix two objects).
             let read_keys: Vec<PageKey> = reads.iter().map(|(_, k, _, _)| k.clone()).collect();
             let after = shared.control.object_ids(&read_keys).await;
-            for ((i, _, _, before), (r, after)) in reads.iter().zip(outcome.into_iter().zip(after))
+            let mut again = Vec::new();
+            for ((i, key, object, before), (r, after)) in
+                reads.into_iter().zip(outcome.into_iter().zip(after))
             {
-                results[*i] = Some(match (r, after) {
-                    (_, Ok(after)) if after.as_ref() != Some(before) => Ok(Lookup::Miss),
+                results[i] = Some(match (r, after) {
+                    // Overwritten while read, yet the bytes are one whole version: the one
+                    // whose content hash the store gave as its entity tag.
+                    (Ok(()), Ok(Some(now)))
+                        if now != before
+                            && now.len == before.len
+                            && holds_tagged(&slots[i].buf.to_vec(), [&before, &now]) =>
+                    {
+                        Ok(Lookup::Hit)
+                    }
+                    (_, Ok(Some(now)))
+                        if now != before
+                            && now.len == before.len
+                            && attempt < OBJ_READ_ATTEMPTS =>
+                    {
+                        again.push((i, key, object, now));
+                        continue;
+                    }
+                    (_, Ok(after)) if after.as_ref() != Some(&before) => Ok(Lookup::Miss),
                     (Ok(()), Ok(_)) => Ok(Lookup::Hit),
                     (Ok(()), Err(e)) | (Err(e), _) => Err(e),
                 });
+            }
+            reads = again;
+            if !reads.is_empty() {
+                // Overwritten while read: give the writer a moment before the next attempt.
+                tokio::time::sleep(std::time::Duration::from_millis(1 << attempt.min(5))).await;
             }
         }
         shared.stats.settle_gets(results, slots)
