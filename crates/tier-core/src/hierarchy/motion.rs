@@ -15,7 +15,7 @@
 //! - **The backlog** in pages and bytes, and a way to wait for it to shrink.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Mutex;
 
@@ -97,9 +97,7 @@ impl Motion {
     }
 
     fn stripe(&self, key: &PageKey) -> usize {
-        let mut h = self.hasher.build_hasher();
-        key.hash(&mut h);
-        (h.finish() as usize) % STRIPES
+        (self.hasher.hash_one(key) as usize) % STRIPES
     }
 
     fn stripes_of(&self, keys: &[PageKey]) -> Vec<usize> {
@@ -393,10 +391,10 @@ impl Motion {
         held: &mut HashMap<usize, RwLockWriteGuard<'a, ()>>,
     ) -> bool {
         let s = self.stripe(key);
-        if !held.contains_key(&s) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = held.entry(s) {
             match self.stripes[s].lock.try_write() {
                 Ok(guard) => {
-                    held.insert(s, guard);
+                    slot.insert(guard);
                 }
                 Err(_) => return false,
             }
