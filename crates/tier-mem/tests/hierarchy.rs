@@ -171,3 +171,89 @@ async fn bad_compositions_are_config_errors() {
         Err(TierError::Config { field, .. }) if field == "demotions"
     ));
 }
+
+/// DRAM with room for one 4 KiB page (LRU) over DRAM, wired for `write`.
+fn one_page_over_dram(write: WritePolicy) -> Hierarchy {
+    let queue = DemotionQueue::new();
+    let mut upper = MemTier::builder(4096 + 512)
+        .name("one-page")
+        .policy(tier_mem::EvictionPolicy::Lru);
+    if write == WritePolicy::WriteBack {
+        upper = upper.on_evict(queue.listener(0));
+    }
+    let tiers: Vec<DynTier> = vec![
+        Arc::new(upper.build().unwrap()),
+        Arc::new(MemTier::builder(64 << 20).name("lower").build().unwrap()),
+    ];
+    Hierarchy::new("one/dram", tiers, policy(write), Some(queue)).unwrap()
+}
+
+async fn put_one(h: &Hierarchy, k: &PageKey, version: u64) {
+    let page = [Page::new(k.clone(), content::page(k, version, 4096))];
+    for r in h.put(&page).await {
+        r.unwrap();
+    }
+}
+
+/// Write-back once served the older of two demoted versions: the newer one was on its way
+/// down (not readable in flight) while the older one was already below.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_back_serves_the_newest_version_while_demotions_land() {
+    for trial in 0..200 {
+        let h = one_page_over_dram(WritePolicy::WriteBack);
+        let (k, other) = (key(1), key(2));
+        put_one(&h, &k, 1).await;
+        put_one(&h, &other, 1).await; // v1 demoted
+        put_one(&h, &k, 2).await;
+        put_one(&h, &other, 2).await; // v2 demoted
+        for when in ["at once", "after flush"] {
+            if when == "after flush" {
+                h.flush().await.unwrap();
+            }
+            let (r, buf) = tier_tests::read_page(&h, k.clone(), 4096).await;
+            assert_eq!(r.unwrap(), Lookup::Hit, "trial {trial}, {when}");
+            content::verify(&k, 2, &buf)
+                .unwrap_or_else(|e| panic!("trial {trial}, {when}: an older version: {e}"));
+        }
+        h.close().await.unwrap();
+    }
+}
+
+/// A write-through put dropped while it waited for room in the queue once left its page in
+/// flight for good: after `remove`, `get` still hit it, and `flush` never finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_dropped_while_waiting_leaves_nothing_behind() {
+    let lower = Arc::new(FaultyTier::new(
+        Arc::new(MemTier::builder(64 << 20).build().unwrap()),
+        Faults {
+            latency: std::time::Duration::from_millis(200),
+            ..Faults::default()
+        },
+    ));
+    let tiers: Vec<DynTier> = vec![Arc::new(MemTier::builder(64 << 20).build().unwrap()), lower];
+    let policy = HierarchyPolicy {
+        queue_bytes: Some(4096),
+        flush_timeout: std::time::Duration::from_secs(10),
+        ..HierarchyPolicy::default()
+    };
+    let h = Hierarchy::new("dram/slow", tiers, policy, None).unwrap();
+    // The first copy down takes 200 ms; the second fills the queue behind it.
+    put_one(&h, &key(1), 1).await;
+    put_one(&h, &key(3), 1).await;
+    let k = key(2);
+    let page = [Page::new(k.clone(), content::page(&k, 1, 4096))];
+    let waited = tokio::time::timeout(std::time::Duration::from_millis(20), h.put(&page)).await;
+    assert!(waited.is_err(), "the put should still wait for room");
+    h.remove(std::slice::from_ref(&k)).await[0]
+        .as_ref()
+        .expect("remove");
+    let (r, _) = tier_tests::read_page(&h, k.clone(), 4096).await;
+    assert_eq!(r.unwrap(), Lookup::Miss, "a removed page came back");
+    tokio::time::timeout(std::time::Duration::from_secs(5), h.flush())
+        .await
+        .expect("flush must finish")
+        .unwrap();
+    let (r, _) = tier_tests::read_page(&h, k, 4096).await;
+    assert_eq!(r.unwrap(), Lookup::Miss);
+    h.close().await.unwrap();
+}
