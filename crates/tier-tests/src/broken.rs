@@ -28,12 +28,26 @@ pub enum Fault {
     /// A put writes from a task of its own that outlives the call: a put dropped before it
     /// returned still lands, later, over whatever was put meanwhile.
     LandsAfterDrop,
+    /// A shorter rewrite keeps the old page's tail: the page keeps its old length.
+    KeepsStaleTail,
+    /// A key repeated in one batch keeps its first page instead of its last.
+    KeepsFirstDuplicate,
+    /// An empty page is stored (and reported stored) instead of refused.
+    AcceptsEmptyPages,
+    /// Counts every put twice in its stats.
+    MiscountsPuts,
+    /// Reports the capacity it is opened with but never evicts.
+    IgnoresCapacity,
+    /// Says it is persistent, but every open starts empty.
+    ForgetsOnReopen,
 }
 
 /// A correct [`ModelTier`] with one [`Fault`].
 pub struct BrokenTier {
     inner: Arc<ModelTier>,
     fault: Fault,
+    /// The capacity it claims (only [`Fault::IgnoresCapacity`]).
+    claimed_capacity: Option<u64>,
     hits_returned: AtomicU64,
     leaked: Mutex<Vec<File>>,
 }
@@ -44,9 +58,39 @@ impl BrokenTier {
         Self {
             inner: Arc::default(),
             fault,
+            claimed_capacity: None,
             hits_returned: AtomicU64::new(0),
             leaked: Mutex::new(Vec::new()),
         }
+    }
+}
+
+impl BrokenTier {
+    /// Puts `pages` one at a time, with this tier's wrong idea of a put.
+    async fn put_wrongly(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
+        let mut results = Vec::with_capacity(pages.len());
+        let mut seen = std::collections::HashSet::new();
+        for page in pages {
+            if self.fault == Fault::KeepsFirstDuplicate && !seen.insert(page.key.clone()) {
+                results.push(Ok(()));
+                continue;
+            }
+            let mut bytes = page.data.to_bytes().to_vec();
+            if self.fault == Fault::KeepsStaleTail {
+                if let Some(old) = self.inner.peek(&page.key) {
+                    if old.len() > bytes.len() {
+                        bytes.extend_from_slice(&old[bytes.len()..]);
+                    }
+                }
+            }
+            if bytes.is_empty() && self.fault == Fault::AcceptsEmptyPages {
+                // Stored as a one-byte page: the model itself refuses empty ones.
+                bytes.push(0);
+            }
+            let stored = Page::new(page.key.clone(), bytes);
+            results.extend(self.inner.put(std::slice::from_ref(&stored)).await);
+        }
+        results
     }
 }
 
@@ -55,17 +99,27 @@ impl StorageTier for BrokenTier {
     fn info(&self) -> TierInfo {
         TierInfo {
             kind: format!("broken-{:?}", self.fault),
+            capacity_bytes: self.claimed_capacity,
+            persistent: self.fault == Fault::ForgetsOnReopen,
             ..self.inner.info()
         }
     }
 
     fn stats(&self) -> TierStats {
-        self.inner.stats()
+        let mut s = self.inner.stats();
+        if self.fault == Fault::MiscountsPuts {
+            s.puts *= 2;
+        }
+        s
     }
 
     async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
-        if self.fault != Fault::LandsAfterDrop {
-            return self.inner.put(pages).await;
+        match self.fault {
+            Fault::LandsAfterDrop => {}
+            Fault::KeepsStaleTail | Fault::KeepsFirstDuplicate | Fault::AcceptsEmptyPages => {
+                return self.put_wrongly(pages).await
+            }
+            _ => return self.inner.put(pages).await,
         }
         let (inner, pages) = (
             Arc::clone(&self.inner),
@@ -131,14 +185,25 @@ impl StorageTier for BrokenTier {
     }
 }
 
-/// Opens fresh [`ModelTier`]s: the suite's known-good reference.
-#[derive(Default)]
-pub struct ModelFactory;
+/// Opens the suite's known-good reference: one [`ModelTier`] that every open reaches again
+/// (storage that survives a reopen, as the factory contract asks), and bounded models for the
+/// capacity case.
+pub struct ModelFactory(Arc<ModelTier>);
+
+impl Default for ModelFactory {
+    fn default() -> Self {
+        Self(Arc::new(ModelTier::persistent()))
+    }
+}
 
 #[async_trait]
 impl TierFactory for ModelFactory {
     async fn open(&self) -> Result<DynTier, TierError> {
-        Ok(Arc::new(ModelTier::default()))
+        Ok(Arc::clone(&self.0) as DynTier)
+    }
+
+    async fn open_bounded(&self, capacity_bytes: u64) -> Option<Result<DynTier, TierError>> {
+        Some(Ok(Arc::new(ModelTier::bounded(capacity_bytes, None))))
     }
 }
 
@@ -149,6 +214,15 @@ pub struct BrokenFactory(pub Fault);
 impl TierFactory for BrokenFactory {
     async fn open(&self) -> Result<DynTier, TierError> {
         Ok(Arc::new(BrokenTier::new(self.0)))
+    }
+
+    async fn open_bounded(&self, capacity_bytes: u64) -> Option<Result<DynTier, TierError>> {
+        if self.0 != Fault::IgnoresCapacity {
+            return None;
+        }
+        let mut tier = BrokenTier::new(self.0);
+        tier.claimed_capacity = Some(capacity_bytes);
+        Some(Ok(Arc::new(tier)))
     }
 
     fn root(&self) -> Option<PathBuf> {

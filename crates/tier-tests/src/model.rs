@@ -66,6 +66,7 @@ impl Pages {
 pub struct ModelTier {
     pages: Mutex<Pages>,
     capacity: Option<u64>,
+    persistent: bool,
     listener: Option<EvictionListener>,
     stats: StatsRecorder,
 }
@@ -79,6 +80,20 @@ impl ModelTier {
             listener,
             ..Self::default()
         }
+    }
+
+    /// An unbounded model that says it is persistent: a factory that hands out the same one
+    /// on every open is storage that survives a reopen.
+    pub fn persistent() -> Self {
+        Self {
+            persistent: true,
+            ..Self::default()
+        }
+    }
+
+    /// The bytes stored under `key`, without counting a read or touching recency.
+    pub fn peek(&self, key: &PageKey) -> Option<Bytes> {
+        self.pages().map.get(key).map(|(data, _)| data.clone())
     }
 
     fn pages(&self) -> std::sync::MutexGuard<'_, Pages> {
@@ -114,7 +129,7 @@ impl StorageTier for ModelTier {
             kind: "model".into(),
             capacity_bytes: self.capacity,
             max_page_bytes: Some(64 << 20),
-            persistent: false,
+            persistent: self.persistent,
         }
     }
 

@@ -11,7 +11,7 @@ use tier_tests::model::ModelTier;
 use tier_tests::suite::{self, DynTier};
 use tier_tests::TierFactory;
 
-tier_tests::conformance_suite!(ModelFactory);
+tier_tests::conformance_suite!(ModelFactory::default());
 
 #[rstest]
 #[case::fd_leak(Fault::LeaksFd, "fd_leak", "fd leak")]
@@ -19,6 +19,12 @@ tier_tests::conformance_suite!(ModelFactory);
 #[case::phantom_hit(Fault::PhantomHit, "partial_batch", "gave Ok(Hit)")]
 #[case::exists_not_prefix(Fault::CountsAllInExists, "exists_prefix", "want 3")]
 #[case::lands_after_drop(Fault::LandsAfterDrop, "histories", "stale")]
+#[case::stale_tail(Fault::KeepsStaleTail, "overwrite", "the stored page has")]
+#[case::first_duplicate(Fault::KeepsFirstDuplicate, "overwrite", "bytes differ")]
+#[case::empty_pages(Fault::AcceptsEmptyPages, "bad_input", "an empty page gave Ok")]
+#[case::miscounts(Fault::MiscountsPuts, "stats_count", "stats.puts moved by 6, want 3")]
+#[case::ignores_capacity(Fault::IgnoresCapacity, "capacity_bound", "over its capacity")]
+#[case::forgets_on_reopen(Fault::ForgetsOnReopen, "persistence", "reads as a miss")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suite_rejects_broken_tier(#[case] fault: Fault, #[case] case: &str, #[case] says: &str) {
     let failure = suite::run(case, &BrokenFactory(fault))
@@ -38,6 +44,12 @@ async fn suite_rejects_broken_tier(#[case] fault: Fault, #[case] case: &str, #[c
 #[case(Fault::PhantomHit)]
 #[case(Fault::CountsAllInExists)]
 #[case(Fault::LandsAfterDrop)]
+#[case(Fault::KeepsStaleTail)]
+#[case(Fault::KeepsFirstDuplicate)]
+#[case(Fault::AcceptsEmptyPages)]
+#[case(Fault::MiscountsPuts)]
+#[case(Fault::IgnoresCapacity)]
+#[case(Fault::ForgetsOnReopen)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
     let verdicts = suite::run_all(&BrokenFactory(fault)).await;
@@ -70,6 +82,14 @@ async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
             ],
             Fault::CountsAllInExists => &["exists_prefix", "histories"],
             Fault::LandsAfterDrop => &["histories"],
+            // A shorter rewrite read back at its own length: a length mismatch.
+            Fault::KeepsStaleTail => &["overwrite", "histories"],
+            Fault::KeepsFirstDuplicate => &["overwrite"],
+            // `overwrite` also puts a page followed by an empty copy of its key.
+            Fault::AcceptsEmptyPages => &["overwrite", "bad_input"],
+            Fault::MiscountsPuts => &["stats_count"],
+            Fault::IgnoresCapacity => &["capacity_bound"],
+            Fault::ForgetsOnReopen => &["persistence"],
         };
         assert!(
             expected.contains(name),
@@ -80,7 +100,9 @@ async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
 
 #[tokio::test]
 async fn unknown_case_is_a_failure_not_a_pass() {
-    let failure = suite::run("no_such_case", &ModelFactory).await.unwrap_err();
+    let failure = suite::run("no_such_case", &ModelFactory::default())
+        .await
+        .unwrap_err();
     assert!(failure.message.contains("no_such_case"));
 }
 
