@@ -18,6 +18,7 @@ use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier};
 use tier_nixl::{NixlFileConfig, NixlFileTier, NixlObjConfig, NixlObjTier};
 use tier_object::{ObjectTier, ObjectTierConfig, S3Settings};
 use tier_tests::content;
+use tier_tests::rng::Rng;
 use tier_tests::s3::S3Server;
 
 const PAGE: usize = 64 << 10;
@@ -27,21 +28,6 @@ const PREFIX: &str = "crash";
 
 fn key(i: usize) -> PageKey {
     PageKey::new(format!("crash{i:04}{:055x}", (i as u64 + 1) * 0x9e37_79b9)).unwrap()
-}
-
-/// A small deterministic generator (splitmix64).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// What the child writes to: `file:<dir>`, or `nixl-obj:<endpoint>` / `object:<endpoint>`.
@@ -81,7 +67,7 @@ async fn crash_writer() {
     let seed: u64 = std::env::var("KVTIER_CRASH_SEED").unwrap().parse().unwrap();
     let tier = open_target(&target).await;
     println!("\nkvtier-writer-ready");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let started = Instant::now();
     let mut batch_no = 0u64;
     while started.elapsed() < Duration::from_secs(60) {
@@ -206,7 +192,7 @@ where
     F: FnMut(usize) -> Fut,
     Fut: std::future::Future<Output = usize>,
 {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut verified = 0;
     for round in 0..kills {
         let mut child = spawn_writer(target, seed + round as u64);

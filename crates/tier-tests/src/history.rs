@@ -27,6 +27,7 @@ use std::time::Duration;
 use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
 
 use crate::content;
+use crate::rng::Rng;
 
 /// Page lengths a history writes and reads (most calls use the first); multiples of 4 KiB,
 /// which every tier takes (direct I/O too).
@@ -90,39 +91,26 @@ impl std::ops::AddAssign for HistoryCounts {
     }
 }
 
-/// splitmix64: small, seeded, good enough to pick calls.
-struct Rng(u64);
+/// A page length: most calls use the first.
+fn pick_len(rng: &mut Rng) -> usize {
+    match rng.below(100) {
+        0..=84 => LENS[0],
+        85..=94 => LENS[1],
+        _ => LENS[2],
+    }
+}
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn len(&mut self) -> usize {
-        match self.below(100) {
-            0..=84 => LENS[0],
-            85..=94 => LENS[1],
-            _ => LENS[2],
+/// 1 to `max` distinct key indices out of `keys`.
+fn pick_keys(rng: &mut Rng, keys: usize, max: u64) -> Vec<usize> {
+    let n = 1 + rng.below(max) as usize;
+    let mut picked = Vec::new();
+    while picked.len() < n.min(keys) {
+        let k = rng.below(keys as u64) as usize;
+        if !picked.contains(&k) {
+            picked.push(k);
         }
     }
-    /// 1 to `max` distinct key indices out of `keys`.
-    fn keys(&mut self, keys: usize, max: u64) -> Vec<usize> {
-        let n = 1 + self.below(max) as usize;
-        let mut picked = Vec::new();
-        while picked.len() < n.min(keys) {
-            let k = self.below(keys as u64) as usize;
-            if !picked.contains(&k) {
-                picked.push(k);
-            }
-        }
-        picked
-    }
+    picked
 }
 
 /// A call, with what it asked.
@@ -250,24 +238,25 @@ pub async fn run_history(
             Arc::clone(&versions),
         );
         tasks.spawn(async move {
-            let mut rng = Rng(plan.seed ^ (task as u64 + 1).wrapping_mul(0xa076_1d64_78bd_642f));
+            let mut rng =
+                Rng::new(plan.seed ^ (task as u64 + 1).wrapping_mul(0xa076_1d64_78bd_642f));
             let mut events = Vec::new();
             for _ in 0..plan.ops {
                 let call = match rng.below(100) {
                     0..=39 => Call::Put(
-                        rng.keys(plan.keys, 3)
+                        pick_keys(&mut rng, plan.keys, 3)
                             .into_iter()
-                            .map(|k| (k, versions.fetch_add(1, SeqCst), rng.len()))
+                            .map(|k| (k, versions.fetch_add(1, SeqCst), pick_len(&mut rng)))
                             .collect(),
                     ),
                     40..=74 => Call::Get(
-                        rng.keys(plan.keys, 3)
+                        pick_keys(&mut rng, plan.keys, 3)
                             .into_iter()
-                            .map(|k| (k, rng.len()))
+                            .map(|k| (k, pick_len(&mut rng)))
                             .collect(),
                     ),
-                    75..=84 => Call::Exists(rng.keys(plan.keys, 4)),
-                    85..=97 => Call::Remove(rng.keys(plan.keys, 2)),
+                    75..=84 => Call::Exists(pick_keys(&mut rng, plan.keys, 4)),
+                    85..=97 => Call::Remove(pick_keys(&mut rng, plan.keys, 2)),
                     _ => Call::Clear,
                 };
                 let drop_after = (rng.below(100) < plan.cancel_percent).then(|| DropAfter {
