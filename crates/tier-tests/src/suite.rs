@@ -747,7 +747,9 @@ pub async fn concurrent_writers(f: &dyn TierFactory) -> CaseResult {
     while let Some(joined) = tasks.join_next().await {
         joined.map_err(|e| format!("a concurrent task panicked: {e}"))??;
     }
-    // Settled: each key holds one final version, read twice the same.
+    // Settled: each key holds one final version, read twice the same, and it is one writer's
+    // last: every writer's last round wrote every key, so anything older is a lost update.
+    let last: Vec<u64> = (0..WRITERS).map(|w| 1 + w * 100 + ROUNDS - 1).collect();
     let want: Vec<(PageKey, usize)> = ks.iter().map(|k| (k.clone(), len)).collect();
     let (first, _) = read(&tier, &want).await?;
     let (second, _) = read(&tier, &want).await?;
@@ -755,6 +757,12 @@ pub async fn concurrent_writers(f: &dyn TierFactory) -> CaseResult {
         if a != b || content::which_version(key, &versions, a).is_none() {
             return Err(format!(
                 "page {key} is unstable or invalid after writers finished"
+            ));
+        }
+        if content::which_version(key, &last, a).is_none() {
+            return Err(format!(
+                "page {key} holds version {:?} after the writers finished, not one writer's last (a lost update)",
+                content::which_version(key, &versions, a)
             ));
         }
     }
