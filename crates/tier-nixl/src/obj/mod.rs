@@ -587,8 +587,10 @@ impl StorageTier for NixlObjTier {
                     {
                         Ok(Lookup::Hit)
                     }
-                    (_, Ok(Some(now)))
-                        if now != before
+                    // Overwritten while read (or a transfer failed on an object that did
+                    // not change: S3 clients retry those too): read it again.
+                    (r, Ok(Some(now)))
+                        if (now != before || r.is_err())
                             && now.len == before.len
                             && attempt < OBJ_READ_ATTEMPTS =>
                     {
