@@ -6,7 +6,7 @@ extern crate nixl_sys;
 mod batch;
 pub mod config;
 pub mod file;
-pub mod nixl;
+mod nixl;
 pub mod obj;
 pub mod runtime;
 mod staging;
@@ -15,6 +15,7 @@ pub use file::{
     DirectIo, FileEngine, FileMode, FilePlugin, NixlFileConfig, NixlFileTier, PathModeChoice,
     BUCKETS,
 };
+pub use nixl::{live_registrations, live_transfers};
 pub use obj::{NixlObjConfig, NixlObjTier, RequestChecksum};
 
 /// Reads of a page file replaced while it was read (checked by the file's identity),

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use tier_core::{Hierarchy, HierarchyPolicy, Lookup, Page, PageKey, ReadSlot, StorageTier};
 use tier_mem::MemTier;
-use tier_nixl::nixl::{live_registrations, live_transfers};
+use tier_nixl::{live_registrations, live_transfers};
 use tier_nixl::{NixlFileConfig, NixlFileTier};
 use tier_tests::content;
 use tier_tests::faulty::{Faults, FaultyTier};

@@ -212,12 +212,6 @@ impl Agent {
         Ok(out)
     }
 
-    /// A plugin's default parameters.
-    pub fn plugin_params(&self, plugin: &str) -> Result<BTreeMap<String, String>, NixlError> {
-        let params = self.plugin_param_handle(plugin)?;
-        params.to_map()
-    }
-
     fn plugin_param_handle(&self, plugin: &str) -> Result<Params, NixlError> {
         let cplugin = cstring("nixl_capi_get_plugin_params", plugin)?;
         let (mut mems, mut params) = (ptr::null_mut(), ptr::null_mut());
@@ -301,47 +295,6 @@ impl Drop for StringList {
 }
 
 struct Params(sys::params_t);
-impl Params {
-    fn to_map(&self) -> Result<BTreeMap<String, String>, NixlError> {
-        let mut out = BTreeMap::new();
-        let mut empty = true;
-        // SAFETY: live params.
-        check("nixl_capi_params_is_empty", unsafe {
-            sys::nixl_capi_params_is_empty(self.0, &mut empty)
-        })?;
-        if empty {
-            return Ok(out);
-        }
-        let mut iter = ptr::null_mut();
-        // SAFETY: live params; iterator destroyed below.
-        check("nixl_capi_params_create_iterator", unsafe {
-            sys::nixl_capi_params_create_iterator(self.0, &mut iter)
-        })?;
-        let mut has_next = true;
-        let mut result = Ok(());
-        while has_next {
-            let (mut k, mut v): (*const c_char, *const c_char) = (ptr::null(), ptr::null());
-            // SAFETY: live iterator.
-            let status =
-                unsafe { sys::nixl_capi_params_iterator_next(iter, &mut k, &mut v, &mut has_next) };
-            if let Err(e) = check("nixl_capi_params_iterator_next", status) {
-                result = Err(e);
-                break;
-            }
-            if !k.is_null() && !v.is_null() {
-                // SAFETY: strings owned by the params, valid while it lives.
-                let (k, v) = unsafe { (CStr::from_ptr(k), CStr::from_ptr(v)) };
-                out.insert(
-                    k.to_string_lossy().into_owned(),
-                    v.to_string_lossy().into_owned(),
-                );
-            }
-        }
-        // SAFETY: owned iterator.
-        unsafe { sys::nixl_capi_params_destroy_iterator(iter) };
-        result.map(|()| out)
-    }
-}
 impl Drop for Params {
     fn drop(&mut self) {
         if !self.0.is_null() {

@@ -39,7 +39,6 @@ opaque!(
     string_list_s,
     backend_s,
     opt_args_s,
-    param_iter_s,
     xfer_dlist_s,
     reg_dlist_s,
     xfer_req_s,
@@ -52,7 +51,6 @@ pub type mem_list_t = *mut mem_list_s;
 pub type string_list_t = *mut string_list_s;
 pub type backend_t = *mut backend_s;
 pub type opt_args_t = *mut opt_args_s;
-pub type param_iter_t = *mut param_iter_s;
 pub type xfer_dlist_t = *mut xfer_dlist_s;
 pub type reg_dlist_t = *mut reg_dlist_s;
 pub type xfer_req_t = *mut xfer_req_s;
@@ -103,15 +101,6 @@ extern "C" {
         key: *const c_char,
         value: *const c_char,
     ) -> status_t;
-    pub fn nixl_capi_params_create_iterator(params: params_t, iter: *mut param_iter_t) -> status_t;
-    pub fn nixl_capi_params_iterator_next(
-        iter: param_iter_t,
-        key: *mut *const c_char,
-        value: *mut *const c_char,
-        has_next: *mut bool,
-    ) -> status_t;
-    pub fn nixl_capi_params_destroy_iterator(iter: param_iter_t) -> status_t;
-    pub fn nixl_capi_params_is_empty(params: params_t, empty: *mut bool) -> status_t;
 
     pub fn nixl_capi_create_backend(
         agent: agent_t,
