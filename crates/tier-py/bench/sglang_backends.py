@@ -60,11 +60,13 @@ def run_round(b, pool, batches, tag):
     g = torch.Generator().manual_seed(hash(tag) & 0xFFFF_FFFF)
     want = torch.randint(-30000, 30000, pool.kv_buffer[:, everything].shape, generator=g, dtype=torch.int16)
     pool.kv_buffer[:, everything] = want.view(pool.dtype)
+    os.sync()  # no writeback of earlier rounds' files competes with the timed calls
     t = time.perf_counter()
     ok = [b.batch_set_v1(keys[n], idx[n]) for n in range(batches)]
     put_s = time.perf_counter() - t
     assert all(all(o) for o in ok), f"{tag}: set failed"
     pool.kv_buffer[:, everything] = 0
+    os.sync()
     t = time.perf_counter()
     ok = [b.batch_get_v1(keys[n], idx[n]) for n in range(batches)]
     get_s = time.perf_counter() - t
@@ -87,6 +89,8 @@ def memcpy_s(pool, batches):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--mib", type=int, default=64, help="MiB each backend writes and reads per round")
+    ap.add_argument("--only", default=None, help="one page size label, e.g. '512 KiB'")
     ap.add_argument("--dir", default=None, help="folder for both backends' files (default: a temp folder)")
     args = ap.parse_args()
     root = Path(args.dir or tempfile.mkdtemp(prefix="kvtier-bench-"))
@@ -94,8 +98,10 @@ def main():
     print(f"medians of {args.rounds} interleaved rounds, pages/s; every page verified outside the timed region\n")
     rows = []
     for label, layers, heads, dim, tokens in GEOMETRIES:
+        if args.only and label != args.only:
+            continue
         page_bytes = 2 * layers * tokens * heads * dim * 2
-        batches = max(2, (64 << 20) // (page_bytes * BATCH))
+        batches = max(2, (args.mib << 20) // (page_bytes * BATCH))
         pool = make_pool(layers=layers, heads=heads, head_dim=dim, page=tokens, pages=batches * BATCH + 1)
         pages = batches * BATCH
         names = ("sglang", "kvtier-nixl", "kvtier-syscalls")
