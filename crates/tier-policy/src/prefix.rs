@@ -1,0 +1,155 @@
+use std::collections::{BTreeMap, HashMap};
+use std::hash::Hash;
+
+use crate::Policy;
+
+#[derive(Debug)]
+struct Entry<K> {
+    /// Which life of the key this is (a key removed and stored again is a new one).
+    id: u64,
+    /// Eviction priority: the aging floor when last used plus the uses so far.
+    priority: u64,
+    uses: u64,
+    /// Orders entries of equal priority, older first.
+    stamp: u64,
+    /// Held keys linked to this one as the next page of a chain.
+    children: u32,
+    /// The page before this one in the batch that first stored it, and that entry's `id`.
+    parent: Option<(K, u64)>,
+}
+
+/// The prefix-aware policy: leaf-first LFU with dynamic aging.
+///
+/// What a KV cache knows that a generic cache does not:
+/// - A block is reused only if every block before it in its request is present, so evicting
+///   a chain's head wastes its whole tail. A key stored right after another in one batch is
+///   that key's child; only leaves (keys no held key follows) are evicted, so a chain is cut
+///   from its tail, and its head, shared by every request that extends it, stays.
+/// - A block near the root is used by many requests: among leaves the one with the lowest
+///   priority goes, where priority is the number of uses plus an aging floor. The floor
+///   rises to each victim's priority (GreedyDual's inflation), so a block used often long ago
+///   loses to one used once lately: frequency for a hot root, recency for the rest, with no
+///   parameter to tune per trace.
+///
+/// Links are made only when a key is first stored (a new key has no children), so they never
+/// form a cycle. If the caller protects every leaf, the lowest-priority unprotected key is
+/// chosen among all (a scan, only then).
+#[derive(Debug)]
+pub struct Prefix<K> {
+    entries: HashMap<K, Entry<K>>,
+    leaves: BTreeMap<(u64, u64), K>,
+    floor: u64,
+    next: u64,
+}
+
+impl<K> Default for Prefix<K> {
+    fn default() -> Self {
+        Prefix {
+            entries: HashMap::new(),
+            leaves: BTreeMap::new(),
+            floor: 0,
+            next: 0,
+        }
+    }
+}
+
+impl<K: Clone + Eq + Hash + Send> Prefix<K> {
+    fn tick(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+
+    /// Counts one more use of `key`, re-ordering it among the leaves.
+    fn used(&mut self, key: &K) {
+        let stamp = self.tick();
+        let floor = self.floor;
+        let Some(e) = self.entries.get_mut(key) else {
+            return;
+        };
+        let was = (e.priority, e.stamp);
+        e.uses += 1;
+        e.priority = floor + e.uses;
+        e.stamp = stamp;
+        if e.children == 0 {
+            self.leaves.remove(&was);
+            self.leaves.insert((e.priority, e.stamp), key.clone());
+        }
+    }
+
+    /// Forgets `key`; its parent becomes a leaf if this was its last child.
+    fn forget(&mut self, key: &K) -> Option<Entry<K>> {
+        let e = self.entries.remove(key)?;
+        if e.children == 0 {
+            self.leaves.remove(&(e.priority, e.stamp));
+        }
+        if let Some((parent, id)) = &e.parent {
+            if let Some(p) = self.entries.get_mut(parent).filter(|p| p.id == *id) {
+                p.children -= 1;
+                if p.children == 0 {
+                    self.leaves.insert((p.priority, p.stamp), parent.clone());
+                }
+            }
+        }
+        Some(e)
+    }
+}
+
+impl<K: Clone + Eq + Hash + Send> Policy<K> for Prefix<K> {
+    fn insert(&mut self, key: &K, _weight: u64, after: Option<&K>) {
+        if self.entries.contains_key(key) {
+            self.used(key);
+            return;
+        }
+        let id = self.tick();
+        let mut parent = None;
+        if let Some(a) = after.filter(|a| *a != key) {
+            if let Some(p) = self.entries.get_mut(a) {
+                p.children += 1;
+                if p.children == 1 {
+                    self.leaves.remove(&(p.priority, p.stamp));
+                }
+                parent = Some((a.clone(), p.id));
+            }
+        }
+        let priority = self.floor + 1;
+        self.entries.insert(
+            key.clone(),
+            Entry {
+                id,
+                priority,
+                uses: 1,
+                stamp: id,
+                children: 0,
+                parent,
+            },
+        );
+        self.leaves.insert((priority, id), key.clone());
+    }
+
+    fn touch(&mut self, key: &K, _after: Option<&K>) {
+        self.used(key);
+    }
+
+    fn remove(&mut self, key: &K) {
+        self.forget(key);
+    }
+
+    fn victim(&mut self, keep: &mut dyn FnMut(&K) -> bool) -> Option<K> {
+        let key = match self.leaves.values().find(|k| !keep(k)) {
+            Some(k) => k.clone(),
+            None => self
+                .entries
+                .iter()
+                .filter(|(k, _)| !keep(k))
+                .min_by_key(|(_, e)| (e.priority, e.stamp))
+                .map(|(k, _)| k.clone())?,
+        };
+        let e = self.forget(&key)?;
+        self.floor = self.floor.max(e.priority);
+        Some(key)
+    }
+
+    fn clear(&mut self) {
+        *self = Prefix::default();
+    }
+}

@@ -1,0 +1,184 @@
+//! Properties every policy keeps, then what each one is for.
+
+use std::collections::HashSet;
+
+use crate::{Policy, PolicyKind};
+
+fn policies() -> Vec<(PolicyKind, Box<dyn Policy<u32>>)> {
+    PolicyKind::ALL
+        .into_iter()
+        .filter_map(|k| k.build().map(|p| (k, p)))
+        .collect()
+}
+
+/// A small deterministic generator (xorshift), so failures replay.
+struct Gen(u64);
+impl Gen {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Random inserts, touches, removes and evictions (with some keys protected): a victim is
+/// always held and unprotected, never returned twice, and every held key can be evicted.
+#[test]
+fn victims_are_held_unprotected_keys_and_each_goes_once() {
+    for (kind, mut p) in policies() {
+        let mut held = HashSet::new();
+        let mut g = Gen(0x9e37_79b9_7f4a_7c15);
+        for step in 0..20_000 {
+            let key = g.below(300) as u32;
+            match g.below(10) {
+                0..=3 => {
+                    let after = key.checked_sub(1);
+                    p.insert(&key, 1 + g.below(4), after.as_ref());
+                    held.insert(key);
+                }
+                4..=6 => {
+                    if held.contains(&key) {
+                        p.touch(&key, None);
+                    }
+                }
+                7 => {
+                    p.remove(&key);
+                    held.remove(&key);
+                }
+                _ => {
+                    let odd = g.below(2) == 0;
+                    let mut keep = |k: &u32| odd && k % 2 == 1;
+                    match p.victim(&mut keep) {
+                        Some(v) => {
+                            assert!(held.remove(&v), "{kind}: step {step}: victim {v} not held");
+                            assert!(
+                                !(odd && v % 2 == 1),
+                                "{kind}: step {step}: evicted protected {v}"
+                            );
+                        }
+                        None => assert!(
+                            held.iter().all(|k| odd && k % 2 == 1),
+                            "{kind}: step {step}: no victim among {} held keys",
+                            held.len()
+                        ),
+                    }
+                }
+            }
+        }
+        while let Some(v) = p.victim(&mut |_| false) {
+            assert!(held.remove(&v), "{kind}: draining: victim {v} not held");
+        }
+        assert!(
+            held.is_empty(),
+            "{kind}: {} keys never evictable",
+            held.len()
+        );
+        p.clear();
+        assert_eq!(p.victim(&mut |_| false), None, "{kind}: cleared yet evicts");
+    }
+}
+
+/// A key that was removed, or never held, is never a victim.
+#[test]
+fn removed_keys_are_not_victims() {
+    for (kind, mut p) in policies() {
+        for k in 0..10u32 {
+            p.insert(&k, 1, None);
+        }
+        for k in 0..5u32 {
+            p.remove(&k);
+        }
+        p.touch(&42, None);
+        let mut out: Vec<u32> = std::iter::from_fn(|| p.victim(&mut |_| false)).collect();
+        out.sort();
+        assert_eq!(out, (5..10).collect::<Vec<_>>(), "{kind}");
+    }
+}
+
+#[test]
+fn lru_evicts_the_least_recently_used() {
+    let mut p = PolicyKind::Lru.build::<u32>().unwrap();
+    for k in 0..4 {
+        p.insert(&k, 1, None);
+    }
+    p.touch(&0, None);
+    let order: Vec<u32> = std::iter::from_fn(|| p.victim(&mut |_| false)).collect();
+    assert_eq!(order, vec![1, 2, 3, 0]);
+}
+
+/// A scan of keys used once, longer than the cache, does not flush keys read twice before:
+/// the frequency-aware policies keep them where LRU lets every one go.
+#[test]
+fn a_scan_does_not_flush_keys_read_before() {
+    for kind in [
+        PolicyKind::Lru,
+        PolicyKind::Sieve,
+        PolicyKind::S3fifo,
+        PolicyKind::Arc,
+        PolicyKind::Prefix,
+    ] {
+        let mut p = kind.build::<u32>().unwrap();
+        let mut held = HashSet::new();
+        for k in 0..10u32 {
+            p.insert(&k, 1, None);
+            held.insert(k);
+        }
+        for _ in 0..2 {
+            for k in 0..10u32 {
+                p.touch(&k, None);
+            }
+        }
+        for k in 100..130u32 {
+            p.insert(&k, 1, None);
+            held.insert(k);
+            while held.len() > 20 {
+                let v = p.victim(&mut |_| false).unwrap();
+                held.remove(&v);
+            }
+        }
+        let kept = (0..10u32).filter(|k| held.contains(k)).count();
+        if kind == PolicyKind::Lru {
+            assert_eq!(kept, 0, "lru");
+        } else {
+            assert!(kept >= 5, "{kind}: kept {kept} of the 10 read keys");
+        }
+    }
+}
+
+/// The prefix policy cuts a chain from its tail: the head goes last, though it was used first.
+#[test]
+fn prefix_evicts_a_chain_from_its_tail() {
+    let mut p = PolicyKind::Prefix.build::<u32>().unwrap();
+    let mut prev = None;
+    for k in 0..5u32 {
+        p.insert(&k, 1, prev.as_ref());
+        prev = Some(k);
+    }
+    let order: Vec<u32> = std::iter::from_fn(|| p.victim(&mut |_| false)).collect();
+    assert_eq!(order, vec![4, 3, 2, 1, 0]);
+    // LRU, the same batch: the head first, which wastes the whole chain.
+    let mut lru = PolicyKind::Lru.build::<u32>().unwrap();
+    for k in 0..5u32 {
+        lru.insert(&k, 1, None);
+    }
+    assert_eq!(lru.victim(&mut |_| false), Some(0));
+}
+
+/// A root shared by many chains outlives their tails, and a protected leaf does not let its
+/// parent go first.
+#[test]
+fn prefix_keeps_a_shared_root_and_respects_protection() {
+    let mut p = PolicyKind::Prefix.build::<u32>().unwrap();
+    p.insert(&0, 1, None);
+    for branch in 1..=3u32 {
+        p.touch(&0, None);
+        p.insert(&(branch * 10), 1, Some(&0));
+    }
+    let mut keep = |k: &u32| *k == 30;
+    assert_eq!(p.victim(&mut keep), Some(10));
+    assert_eq!(p.victim(&mut keep), Some(20));
+    // Only 0 (a parent) and 30 (protected) are left: the parent goes rather than nothing.
+    assert_eq!(p.victim(&mut keep), Some(0));
+    assert_eq!(p.victim(&mut keep), None);
+}
