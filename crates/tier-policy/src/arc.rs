@@ -109,9 +109,8 @@ impl<K: Clone + Eq + Hash + Send> Policy<K> for Arc<K> {
     }
 
     fn victim(&mut self, keep: &mut dyn FnMut(&K) -> bool) -> Option<K> {
-        let first = if !self.lists[T1].is_empty() && self.lists[T1].len() > self.target {
-            T1
-        } else if self.lists[T2].is_empty() {
+        let t1 = self.lists[T1].len();
+        let first = if t1 > 0 && (t1 > self.target || self.lists[T2].is_empty()) {
             T1
         } else {
             T2
