@@ -4,33 +4,25 @@
 //! [[tiers]]
 //! kind = "mem"
 //! capacity = "8GiB"      # required
-//! policy = "tinylfu"     # or "lru"
-//! ttl = "10m"            # optional time to live
-//! tti = "2m"             # optional time to idle
+//! policy = "prefix"      # lru, tinylfu, sieve, s3fifo, arc or prefix (the default)
+//! ttl = "10m"            # optional time to live (lru and tinylfu only)
+//! tti = "2m"             # optional time to idle (lru and tinylfu only)
 //! ```
 
 use serde::Deserialize;
 use tier_core::config::{ByteSize, OpenFuture, Registry, Seconds, TierContext, TierPlan};
 use tier_core::{EvictionListener, TierError};
 
-use crate::{EvictionPolicy, MemTier};
+use crate::{MemTier, PolicyKind};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct MemParams {
     capacity: ByteSize,
     #[serde(default)]
-    policy: PolicyName,
+    policy: PolicyKind,
     ttl: Option<Seconds>,
     tti: Option<Seconds>,
-}
-
-#[derive(Debug, Default, Clone, Copy, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum PolicyName {
-    #[default]
-    Tinylfu,
-    Lru,
 }
 
 struct MemPlan {
@@ -41,7 +33,7 @@ struct MemPlan {
 impl TierPlan for MemPlan {
     fn describe(&self) -> String {
         let p = &self.params;
-        let mut out = format!("mem: capacity {}, policy {:?}", p.capacity, p.policy);
+        let mut out = format!("mem: capacity {}, policy {}", p.capacity, p.policy);
         if let Some(ttl) = p.ttl {
             out += &format!(", ttl {:?}", ttl.0);
         }
@@ -58,13 +50,9 @@ impl TierPlan for MemPlan {
     fn open(self: Box<Self>, on_evict: Option<EvictionListener>) -> OpenFuture {
         Box::pin(async move {
             let p = self.params;
-            let mut builder =
-                MemTier::builder(p.capacity.0)
-                    .name(self.name)
-                    .policy(match p.policy {
-                        PolicyName::Tinylfu => EvictionPolicy::TinyLfu,
-                        PolicyName::Lru => EvictionPolicy::Lru,
-                    });
+            let mut builder = MemTier::builder(p.capacity.0)
+                .name(self.name)
+                .policy(p.policy);
             if let Some(ttl) = p.ttl {
                 builder = builder.time_to_live(ttl.0);
             }
@@ -87,6 +75,21 @@ pub fn register(registry: &mut Registry) {
             return Err(TierError::config(
                 format!("{}.capacity", ctx.field),
                 "must be at least 1 byte",
+            ));
+        }
+        let expiring = [("ttl", params.ttl), ("tti", params.tti)]
+            .into_iter()
+            .find_map(|(f, d)| d.map(|_| f));
+        if let (Some(f), false) = (
+            expiring,
+            matches!(params.policy, PolicyKind::Lru | PolicyKind::Tinylfu),
+        ) {
+            return Err(TierError::config(
+                format!("{}.{f}", ctx.field),
+                format!(
+                    "expiry needs policy \"lru\" or \"tinylfu\"; policy \"{}\" has none",
+                    params.policy
+                ),
             ));
         }
         if let Some(total) = machine_memory() {

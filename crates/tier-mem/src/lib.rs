@@ -1,11 +1,13 @@
-//! A DRAM tier on [`moka::future::Cache`].
+//! A DRAM tier: [`moka::future::Cache`] for the LRU and TinyLFU policies, a map ordered by a
+//! [`tier_policy`] policy for the others (SIEVE, S3-FIFO, ARC, prefix-aware).
 //!
 //! Capacity is in bytes (each entry weighs its key plus its page) and holds whenever a `put`
-//! returns: the tier runs moka's pending maintenance before answering, so evictions the batch
-//! caused have happened. Pages the tier evicts for room or expiry go to an optional
+//! returns: with moka the tier runs its pending maintenance before answering, so evictions the
+//! batch caused have happened. Pages the tier evicts for room or expiry go to an optional
 //! [`EvictionListener`], which is how a hierarchy demotes them to the next tier down.
 
 pub mod config;
+mod policy_map;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,22 +20,16 @@ use tier_core::{
     PutResult, ReadSlot, RemoveResult, StatsRecorder, StorageTier, TierError, TierInfo, TierStats,
 };
 
-/// Which page a full tier lets go first.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum EvictionPolicy {
-    /// Admission by frequency sketch, then LRU: resists scans (moka's default).
-    #[default]
-    TinyLfu,
-    /// Plain least recently used.
-    Lru,
-}
+pub use tier_policy::PolicyKind;
+
+use policy_map::PolicyMap;
 
 /// Builds a [`MemTier`].
 #[derive(Clone)]
 pub struct MemTierBuilder {
     name: String,
     capacity_bytes: u64,
-    policy: EvictionPolicy,
+    policy: PolicyKind,
     ttl: Option<Duration>,
     tti: Option<Duration>,
     listener: Option<EvictionListener>,
@@ -46,16 +42,16 @@ impl MemTierBuilder {
         self
     }
     /// Chooses the eviction policy.
-    pub fn policy(mut self, policy: EvictionPolicy) -> Self {
+    pub fn policy(mut self, policy: PolicyKind) -> Self {
         self.policy = policy;
         self
     }
-    /// Drops pages this long after they were stored.
+    /// Drops pages this long after they were stored (policies `lru` and `tinylfu` only).
     pub fn time_to_live(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
         self
     }
-    /// Drops pages not read or written for this long.
+    /// Drops pages not read or written for this long (policies `lru` and `tinylfu` only).
     pub fn time_to_idle(mut self, tti: Duration) -> Self {
         self.tti = Some(tti);
         self
@@ -66,21 +62,69 @@ impl MemTierBuilder {
         self
     }
 
-    /// Builds the tier. Fails if the capacity is zero.
+    /// Builds the tier. Fails if the capacity is zero, or if an expiry is asked of a policy
+    /// other than moka's.
     pub fn build(self) -> Result<MemTier, TierError> {
         if self.capacity_bytes == 0 {
             return Err(TierError::config("capacity", "must be at least 1 byte"));
         }
         let stats = Arc::new(StatsRecorder::default());
-        let listener_stats = Arc::clone(&stats);
+        // An entry weighs its key too, so the largest page leaves room for the longest key.
+        let max_page = self
+            .capacity_bytes
+            .min(u64::from(u32::MAX))
+            .saturating_sub(PageKey::MAX_LEN as u64) as usize;
+        let info = TierInfo {
+            name: self.name.clone(),
+            kind: "mem".into(),
+            capacity_bytes: Some(self.capacity_bytes),
+            max_page_bytes: Some(max_page),
+            persistent: false,
+        };
+        // moka is the engine for LRU and TinyLFU (and their expiry); this crate's map for the rest.
+        let own = match self.policy {
+            PolicyKind::Lru | PolicyKind::Tinylfu => None,
+            other => other.build::<PageKey>(),
+        };
+        let engine = match own {
+            Some(policy) => {
+                if let Some(field) = [("ttl", self.ttl), ("tti", self.tti)]
+                    .iter()
+                    .find_map(|(f, d)| d.map(|_| *f))
+                {
+                    return Err(TierError::config(
+                        field,
+                        format!(
+                            "expiry needs policy \"lru\" or \"tinylfu\"; policy \"{}\" has none",
+                            self.policy
+                        ),
+                    ));
+                }
+                Engine::Map(PolicyMap::new(
+                    policy,
+                    self.capacity_bytes,
+                    self.listener.clone(),
+                    Arc::clone(&stats),
+                ))
+            }
+            None => Engine::Moka(self.moka(Arc::clone(&stats))),
+        };
+        Ok(MemTier {
+            engine,
+            info,
+            stats,
+        })
+    }
+
+    fn moka(self, stats: Arc<StatsRecorder>) -> Cache<PageKey, Bytes> {
         let listener = self.listener.clone();
         let mut builder = Cache::builder()
             .name(&self.name)
             .max_capacity(self.capacity_bytes)
             .weigher(|key: &PageKey, page: &Bytes| entry_weight(key, page.len()))
             .eviction_policy(match self.policy {
-                EvictionPolicy::TinyLfu => MokaPolicy::tiny_lfu(),
-                EvictionPolicy::Lru => MokaPolicy::lru(),
+                PolicyKind::Lru => MokaPolicy::lru(),
+                _ => MokaPolicy::tiny_lfu(),
             })
             .eviction_listener(move |key: Arc<PageKey>, data: Bytes, cause| {
                 let cause = match cause {
@@ -88,7 +132,7 @@ impl MemTierBuilder {
                     RemovalCause::Expired => EvictionCause::Expired,
                     RemovalCause::Explicit | RemovalCause::Replaced => return,
                 };
-                listener_stats.eviction();
+                stats.eviction();
                 if let Some(listener) = &listener {
                     listener(EvictedPage {
                         key: (*key).clone(),
@@ -103,22 +147,7 @@ impl MemTierBuilder {
         if let Some(tti) = self.tti {
             builder = builder.time_to_idle(tti);
         }
-        // An entry weighs its key too, so the largest page leaves room for the longest key.
-        let max_page = self
-            .capacity_bytes
-            .min(u64::from(u32::MAX))
-            .saturating_sub(PageKey::MAX_LEN as u64) as usize;
-        Ok(MemTier {
-            cache: builder.build(),
-            info: TierInfo {
-                name: self.name,
-                kind: "mem".into(),
-                capacity_bytes: Some(self.capacity_bytes),
-                max_page_bytes: Some(max_page),
-                persistent: false,
-            },
-            stats,
-        })
+        builder.build()
     }
 }
 
@@ -127,9 +156,15 @@ fn entry_weight(key: &PageKey, page_len: usize) -> u32 {
     u32::try_from(key.len() + page_len).unwrap_or(u32::MAX)
 }
 
+/// Where the pages live: moka's cache, or a map this crate orders by a policy.
+enum Engine {
+    Moka(Cache<PageKey, Bytes>),
+    Map(PolicyMap),
+}
+
 /// A byte-bounded DRAM page cache.
 pub struct MemTier {
-    cache: Cache<PageKey, Bytes>,
+    engine: Engine,
     info: TierInfo,
     stats: Arc<StatsRecorder>,
 }
@@ -140,7 +175,7 @@ impl MemTier {
         MemTierBuilder {
             name: "mem".into(),
             capacity_bytes,
-            policy: EvictionPolicy::default(),
+            policy: PolicyKind::default(),
             ttl: None,
             tti: None,
             listener: None,
@@ -149,7 +184,10 @@ impl MemTier {
 
     /// A shared reference to a page's bytes, without copying them.
     pub async fn get_shared(&self, key: &PageKey) -> Option<Bytes> {
-        let page = self.cache.get(key).await;
+        let page = match &self.engine {
+            Engine::Moka(cache) => cache.get(key).await,
+            Engine::Map(map) => map.get(key, None),
+        };
         match &page {
             Some(data) => self.stats.hit(data.len()),
             None => self.stats.miss(),
@@ -159,8 +197,13 @@ impl MemTier {
 
     /// Bytes held now (keys plus pages), after pending maintenance has run.
     pub async fn resident_bytes(&self) -> u64 {
-        self.cache.run_pending_tasks().await;
-        self.cache.weighted_size()
+        match &self.engine {
+            Engine::Moka(cache) => {
+                cache.run_pending_tasks().await;
+                cache.weighted_size()
+            }
+            Engine::Map(map) => map.bytes(),
+        }
     }
 }
 
@@ -171,11 +214,16 @@ impl StorageTier for MemTier {
     }
 
     fn stats(&self) -> TierStats {
-        self.stats.snapshot(Some(self.cache.weighted_size()))
+        let resident = match &self.engine {
+            Engine::Moka(cache) => cache.weighted_size(),
+            Engine::Map(map) => map.bytes(),
+        };
+        self.stats.snapshot(Some(resident))
     }
 
     async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
         let mut results = Vec::with_capacity(pages.len());
+        let mut after = None;
         for page in pages {
             if let Err(e) = page.check_len(self.info.max_page_bytes) {
                 self.stats.errors(1);
@@ -183,37 +231,53 @@ impl StorageTier for MemTier {
                 continue;
             }
             // Kept past the call: one gathered copy of lent or multi-region pages, none else.
-            self.cache
-                .insert(page.key.clone(), page.data.to_bytes())
-                .await;
+            let data = page.data.to_bytes();
+            match &self.engine {
+                Engine::Moka(cache) => cache.insert(page.key.clone(), data).await,
+                Engine::Map(map) => map.insert(&page.key, data, after),
+            }
             self.stats.put(page.data.len());
             results.push(Ok(()));
+            after = Some(&page.key);
         }
         // Let the evictions this batch caused happen before answering, so the byte bound holds.
-        self.cache.run_pending_tasks().await;
+        if let Engine::Moka(cache) = &self.engine {
+            cache.run_pending_tasks().await;
+        }
         results
     }
 
     async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
         let mut results = Vec::with_capacity(slots.len());
+        let mut after: Option<PageKey> = None;
         for slot in slots.iter_mut() {
-            let page = self.cache.get(&slot.key).await;
+            let page = match &self.engine {
+                Engine::Moka(cache) => cache.get(&slot.key).await,
+                Engine::Map(map) => map.get(&slot.key, after.as_ref()),
+            };
+            after = Some(slot.key.clone());
             results.push(slot.answer(page.as_deref(), &self.stats));
         }
         results
     }
 
     async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
-        Ok(keys
-            .iter()
-            .take_while(|key| self.cache.contains_key(*key))
-            .count())
+        Ok(match &self.engine {
+            Engine::Moka(cache) => keys
+                .iter()
+                .take_while(|key| cache.contains_key(*key))
+                .count(),
+            Engine::Map(map) => map.leading_run(keys),
+        })
     }
 
     async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
         let mut results = Vec::with_capacity(keys.len());
         for key in keys {
-            let present = self.cache.remove(key).await.is_some();
+            let present = match &self.engine {
+                Engine::Moka(cache) => cache.remove(key).await.is_some(),
+                Engine::Map(map) => map.remove(key),
+            };
             if present {
                 self.stats.removed();
             }
@@ -223,8 +287,13 @@ impl StorageTier for MemTier {
     }
 
     async fn clear(&self) -> Result<(), TierError> {
-        self.cache.invalidate_all();
-        self.cache.run_pending_tasks().await;
+        match &self.engine {
+            Engine::Moka(cache) => {
+                cache.invalidate_all();
+                cache.run_pending_tasks().await;
+            }
+            Engine::Map(map) => map.clear(),
+        }
         Ok(())
     }
 }

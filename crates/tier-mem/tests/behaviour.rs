@@ -7,7 +7,7 @@ use rstest::rstest;
 use tier_core::{
     EvictedPage, EvictionCause, Lookup, Page, PageKey, ReadSlot, StorageTier, TierError,
 };
-use tier_mem::{EvictionPolicy, MemTier};
+use tier_mem::{MemTier, PolicyKind};
 
 fn key(i: usize) -> PageKey {
     PageKey::new(format!("{i:064x}")).unwrap()
@@ -24,10 +24,14 @@ fn collector() -> (Arc<Mutex<Vec<EvictedPage>>>, tier_core::EvictionListener) {
 }
 
 #[rstest]
-#[case(EvictionPolicy::TinyLfu)]
-#[case(EvictionPolicy::Lru)]
+#[case(PolicyKind::Tinylfu)]
+#[case(PolicyKind::Lru)]
+#[case(PolicyKind::Sieve)]
+#[case(PolicyKind::S3fifo)]
+#[case(PolicyKind::Arc)]
+#[case(PolicyKind::Prefix)]
 #[tokio::test]
-async fn evicted_pages_reach_the_listener_with_their_bytes(#[case] policy: EvictionPolicy) {
+async fn evicted_pages_reach_the_listener_with_their_bytes(#[case] policy: PolicyKind) {
     let (seen, listener) = collector();
     let tier = MemTier::builder(1 << 20)
         .policy(policy)
@@ -61,7 +65,7 @@ async fn evicted_pages_reach_the_listener_with_their_bytes(#[case] policy: Evict
 #[tokio::test]
 async fn lru_keeps_the_recently_read_page() {
     let tier = MemTier::builder(4 * ((64 << 10) + 64))
-        .policy(EvictionPolicy::Lru)
+        .policy(PolicyKind::Lru)
         .build()
         .unwrap();
     for i in 0..4 {
@@ -103,6 +107,7 @@ async fn removal_and_overwrite_are_not_evictions() {
 async fn expired_pages_are_handed_down_as_expired() {
     let (seen, listener) = collector();
     let tier = MemTier::builder(1 << 20)
+        .policy(PolicyKind::Tinylfu)
         .time_to_live(Duration::from_millis(50))
         .on_evict(listener)
         .build()
@@ -119,6 +124,7 @@ async fn expired_pages_are_handed_down_as_expired() {
 #[tokio::test]
 async fn idle_pages_expire_but_read_ones_stay() {
     let tier = MemTier::builder(1 << 20)
+        .policy(PolicyKind::Tinylfu)
         .time_to_idle(Duration::from_millis(150))
         .build()
         .unwrap();
@@ -164,4 +170,21 @@ async fn shared_reads_do_not_copy() {
         p.data.to_bytes().as_ptr(),
         "same allocation handed out"
     );
+}
+
+/// Expiry is moka's: asked of another policy, it is refused, naming the field.
+#[tokio::test]
+async fn expiry_under_a_policy_without_it_is_refused() {
+    let err = MemTier::builder(1 << 20)
+        .policy(PolicyKind::S3fifo)
+        .time_to_idle(Duration::from_secs(1))
+        .build()
+        .err()
+        .expect("s3fifo with tti must be refused");
+    assert!(err.to_string().contains("tti"), "{err}");
+    assert!(MemTier::builder(1 << 20)
+        .policy(PolicyKind::Lru)
+        .time_to_idle(Duration::from_secs(1))
+        .build()
+        .is_ok());
 }

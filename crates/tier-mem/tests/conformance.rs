@@ -1,28 +1,46 @@
-//! tier-mem passes the whole conformance suite.
+//! tier-mem passes the whole conformance suite, under every eviction policy.
 
 use std::sync::Arc;
 
 use tier_core::TierError;
-use tier_mem::MemTier;
+use tier_mem::{MemTier, PolicyKind};
 use tier_tests::suite::DynTier;
 use tier_tests::TierFactory;
 
-/// Fresh DRAM tiers: 256 MiB for the general cases, the asked bound for capacity cases.
-struct MemFactory;
+/// Fresh DRAM tiers under one policy: 256 MiB for the general cases, the asked bound for
+/// capacity cases.
+struct MemFactory(PolicyKind);
 
 #[tier_core::async_trait]
 impl TierFactory for MemFactory {
     async fn open(&self) -> Result<DynTier, TierError> {
-        Ok(Arc::new(MemTier::builder(256 << 20).build()?))
+        Ok(Arc::new(
+            MemTier::builder(256 << 20).policy(self.0).build()?,
+        ))
     }
 
     async fn open_bounded(&self, capacity_bytes: u64) -> Option<Result<DynTier, TierError>> {
         Some(
             MemTier::builder(capacity_bytes)
+                .policy(self.0)
                 .build()
                 .map(|t| Arc::new(t) as DynTier),
         )
     }
 }
 
-tier_tests::conformance_suite!(MemFactory);
+macro_rules! per_policy {
+    ($($module:ident: $policy:ident),* $(,)?) => {
+        $(mod $module {
+            use super::*;
+            tier_tests::conformance_suite!(MemFactory(PolicyKind::$policy));
+        })*
+        /// Every policy has its module above.
+        #[test]
+        fn every_policy_runs_the_suite() {
+            assert_eq!([$(PolicyKind::$policy),*], PolicyKind::ALL);
+        }
+    };
+}
+
+per_policy!(lru: Lru, tinylfu: Tinylfu, sieve: Sieve, s3fifo: S3fifo, arc: Arc, prefix: Prefix);

@@ -177,7 +177,7 @@ fn one_page_over_dram(write: WritePolicy) -> Hierarchy {
     let queue = DemotionQueue::new();
     let mut upper = MemTier::builder(4096 + 512)
         .name("one-page")
-        .policy(tier_mem::EvictionPolicy::Lru);
+        .policy(tier_mem::PolicyKind::Lru);
     if write == WritePolicy::WriteBack {
         upper = upper.on_evict(queue.listener(0));
     }
