@@ -2,6 +2,7 @@
 
 mod replay;
 mod sim;
+mod sweep;
 mod trace;
 
 use std::io::IsTerminal;
@@ -42,6 +43,19 @@ enum Command {
         /// Write the hit ratio over requests as an SVG picture.
         #[arg(long)]
         plot: Option<PathBuf>,
+        /// Sweep eviction policies x capacities on one DRAM tier (ignores --config).
+        #[arg(long)]
+        sweep: bool,
+        /// Policies the sweep runs, comma-separated (default: all).
+        #[arg(long, value_delimiter = ',')]
+        policies: Vec<tier_mem::PolicyKind>,
+        /// Capacities the sweep runs, in pages, comma-separated (default: 2.5% to 40% of the
+        /// trace's distinct blocks).
+        #[arg(long, value_delimiter = ',')]
+        capacities: Vec<usize>,
+        /// Also write the sweep's table as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// Is the NIXL runtime there, which plugins, and does it have path mode?
     Probe,
@@ -91,6 +105,10 @@ async fn run(cli: Cli) -> Result<(), String> {
         page_bytes: 16 << 10,
         limit: None,
         plot: None,
+        sweep: false,
+        policies: Vec::new(),
+        capacities: Vec::new(),
+        json: None,
     });
     match command {
         Command::Probe => {
@@ -134,6 +152,10 @@ async fn run(cli: Cli) -> Result<(), String> {
             page_bytes,
             limit,
             plot,
+            sweep,
+            policies,
+            capacities,
+            json,
         } => {
             if page_bytes == 0 {
                 return Err("--page-bytes must be at least 1".into());
@@ -149,6 +171,9 @@ async fn run(cli: Cli) -> Result<(), String> {
                 requests.truncate(limit);
             }
             check_replay_memory(&requests, page_bytes, machine_memory())?;
+            if sweep {
+                return run_sweep(&requests, page_bytes, policies, capacities, json).await;
+            }
             let tmp = tempfile::tempdir().map_err(|e| format!("cannot make a temp folder: {e}"))?;
             let config = match &config {
                 Some(path) => HierarchyConfig::from_file(path).map_err(|e| e.to_string())?,
@@ -174,6 +199,60 @@ async fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
     }
+}
+
+async fn run_sweep(
+    requests: &[trace::Request],
+    page_bytes: usize,
+    mut policies: Vec<tier_mem::PolicyKind>,
+    mut capacities: Vec<usize>,
+    json: Option<PathBuf>,
+) -> Result<(), String> {
+    if policies.is_empty() {
+        policies = tier_mem::PolicyKind::ALL.to_vec();
+    }
+    if capacities.is_empty() {
+        capacities = sweep::default_capacities(requests);
+    }
+    if let Some(zero) = capacities.iter().find(|c| **c == 0) {
+        return Err(format!(
+            "--capacities: {zero} pages: each capacity must be at least 1 page"
+        ));
+    }
+    let largest = capacities.iter().max().copied().unwrap_or(0) as u64;
+    let need = largest.saturating_mul(page_bytes as u64 + 64);
+    if let Some(total) = machine_memory() {
+        if need > total / 2 {
+            return Err(format!(
+                "--capacities {largest} x --page-bytes {page_bytes} needs {need} bytes of DRAM; this machine has {total}: use smaller pages (the hit ratio does not depend on them)"
+            ));
+        }
+    }
+    let terminal = std::io::stderr().is_terminal();
+    let rows = sweep::sweep(
+        &registry(),
+        requests,
+        page_bytes,
+        &policies,
+        &capacities,
+        |done, total| {
+            if terminal {
+                eprint!("\rsweep: {done}/{total} cells");
+                if done == total {
+                    eprintln!();
+                }
+            }
+        },
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    print!("{}", sweep::render(&rows));
+    if let Some(path) = json {
+        let text = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
+        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        println!("json: {}", path.display());
+    }
+    Ok(())
 }
 
 async fn replay_with_progress(
@@ -440,7 +519,7 @@ mod tests {
             ("[[tiers]]\nkind = \"mem\"\ncapacity = \"512TiB\"\n".into(), "machine's memory"),
             ("[[tiers]]\nkind = \"mem\"\ncapacity = 1.5\n".into(), "whole number"),
             ("[[tiers]]\nkind = \"mem\"\ncapacity = 1\npolicy = \"lru\"\nttl = \"-1s\"\n".into(), "tiers[0].ttl"),
-            ("[[tiers]]\nkind = \"mem\"\ncapacity = 1\ntti = \"1s\"\n".into(), "tiers[0].tti: expiry needs policy"),
+            ("[[tiers]]\nkind = \"mem\"\ncapacity = 1\npolicy = \"sieve\"\ntti = \"1s\"\n".into(), "`tiers[0].tti`: expiry needs policy"),
             ("[[tiers]]\nkind = \"mem\"\ncapacity = 1\npolicy = \"fifo\"\n".into(), "unknown variant `fifo`"),
             ("[[tiers]]\nkind = \"nixl-file\"\ndirs = [\"/x\"]\nstaging_bytes = \"512GiB\"\n".into(), "staging_bytes"),
             ("[[tiers]]\nkind = \"nixl-file\"\ndirs = [\"/x\"]\nstaging_buffers = 100000\n".into(), "staging_buffers"),

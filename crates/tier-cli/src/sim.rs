@@ -158,6 +158,33 @@ pub fn belady(trace: &[Request], capacity: usize) -> Ratio {
     )
 }
 
+/// Belady's block-hit ratio with room for `capacity` blocks: every block access is looked
+/// up and counts as a hit if cached, whether or not the blocks before it were. Belady's rule
+/// maximises these hits, and a request's reusable prefix is a subset of its hits under any
+/// policy, so no policy's prefix reuse at this size exceeds it: an upper bound.
+pub fn belady_blocks(trace: &[Request], capacity: usize) -> Ratio {
+    let accesses: Vec<u64> = trace
+        .iter()
+        .flat_map(|r| r.hash_ids.iter().copied())
+        .collect();
+    let mut next_use = vec![u64::MAX; accesses.len()];
+    let mut later: HashMap<u64, u64> = HashMap::new();
+    for (i, id) in accesses.iter().enumerate().rev() {
+        if let Some(&n) = later.get(id) {
+            next_use[i] = n;
+        }
+        later.insert(*id, i as u64);
+    }
+    let mut cache = Ranked::new(capacity);
+    let mut r = Ratio::default();
+    for (pos, id) in accesses.iter().enumerate() {
+        r.requested += 1;
+        r.reused += u64::from(cache.rank.contains_key(id));
+        cache.set(*id, next_use[pos], true);
+    }
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,6 +213,11 @@ mod tests {
                 "Belady is never worse than LRU (cap {cap})"
             );
             assert!(inf.reused >= b.reused);
+        }
+        for cap in 1..6 {
+            let bound = belady_blocks(&trace, cap);
+            assert!(bound.reused >= belady(&trace, cap).reused, "cap {cap}");
+            assert!(bound.reused >= lru(&trace, cap).reused, "cap {cap}");
         }
         assert_eq!(lru(&trace, 100).reused, inf.reused);
         assert_eq!(belady(&trace, 100).reused, inf.reused);

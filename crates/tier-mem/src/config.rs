@@ -4,7 +4,7 @@
 //! [[tiers]]
 //! kind = "mem"
 //! capacity = "8GiB"      # required
-//! policy = "prefix"      # lru, tinylfu, sieve, s3fifo, arc or prefix (the default)
+//! policy = "prefix"      # lru (the default), tinylfu, sieve, s3fifo, arc or prefix
 //! ttl = "10m"            # optional time to live (lru and tinylfu only)
 //! tti = "2m"             # optional time to idle (lru and tinylfu only)
 //! ```

@@ -47,19 +47,18 @@ impl PolicyMap {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Stores `data` under `key` (after `after` in its batch), then evicts until the pages fit.
+    /// Evicts until `data` fits, then stores it under `key` (after `after` in its batch).
     pub(crate) fn insert(&self, key: &PageKey, data: Bytes, after: Option<&PageKey>) {
         let weight = u64::from(entry_weight(key, data.len()));
         let mut evicted = Vec::new();
         {
             let mut held = self.lock();
-            if let Some(old) = held.pages.insert(key.clone(), data) {
+            if let Some(old) = held.pages.remove(key) {
                 held.bytes -= u64::from(entry_weight(key, old.len()));
             }
-            held.bytes += weight;
-            held.policy.insert(key, weight, after);
-            while held.bytes > self.capacity {
-                let Some(victim) = held.policy.victim(&mut |_| false) else {
+            // Room first, then the page: a new page is never its own victim.
+            while held.bytes + weight > self.capacity {
+                let Some(victim) = held.policy.victim(&mut |k| k == key) else {
                     break;
                 };
                 if let Some(data) = held.pages.remove(&victim) {
@@ -71,6 +70,9 @@ impl PolicyMap {
                     });
                 }
             }
+            held.pages.insert(key.clone(), data);
+            held.bytes += weight;
+            held.policy.insert(key, weight, after);
         }
         for page in evicted {
             self.stats.eviction();

@@ -44,7 +44,8 @@ pub trait Policy<K>: Send {
 )]
 #[serde(rename_all = "lowercase")]
 pub enum PolicyKind {
-    /// Least recently used.
+    /// Least recently used: the default, never the worst choice on any trace measured.
+    #[default]
     Lru,
     /// moka's admission by frequency sketch, then LRU (DRAM tiers only).
     Tinylfu,
@@ -56,7 +57,6 @@ pub enum PolicyKind {
     Arc,
     /// Leaf-first frequency with dynamic aging: a chain is cut from its tail, never its head,
     /// and blocks used by many requests stay (see [`Prefix`]).
-    #[default]
     Prefix,
 }
 
@@ -99,6 +99,20 @@ impl PolicyKind {
 impl std::fmt::Display for PolicyKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for PolicyKind {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        PolicyKind::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = PolicyKind::ALL.iter().map(|k| k.name()).collect();
+                format!("unknown policy {name:?}; one of {}", names.join(", "))
+            })
     }
 }
 

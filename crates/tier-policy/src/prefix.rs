@@ -83,9 +83,13 @@ impl<K: Clone + Eq + Hash + Send> Prefix<K> {
             self.leaves.remove(&(e.priority, e.stamp));
         }
         if let Some((parent, id)) = &e.parent {
+            let stamp = self.tick();
             if let Some(p) = self.entries.get_mut(parent).filter(|p| p.id == *id) {
                 p.children -= 1;
                 if p.children == 0 {
+                    // Last among its equals: the next victim of the same worth is another
+                    // chain's tail, so chains shrink together rather than one to its root.
+                    p.stamp = stamp;
                     self.leaves.insert((p.priority, p.stamp), parent.clone());
                 }
             }
