@@ -4,7 +4,8 @@
 //! [[tiers]]
 //! kind = "nixl-file"
 //! dirs = ["/mnt/nvme0/kv", "/mnt/nvme1/kv"]   # required; one per disk
-//! capacity = "1TiB"             # optional; LRU eviction beyond it
+//! capacity = "1TiB"             # optional; eviction beyond it, by `policy`
+//! policy = "lru"                # lru (default), sieve, s3fifo, arc or prefix
 //! plugin = "POSIX"              # POSIX, GDS, GDS_MT or HF3FS
 //! plugin_params = { use_uring = "true" }
 //! path_mode = "auto"            # auto, on or off
@@ -54,6 +55,8 @@ use crate::{
 struct FileParams {
     dirs: Vec<PathBuf>,
     capacity: Option<ByteSize>,
+    #[serde(default)]
+    policy: tier_policy::PolicyKind,
     #[serde(default)]
     plugin: PluginName,
     #[serde(default)]
@@ -126,6 +129,7 @@ fn to_config(name: &str, p: FileParams) -> NixlFileConfig {
     let mut c = NixlFileConfig::new(p.dirs);
     c.name = name.to_string();
     c.capacity_bytes = p.capacity.map(|b| b.0);
+    c.policy = p.policy;
     c.plugin = match p.plugin {
         PluginName::Posix => FilePlugin::Posix,
         PluginName::Gds => FilePlugin::Gds,
@@ -174,7 +178,7 @@ impl TierPlan for FilePlan {
             c.plugin.nixl_name(),
             c.path_mode,
             c.direct_io,
-            c.capacity_bytes.map_or("unbounded".into(), |b| ByteSize(b).to_string()),
+            c.capacity_bytes.map_or("unbounded".into(), |b| format!("{} ({})", ByteSize(b), c.policy)),
             c.staging_buffers,
             ByteSize(c.staging_bytes as u64),
         )

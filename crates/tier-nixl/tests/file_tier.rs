@@ -317,6 +317,42 @@ async fn capacity_evicts_least_recently_used_pages_and_their_files() {
     assert_eq!(tier.stats().resident_bytes, Some(4 * 65536));
 }
 
+/// Under the prefix-aware policy a full tier cuts a chain (one batch) from its tail, where
+/// LRU would delete its head and so waste every page after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prefix_policy_evicts_a_chain_from_its_tail() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (policy, gone) in [
+        (tier_policy::PolicyKind::Prefix, 3),
+        (tier_policy::PolicyKind::Lru, 0),
+    ] {
+        let mut config = NixlFileConfig::new([tmp.path().join(policy.name())]);
+        config.capacity_bytes = Some(4 * 65536);
+        config.policy = policy;
+        let tier = NixlFileTier::open(config).await.unwrap();
+        put_ok(
+            &tier,
+            &(0..4).map(|i| page(i, 1, 65536)).collect::<Vec<_>>(),
+        )
+        .await;
+        put_ok(&tier, &[page(9, 1, 65536)]).await;
+        for i in 0..4 {
+            let held = tier.exists(&[key(i)]).await.unwrap() == 1;
+            assert_eq!(held, i != gone, "{policy}: page {i}");
+            assert_eq!(
+                tier.page_path(&key(i)).unwrap().exists(),
+                held,
+                "{policy}: file {i}"
+            );
+        }
+    }
+    let mut config = NixlFileConfig::new([tmp.path().join("t")]);
+    config.policy = tier_policy::PolicyKind::Tinylfu;
+    assert!(
+        matches!(NixlFileTier::open(config).await, Err(TierError::Config { field, .. }) if field == "policy")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_hold_the_page_bytes_and_reads_come_from_disk() {
     let tmp = tempfile::tempdir().unwrap();

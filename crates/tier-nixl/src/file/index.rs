@@ -1,4 +1,5 @@
-//! The in-memory index of complete pages: presence, length, recency, pins and byte capacity.
+//! The in-memory index of complete pages: presence, length, pins, byte capacity, and the
+//! eviction policy's order.
 //!
 //! The tier changes a page's file and its entry together, under the index's lock (a rename
 //! in with its insert, an unlink with its removal), so the index never describes a file that
@@ -7,31 +8,47 @@
 //!
 //! The index is authoritative for the process that owns the storage folders (an exclusive lock
 //! file makes that one process). It is rebuilt by scanning at start. Cost: about 120 bytes per
-//! page for 64-character keys (hash-map slot, the key's shared string, and an LRU-order entry;
-//! measured by the `footprint` test). Nothing else in the tier grows with the pages stored.
+//! page for 64-character keys under LRU (hash-map slot, the key's shared string, and the
+//! policy's entries; measured by the `footprint` test). Nothing else in the tier grows with the pages stored.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use tier_core::PageKey;
+use tier_policy::{Policy, PolicyKind};
 
 #[derive(Debug)]
 struct Entry {
     len: u64,
-    tick: u64,
     pins: u32,
     generation: u64,
 }
 
-/// Pages known to be complete on disk.
-#[derive(Debug, Default)]
+/// Pages known to be complete on disk, ordered for eviction by a [`Policy`].
 pub struct PageIndex {
     entries: HashMap<PageKey, Entry>,
-    by_age: BTreeMap<u64, PageKey>,
-    next_tick: u64,
+    policy: Box<dyn Policy<PageKey>>,
+    next_generation: u64,
     bytes: u64,
 }
 
+impl Default for PageIndex {
+    fn default() -> Self {
+        PageIndex::new(PolicyKind::Lru).unwrap_or_else(|| unreachable!("lru is kvtier's"))
+    }
+}
+
 impl PageIndex {
+    /// An empty index evicting by `policy`; `None` for a policy kvtier does not implement
+    /// (TinyLFU is moka's, for DRAM only).
+    pub fn new(policy: PolicyKind) -> Option<Self> {
+        Some(PageIndex {
+            entries: HashMap::new(),
+            policy: policy.build()?,
+            next_generation: 0,
+            bytes: 0,
+        })
+    }
+
     /// The stored length of `key`, if present.
     pub fn len_of(&self, key: &PageKey) -> Option<u64> {
         self.entries.get(key).map(|e| e.len)
@@ -65,43 +82,32 @@ impl PageIndex {
         self.entries.len()
     }
 
-    fn tick(&mut self) -> u64 {
-        self.next_tick += 1;
-        self.next_tick
-    }
-
-    /// Records a complete page (new or replaced) as the most recently used.
-    pub fn insert(&mut self, key: PageKey, len: u64) {
-        let tick = self.tick();
+    /// Records a complete page (new or replaced), stored after `after` in its batch.
+    pub fn insert(&mut self, key: PageKey, len: u64, after: Option<&PageKey>) {
+        self.next_generation += 1;
+        let generation = self.next_generation;
+        self.policy.insert(&key, len, after);
         if let Some(e) = self.entries.get_mut(&key) {
-            self.by_age.remove(&e.tick);
             self.bytes = self.bytes - e.len + len;
             e.len = len;
-            e.tick = tick;
-            e.generation = tick;
+            e.generation = generation;
         } else {
             self.bytes += len;
             self.entries.insert(
-                key.clone(),
+                key,
                 Entry {
                     len,
-                    tick,
                     pins: 0,
-                    generation: tick,
+                    generation,
                 },
             );
         }
-        self.by_age.insert(tick, key);
     }
 
-    /// Marks `key` as just used.
-    pub fn touch(&mut self, key: &PageKey) {
-        let tick = self.tick();
-        if let Some(e) = self.entries.get_mut(key) {
-            if let Some(k) = self.by_age.remove(&e.tick) {
-                self.by_age.insert(tick, k);
-            }
-            e.tick = tick;
+    /// Marks `key` as just read (after `after` in its batch).
+    pub fn touch(&mut self, key: &PageKey, after: Option<&PageKey>) {
+        if self.entries.contains_key(key) {
+            self.policy.touch(key, after);
         }
     }
 
@@ -109,7 +115,7 @@ impl PageIndex {
     pub fn remove(&mut self, key: &PageKey) -> bool {
         match self.entries.remove(key) {
             Some(e) => {
-                self.by_age.remove(&e.tick);
+                self.policy.remove(key);
                 self.bytes -= e.len;
                 true
             }
@@ -119,7 +125,7 @@ impl PageIndex {
 
     /// Forgets every page; returns their keys.
     pub fn drain(&mut self) -> Vec<PageKey> {
-        self.by_age.clear();
+        self.policy.clear();
         self.bytes = 0;
         self.entries.drain().map(|(k, _)| k).collect()
     }
@@ -138,25 +144,21 @@ impl PageIndex {
         }
     }
 
-    /// Removes least recently used, unpinned pages until at most `capacity` bytes remain;
+    /// Removes unpinned pages the policy chooses until at most `capacity` bytes remain;
     /// returns them for deletion.
     pub fn evict_to(&mut self, capacity: u64) -> Vec<PageKey> {
         let mut victims = Vec::new();
-        let mut skipped = Vec::new();
         while self.bytes > capacity {
-            let Some((tick, key)) = self.by_age.pop_first() else {
+            let entries = &self.entries;
+            let mut pinned = |k: &PageKey| entries.get(k).is_some_and(|e| e.pins > 0);
+            let Some(key) = self.policy.victim(&mut pinned) else {
                 break;
             };
-            if self.entries.get(&key).is_some_and(|e| e.pins > 0) {
-                skipped.push((tick, key));
-                continue;
-            }
             if let Some(e) = self.entries.remove(&key) {
                 self.bytes -= e.len;
             }
             victims.push(key);
         }
-        self.by_age.extend(skipped);
         victims
     }
 }
@@ -173,9 +175,9 @@ mod tests {
     fn evicts_least_recent_unpinned_first() {
         let mut idx = PageIndex::default();
         for name in ["a", "b", "c", "d"] {
-            idx.insert(k(name), 10);
+            idx.insert(k(name), 10, None);
         }
-        idx.touch(&k("a"));
+        idx.touch(&k("a"), None);
         idx.pin(&k("b"));
         assert_eq!(idx.evict_to(20), vec![k("c"), k("d")]);
         assert_eq!(idx.bytes(), 20);
@@ -187,8 +189,8 @@ mod tests {
     #[test]
     fn replacing_a_page_updates_bytes() {
         let mut idx = PageIndex::default();
-        idx.insert(k("a"), 10);
-        idx.insert(k("a"), 4);
+        idx.insert(k("a"), 10, None);
+        idx.insert(k("a"), 4, None);
         assert_eq!((idx.bytes(), idx.pages()), (4, 1));
         assert!(idx.remove(&k("a")));
         assert_eq!(idx.bytes(), 0);
@@ -225,7 +227,7 @@ mod footprint {
         let before = rss();
         let mut idx = PageIndex::default();
         for k in keys {
-            idx.insert(k, 65536);
+            idx.insert(k, 65536, None);
         }
         let per_page = (rss() - before) as f64 / PAGES as f64;
         println!("page index: {per_page:.0} bytes per page ({PAGES} pages, 64-char keys)");

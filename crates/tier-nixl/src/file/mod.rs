@@ -41,6 +41,7 @@ use crate::staging::{align_up, StagingLease, StagingPool, ALIGN};
 use index::PageIndex;
 use io::{FileIo, Xfer};
 use layout::Layout;
+use tier_policy::PolicyKind;
 
 /// Which NIXL FILE plugin moves the bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -125,8 +126,10 @@ pub struct NixlFileConfig {
     pub engine: FileEngine,
     /// Request synchronous writes (durable on return, slower).
     pub sync_writes: bool,
-    /// Byte capacity; least recently used pages are evicted beyond it. `None`: unbounded.
+    /// Byte capacity; pages the policy chooses are evicted beyond it. `None`: unbounded.
     pub capacity_bytes: Option<u64>,
+    /// Which pages go first when the capacity is reached (any but TinyLFU, which is moka's).
+    pub policy: PolicyKind,
     /// Bytes per staging buffer; also the largest page. Batches larger than this are split.
     pub staging_bytes: usize,
     /// Staging buffers, i.e. batches in flight at once. Staging memory is
@@ -157,6 +160,7 @@ impl NixlFileConfig {
             engine: FileEngine::Nixl,
             sync_writes: false,
             capacity_bytes: None,
+            policy: PolicyKind::Lru,
             staging_bytes: 16 << 20,
             staging_buffers: 2,
             transfer_timeout: Duration::from_secs(30),
@@ -189,6 +193,12 @@ impl NixlFileConfig {
             return Err(TierError::config(
                 "staging_buffers",
                 format!("must be 1 to {MAX_LANES} (one NIXL agent each)"),
+            ));
+        }
+        if self.policy == PolicyKind::Tinylfu {
+            return Err(TierError::config(
+                "policy",
+                "tinylfu is moka's, for DRAM tiers; a file tier takes lru, sieve, s3fifo, arc or prefix",
             ));
         }
         if self.capacity_bytes == Some(0) {
@@ -280,7 +290,9 @@ impl Shared {
     fn open(config: NixlFileConfig) -> Result<Self, TierError> {
         let runtime = crate::runtime::load(config.runtime_dir.as_deref())?;
         let layout = Layout::create(&config.dirs)?;
-        let mut index = PageIndex::default();
+        let mut index = PageIndex::new(config.policy).ok_or_else(|| {
+            TierError::config("policy", format!("{} is not for file tiers", config.policy))
+        })?;
         let (locks, temps_removed) = if config.reader {
             (Vec::new(), 0)
         } else {
@@ -293,7 +305,7 @@ impl Shared {
             let mut found = scan.pages;
             found.sort_by_key(|(_, _, mtime)| *mtime);
             for (key, len, _) in found {
-                index.insert(key, len);
+                index.insert(key, len, None);
             }
             (locks, scan.temps_removed)
         };
@@ -416,7 +428,7 @@ impl Shared {
         }
     }
 
-    /// Evicts least recently used pages until the capacity holds; deletes their files.
+    /// Evicts the pages the policy chooses until the capacity holds; deletes their files.
     fn enforce_capacity(&self) {
         let Some(capacity) = self.config.capacity_bytes else {
             return;
@@ -456,10 +468,12 @@ impl Shared {
             // Files and entries change together: renamed in under the lock that inserts them.
             let mut index = self.index();
             FileIo::commit_writes(&xfers, &finals, &mut outcome);
+            let mut after = None;
             for (page, result) in pages.iter().zip(&outcome.results) {
                 match result {
                     Ok(()) => {
-                        index.insert(page.key.clone(), page.data.len() as u64);
+                        index.insert(page.key.clone(), page.data.len() as u64, after);
+                        after = Some(&page.key);
                         self.stats.put(page.data.len());
                     }
                     Err(_) => self.stats.errors(1),
@@ -605,10 +619,14 @@ impl Shared {
     /// with (a newer put replaced it meanwhile).
     fn finish_reads(&self, reads: &[PlannedRead], results: &[Result<bool, TierError>]) {
         let mut index = self.index();
+        let mut after = None;
         for (read, result) in reads.iter().zip(results) {
             index.unpin(&read.key);
             match result {
-                Ok(true) => index.touch(&read.key),
+                Ok(true) => {
+                    index.touch(&read.key, after);
+                    after = Some(&read.key);
+                }
                 Ok(false) if !read.path.exists() => {
                     index.remove_if(&read.key, read.generation);
                 }

@@ -15,6 +15,7 @@ pub struct FileFactory {
     mode: PathModeChoice,
     direct: tier_nixl::DirectIo,
     engine: tier_nixl::FileEngine,
+    policy: tier_policy::PolicyKind,
     bounded: std::sync::atomic::AtomicUsize,
 }
 
@@ -30,6 +31,7 @@ impl FileFactory {
             mode,
             direct: tier_nixl::DirectIo::Off,
             engine: tier_nixl::FileEngine::Nixl,
+            policy: tier_policy::PolicyKind::Lru,
             bounded: Default::default(),
         }
     }
@@ -38,6 +40,13 @@ impl FileFactory {
     #[allow(dead_code)]
     pub fn direct(mut self) -> Self {
         self.direct = tier_nixl::DirectIo::Required;
+        self
+    }
+
+    /// Evicts by `policy` when bounded.
+    #[allow(dead_code)]
+    pub fn policy(mut self, policy: tier_policy::PolicyKind) -> Self {
+        self.policy = policy;
         self
     }
 
@@ -53,6 +62,7 @@ impl FileFactory {
         config.path_mode = self.mode;
         config.direct_io = self.direct;
         config.engine = self.engine;
+        config.policy = self.policy;
         config
     }
 

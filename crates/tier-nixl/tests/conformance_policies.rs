@@ -1,0 +1,17 @@
+//! The whole conformance suite on the NIXL FILE tier (syscall engine) under each eviction
+//! policy but LRU (which every other FILE suite runs) and TinyLFU (DRAM only).
+mod common;
+
+macro_rules! per_policy {
+    ($($module:ident: $policy:ident),* $(,)?) => {
+        $(mod $module {
+            tier_tests::conformance_suite!(
+                super::common::FileFactory::new(tier_nixl::PathModeChoice::Off)
+                    .syscalls()
+                    .policy(tier_policy::PolicyKind::$policy)
+            );
+        })*
+    };
+}
+
+per_policy!(sieve: Sieve, s3fifo: S3fifo, arc: Arc, prefix: Prefix);
