@@ -132,14 +132,15 @@ async fn run(cli: Cli) -> Result<(), String> {
             let plans = registry().plan(&config).map_err(|e| e.to_string())?;
             let policy = config.policy();
             println!(
-                "hierarchy: {:?}, promote {}, queue {}, flush timeout {:?}",
+                "hierarchy: {:?}, promote {}, queue {}, flush timeout {:?}, written below from request {}",
                 policy.write,
                 policy.promote,
                 policy.queue_bytes.map_or(
                     "a quarter of the top tier's capacity (1GiB if it has none)".into(),
                     |b| { tier_core::config::ByteSize(b).to_string() }
                 ),
-                policy.flush_timeout
+                policy.flush_timeout,
+                policy.admit_after
             );
             for (i, (name, plan)) in plans.iter().enumerate() {
                 println!("  tier {i}: {name:<10} {}", plan.describe());

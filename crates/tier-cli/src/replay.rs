@@ -135,19 +135,22 @@ pub fn render(
         page_bytes >> 10,
         report.elapsed
     );
+    // Write amplification: bytes a tier wrote per byte the replay reused.
+    let reused_bytes = (report.ratio.reused * page_bytes as u64).max(1) as f64;
     out += &format!(
-        "{:<12} {:<11} {:>9} {:>9} {:>11} {:>11} {:>10}\n",
-        "tier", "kind", "served", "hit %", "read MiB", "written MiB", "evictions"
+        "{:<12} {:<11} {:>9} {:>9} {:>11} {:>11} {:>13} {:>10}\n",
+        "tier", "kind", "served", "hit %", "read MiB", "written MiB", "written/reuse", "evictions"
     );
     for level in &stats.levels {
         out += &format!(
-            "{:<12} {:<11} {:>9} {:>8.2}% {:>11.1} {:>11.1} {:>10}\n",
+            "{:<12} {:<11} {:>9} {:>8.2}% {:>11.1} {:>11.1} {:>13.2} {:>10}\n",
             level.info.name,
             level.info.kind,
             level.served,
             100.0 * level.served as f64 / requested,
             mib(level.stats.bytes_read),
             mib(level.stats.bytes_written),
+            level.stats.bytes_written as f64 / reused_bytes,
             level.stats.evictions
         );
     }
@@ -189,12 +192,13 @@ pub fn render(
         pct(0.99)
     );
     out += &format!(
-        "moved between tiers: {:.1} MiB (promotions {}, copies down {}, demotions {}, dropped {})\n",
+        "moved between tiers: {:.1} MiB (promotions {}, copies down {}, demotions {}, dropped {}, not admitted {})\n",
         mib(stats.bytes_moved),
         stats.promotions,
         stats.copied_down,
         stats.demotions,
-        stats.demotions_dropped
+        stats.demotions_dropped,
+        stats.not_admitted
     );
     if let Some(top) = stats.levels.first().and_then(|l| l.info.capacity_bytes) {
         // Entries of the DRAM tier weigh their key too.

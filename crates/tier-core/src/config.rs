@@ -168,6 +168,8 @@ pub struct PolicyConfig {
     pub queue_bytes: Option<ByteSize>,
     /// Bound on flush and close.
     pub flush_timeout: Option<Seconds>,
+    /// Requests of a key before its page is written below (default 1: every page).
+    pub admit_after: u32,
 }
 
 impl Default for PolicyConfig {
@@ -178,6 +180,7 @@ impl Default for PolicyConfig {
             promote: d.promote,
             queue_bytes: None,
             flush_timeout: None,
+            admit_after: d.admit_after,
         }
     }
 }
@@ -247,6 +250,12 @@ impl HierarchyConfig {
         if config.tiers.is_empty() {
             return Err(TierError::config("tiers", "list at least one tier"));
         }
+        if config.hierarchy.admit_after == 0 {
+            return Err(TierError::config(
+                "hierarchy.admit_after",
+                "must be at least 1 (1: every page is written below)",
+            ));
+        }
         if config.hierarchy.queue_bytes == Some(ByteSize(0)) {
             return Err(TierError::config(
                 "hierarchy.queue_bytes",
@@ -270,6 +279,7 @@ impl HierarchyConfig {
                 .hierarchy
                 .flush_timeout
                 .map_or(d.flush_timeout, |s| s.0),
+            admit_after: self.hierarchy.admit_after,
         }
     }
 }

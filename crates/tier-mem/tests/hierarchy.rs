@@ -257,3 +257,95 @@ async fn a_put_dropped_while_waiting_leaves_nothing_behind() {
     assert_eq!(r.unwrap(), Lookup::Miss);
     h.close().await.unwrap();
 }
+
+/// DRAM with room for one 4 KiB page over DRAM, admitting pages below at their second request.
+fn admitting_at_two(write: WritePolicy) -> (Hierarchy, DynTier) {
+    let queue = DemotionQueue::new();
+    let mut upper = MemTier::builder(4096 + 512)
+        .name("one-page")
+        .policy(tier_mem::PolicyKind::Lru);
+    if write == WritePolicy::WriteBack {
+        upper = upper.on_evict(queue.listener(0));
+    }
+    let lower: DynTier = Arc::new(MemTier::builder(64 << 20).name("lower").build().unwrap());
+    let tiers: Vec<DynTier> = vec![Arc::new(upper.build().unwrap()), Arc::clone(&lower)];
+    let policy = HierarchyPolicy {
+        admit_after: 2,
+        ..policy(write)
+    };
+    (
+        Hierarchy::new("admit/2", tiers, policy, Some(queue)).unwrap(),
+        lower,
+    )
+}
+
+/// With `admit_after = 2` a page seen once never reaches the lower tier; seen twice it does:
+/// in write-through at its next put, in write-back when it is evicted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_are_written_below_only_from_their_nth_request() {
+    for write in [WritePolicy::WriteThrough, WritePolicy::WriteBack] {
+        let (h, lower) = admitting_at_two(write);
+        let (once, twice) = (key(1), key(2));
+        put_one(&h, &once, 1).await;
+        put_one(&h, &twice, 1).await; // evicts `once` from the one-page top
+        put_one(&h, &twice, 2).await; // the second request of `twice`
+        put_one(&h, &once, 2).await; // the second of `once`: evicts `twice`
+        h.flush().await.unwrap();
+        let below = |k: &PageKey| {
+            let (lower, k) = (Arc::clone(&lower), k.clone());
+            async move { lower.exists(&[k]).await.unwrap() == 1 }
+        };
+        assert!(below(&twice).await, "{write:?}: twice-requested page below");
+        match write {
+            // The put that was `once`'s second request copied it down.
+            WritePolicy::WriteThrough => assert!(below(&once).await, "{write:?}"),
+            // `once` is in the top tier and has not been evicted since its second request.
+            WritePolicy::WriteBack => assert!(!below(&once).await, "{write:?}"),
+        }
+        let stats = h.hierarchy_stats();
+        assert!(stats.not_admitted >= 1, "{write:?}: {stats:?}");
+        let (r, buf) = tier_tests::read_page(&h, twice.clone(), 4096).await;
+        assert_eq!(r.unwrap(), Lookup::Hit, "{write:?}");
+        content::verify(&twice, 2, &buf).unwrap();
+        h.close().await.unwrap();
+    }
+}
+
+/// Admission never makes a stale page readable: a page admitted below, then rewritten while
+/// the sketch no longer admits it (a fresh hierarchy over the same lower tier), is served in
+/// its newest version or not at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_not_admitted_leaves_no_stale_copy_below() {
+    let (h, lower) = admitting_at_two(WritePolicy::WriteThrough);
+    let k = key(7);
+    put_one(&h, &k, 1).await;
+    put_one(&h, &k, 2).await; // admitted: v2 goes below
+    h.flush().await.unwrap();
+    assert_eq!(lower.exists(std::slice::from_ref(&k)).await.unwrap(), 1);
+    h.close().await.unwrap();
+    // A new hierarchy (fresh counts) over the same lower tier: v3 is its first request.
+    let top: DynTier = Arc::new(
+        MemTier::builder(4096 + 512)
+            .policy(tier_mem::PolicyKind::Lru)
+            .build()
+            .unwrap(),
+    );
+    let policy = HierarchyPolicy {
+        admit_after: 2,
+        ..policy(WritePolicy::WriteThrough)
+    };
+    let h = Hierarchy::new("again", vec![top, Arc::clone(&lower)], policy, None).unwrap();
+    put_one(&h, &k, 3).await;
+    put_one(&h, &key(8), 1).await; // evicts v3 from the top
+    h.flush().await.unwrap();
+    let (r, buf) = tier_tests::read_page(&h, k.clone(), 4096).await;
+    if r.unwrap() == Lookup::Hit {
+        content::verify(&k, 3, &buf).expect("only the newest version may be served");
+    }
+    assert_eq!(
+        lower.exists(std::slice::from_ref(&k)).await.unwrap(),
+        0,
+        "v2 removed below"
+    );
+    h.close().await.unwrap();
+}

@@ -16,6 +16,7 @@
 //! and nothing it held stays held. Pages in motion and key generations have one owner,
 //! [`motion::Motion`]; the queue and its writer live in [`queue`].
 
+mod admission;
 mod motion;
 mod queue;
 
@@ -34,6 +35,7 @@ use crate::{
     GetResult, Lookup, Page, PageKey, PutResult, ReadSlot, RemoveResult, StatsRecorder,
     StorageTier, TierError, TierInfo, TierStats,
 };
+use admission::Admission;
 use motion::{InMotion, Motion};
 use queue::{Job, Moving};
 
@@ -59,6 +61,10 @@ pub struct HierarchyPolicy {
     pub queue_bytes: Option<u64>,
     /// Bound on `flush` and `close`.
     pub flush_timeout: Duration,
+    /// Requests of a key (puts and reads through the hierarchy) before its page is written
+    /// below: write-through copies it at a put, write-back demotes it on eviction, only from
+    /// then on; otherwise its copies below are removed (never served stale). 1: every page.
+    pub admit_after: u32,
 }
 
 impl Default for HierarchyPolicy {
@@ -68,6 +74,7 @@ impl Default for HierarchyPolicy {
             promote: true,
             queue_bytes: None,
             flush_timeout: Duration::from_secs(60),
+            admit_after: 1,
         }
     }
 }
@@ -97,6 +104,9 @@ pub struct HierarchyStats {
     /// Evicted pages not carried down because the queue was full (their copies below were
     /// removed, never served stale).
     pub demotions_dropped: u64,
+    /// Pages not written below because their key was requested fewer than `admit_after`
+    /// times (their copies below removed).
+    pub not_admitted: u64,
     /// Pages waiting in the background queue now.
     pub queue_depth: usize,
     /// Bytes of those pages (held in memory until they land).
@@ -144,6 +154,8 @@ pub struct Hierarchy {
     motion: Arc<Motion>,
     served_in_flight: AtomicU64,
     dropped: Arc<AtomicU64>,
+    admission: Arc<Admission>,
+    not_admitted: Arc<AtomicU64>,
     worker: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -165,6 +177,12 @@ impl Hierarchy {
             return Err(TierError::config(
                 "tiers",
                 "a hierarchy needs at least one tier",
+            ));
+        }
+        if policy.admit_after == 0 {
+            return Err(TierError::config(
+                "admit_after",
+                "must be at least 1 (1: every page is written below)",
             ));
         }
         if policy.queue_bytes == Some(0) {
@@ -192,6 +210,7 @@ impl Hierarchy {
                 .map_or(DEFAULT_QUEUE_BYTES, |c| c / 4)
         });
         queue.motion.set_bound(bound);
+        queue.admission.set_threshold(policy.admit_after);
         let inner = Arc::new(Inner {
             levels: tiers
                 .into_iter()
@@ -216,6 +235,8 @@ impl Hierarchy {
             motion: Arc::clone(&queue.motion),
             served_in_flight: AtomicU64::new(0),
             dropped: Arc::clone(&queue.dropped),
+            admission: Arc::clone(&queue.admission),
+            not_admitted: Arc::clone(&queue.not_admitted),
             worker: Mutex::new(Some(worker)),
         })
     }
@@ -249,6 +270,7 @@ impl Hierarchy {
             copied_down: c.copied_down.load(Relaxed),
             demotions: c.demotions.load(Relaxed),
             demotions_dropped: self.dropped.load(Relaxed),
+            not_admitted: self.not_admitted.load(Relaxed),
             queue_depth,
             queue_bytes,
             stale_below,
@@ -339,6 +361,7 @@ impl StorageTier for Hierarchy {
         let mut results: Vec<PutResult> = pages.iter().map(|p| p.check_len(limit)).collect();
         let valid: Vec<usize> = (0..pages.len()).filter(|&i| results[i].is_ok()).collect();
         let keys: Vec<PageKey> = valid.iter().map(|&i| pages[i].key.clone()).collect();
+        self.admission.record(&keys);
         let lower = self.inner.levels.len() > 1;
         let sender = match self.policy.write {
             WritePolicy::WriteThrough if lower => self.sender(),
@@ -369,10 +392,19 @@ impl StorageTier for Hierarchy {
             .into_iter()
             .zip(&valid)
             .filter(|(_, &i)| results[i].is_ok())
-            .map(|(p, _)| Moving {
-                seq: self.motion.track(&p.key, Some(p.data.clone())),
-                key: p.key,
-                data: Some(p.data),
+            .map(|(p, _)| {
+                // Not admitted: only a tombstone goes down (older copies below are stale).
+                let data = if self.admission.admits(&p.key) {
+                    Some(p.data)
+                } else {
+                    self.not_admitted.fetch_add(1, Relaxed);
+                    None
+                };
+                Moving {
+                    seq: self.motion.track(&p.key, data.clone()),
+                    key: p.key,
+                    data,
+                }
             })
             .collect();
         if !moving.is_empty() {
@@ -395,6 +427,7 @@ impl StorageTier for Hierarchy {
 
     async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
         let keys: Vec<PageKey> = slots.iter().map(|s| s.key.clone()).collect();
+        self.admission.record(&keys);
         // What a promotion must find unchanged to copy a lower hit up.
         let generations = self.motion.generations(&keys);
         let mut results: Vec<Option<GetResult>> = (0..slots.len()).map(|_| None).collect();

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 
+use super::admission::Admission;
 use super::motion::Motion;
 use super::Inner;
 use crate::{EvictedPage, EvictionListener, Page, PageData, PageKey};
@@ -38,6 +39,8 @@ pub struct DemotionQueue {
     pub(super) rx: Mutex<Option<mpsc::UnboundedReceiver<Job>>>,
     pub(super) motion: Arc<Motion>,
     pub(super) dropped: Arc<AtomicU64>,
+    pub(super) admission: Arc<Admission>,
+    pub(super) not_admitted: Arc<AtomicU64>,
 }
 
 impl DemotionQueue {
@@ -49,6 +52,8 @@ impl DemotionQueue {
             rx: Mutex::new(Some(rx)),
             motion: Arc::new(Motion::new()),
             dropped: Arc::default(),
+            admission: Arc::new(Admission::new()),
+            not_admitted: Arc::default(),
         })
     }
 
@@ -56,22 +61,30 @@ impl DemotionQueue {
     /// blocks. The page is readable through the hierarchy from the moment the hook runs until
     /// it lands. Writers wait for room in the queue before they put (so before they evict);
     /// if the queue still holds four times its bound, the page is not carried: its stale
-    /// copies below are removed instead (counted as dropped), never served.
+    /// copies below are removed instead (counted as dropped), never served. So is a page
+    /// whose key was requested fewer times than the hierarchy's `admit_after`.
     pub fn listener(&self, level: usize) -> EvictionListener {
-        let (tx, motion, dropped) = (
+        let (tx, motion, dropped, admission, not_admitted) = (
             self.tx.clone(),
             Arc::clone(&self.motion),
             Arc::clone(&self.dropped),
+            Arc::clone(&self.admission),
+            Arc::clone(&self.not_admitted),
         );
         Arc::new(move |page: EvictedPage| {
             if !motion.carry_eviction(&page.key) {
                 return;
             }
             let data = PageData::from(page.data);
-            let carried = motion.may_queue_eviction(data.len() as u64).then_some(data);
-            if carried.is_none() {
+            let carried = if !admission.admits(&page.key) {
+                not_admitted.fetch_add(1, Relaxed);
+                None
+            } else if motion.may_queue_eviction(data.len() as u64) {
+                Some(data)
+            } else {
                 dropped.fetch_add(1, Relaxed);
-            }
+                None
+            };
             let seq = motion.track(&page.key, carried.clone());
             let moving = Moving {
                 key: page.key,
