@@ -63,6 +63,26 @@ impl PageKey {
         out
     }
 
+    /// The key a name made by [`PageKey::escaped_name`] with `marker` stands for; `None` for
+    /// a name no key escapes to (a foreign file or object).
+    pub fn from_escaped_name(name: &str, marker: char) -> Option<PageKey> {
+        let bytes = name.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            if name[i..].starts_with(marker) {
+                let hex = name.get(i + 1..i + 3)?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            } else {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+        let key = PageKey::from_bytes(&out).ok()?;
+        (key.escaped_name(marker) == name).then_some(key)
+    }
+
     fn check(key: &[u8]) -> Result<(), TierError> {
         if key.is_empty() {
             return Err(invalid(key, "key is empty"));

@@ -12,6 +12,8 @@
 //! region = "us-east-1"
 //! concurrency = 16
 //! op_timeout = "30s"
+//! capacity = "2TiB"             # optional bound on the prefix's pages, evicting by `policy`
+//! policy = "lru"                # lru (default), sieve, s3fifo, arc or prefix
 //! # store = "local": dir = "/mnt/shared/kv"
 //! ```
 
@@ -20,7 +22,7 @@ use std::sync::Arc;
 
 use object_store::ObjectStore;
 use serde::Deserialize;
-use tier_core::config::{OpenFuture, Registry, Seconds, TierContext, TierPlan};
+use tier_core::config::{ByteSize, OpenFuture, Registry, Seconds, TierContext, TierPlan};
 use tier_core::{EvictionListener, TierError};
 
 use crate::{ObjectTier, ObjectTierConfig, S3Settings};
@@ -40,6 +42,9 @@ struct ObjectParams {
     op_timeout: Option<Seconds>,
     #[serde(default)]
     create_only: bool,
+    capacity: Option<ByteSize>,
+    #[serde(default)]
+    policy: tier_policy::PolicyKind,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -62,7 +67,11 @@ impl TierPlan for ObjectPlan {
     }
 
     fn open(self: Box<Self>, _on_evict: Option<EvictionListener>) -> OpenFuture {
-        Box::pin(async move { Ok(Arc::new(ObjectTier::new(self.store, self.config)?) as _) })
+        Box::pin(async move {
+            let tier = ObjectTier::new(self.store, self.config)?;
+            tier.load_catalog().await?;
+            Ok(Arc::new(tier) as _)
+        })
     }
 }
 
@@ -123,6 +132,8 @@ pub fn register(registry: &mut Registry) {
         let mut config = ObjectTierConfig::new(p.prefix.clone());
         config.name = ctx.name.clone();
         config.create_only = p.create_only;
+        config.capacity_bytes = p.capacity.map(|c| c.0);
+        config.policy = p.policy;
         if let Some(n) = p.concurrency {
             config.concurrency = n;
         }
@@ -135,8 +146,16 @@ pub fn register(registry: &mut Registry) {
             other => other,
         })?;
         let describe = format!(
-            "object: {where_}, prefix {:?}, concurrency {}",
-            config.prefix, config.concurrency
+            "object: {where_}, prefix {:?}, concurrency {}, capacity {}",
+            config.prefix,
+            config.concurrency,
+            config
+                .capacity_bytes
+                .map_or("unbounded".into(), |b| format!(
+                    "{} ({})",
+                    ByteSize(b),
+                    config.policy
+                )),
         );
         Ok(Box::new(ObjectPlan {
             store,

@@ -7,6 +7,11 @@
 //! timeouts. Pages above `multipart_threshold` are uploaded in parts. With `create_only`, a
 //! page is written with `PutMode::Create`: two writers of one key never interleave and the
 //! first complete page wins (pages are content-addressed, so both hold the same bytes).
+//!
+//! With a `capacity`, the tier bounds the bytes under its prefix (a bucket shared by many
+//! nodes still needs a bound per prefix): a catalog of its objects, filled by one listing at
+//! open ([`ObjectTier::load_catalog`]) and kept by its own puts, removes and reads, evicts by
+//! its `policy` and deletes what it evicts in those keys' turns.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,8 +26,12 @@ use tier_core::{
     StatsRecorder, StorageTier, TierError, TierInfo, TierStats, WriteOrder,
 };
 
+mod catalog;
 pub mod config;
 mod s3;
+
+use catalog::Catalog;
+pub use tier_policy::PolicyKind;
 
 /// Longest escaped object name (stores that keep objects as files need it under NAME_MAX).
 const MAX_NAME: usize = 200;
@@ -93,6 +102,74 @@ impl ObjectTier {
         &self.order
     }
 
+    /// Fills the catalog of a tier with a `capacity` from one listing of its prefix (oldest
+    /// object first), then evicts down to the capacity; returns the objects found. A no-op
+    /// without a capacity.
+    pub async fn load_catalog(&self) -> Result<usize, TierError> {
+        let Some(catalog) = &self.objects.catalog else {
+            return Ok(0);
+        };
+        let mut listed = self.objects.list().await?;
+        listed.sort_by_key(|meta| meta.last_modified);
+        let mut found = 0;
+        for meta in listed {
+            let key = meta
+                .location
+                .filename()
+                .and_then(|name| PageKey::from_escaped_name(name, MARKER));
+            if let Some(key) = key {
+                found += 1;
+                let evicted = catalog.insert(&key, meta.size, None);
+                (0..evicted).for_each(|_| self.objects.stats.eviction());
+            }
+        }
+        self.delete_evicted().await;
+        Ok(found)
+    }
+
+    /// Deletes the objects the catalog evicted, each in its key's turn and only if no put has
+    /// stored the key again since; what could not be deleted is retried by a later put.
+    async fn delete_evicted(&self) {
+        let Some(catalog) = &self.objects.catalog else {
+            return;
+        };
+        let doomed = catalog.take_doomed();
+        if doomed.is_empty() {
+            return;
+        }
+        // Dropped while waiting for the turn, the keys go back to the catalog's list.
+        let mut handed = GiveBack {
+            objects: Arc::clone(&self.objects),
+            keys: doomed,
+        };
+        let turn = self.order.turn(&handed.keys).await;
+        let keys = std::mem::take(&mut handed.keys);
+        let objects = Arc::clone(&self.objects);
+        let _ = tokio::spawn(async move {
+            let mut failed = Vec::new();
+            for key in keys {
+                let Some(catalog) = &objects.catalog else {
+                    break;
+                };
+                if catalog.contains(&key) {
+                    continue;
+                }
+                let deleted = match objects.object_path(&key) {
+                    Ok(path) => objects.delete_path(&path, Some(&key)).await,
+                    Err(e) => Err(e),
+                };
+                if deleted.is_err() {
+                    failed.push(key);
+                }
+            }
+            drop(turn);
+            if let Some(catalog) = &objects.catalog {
+                catalog.give_back(failed);
+            }
+        })
+        .await;
+    }
+
     /// Checks that the store answers and the credentials may list the prefix.
     pub async fn check_access(&self) -> Result<(), TierError> {
         self.objects.check_access().await
@@ -139,10 +216,13 @@ impl StorageTier for ObjectTier {
     async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
         let keys = pages.iter().map(|p| p.key.clone()).collect();
         let owned: Vec<Page<'static>> = pages.iter().map(Page::to_shared).collect();
-        self.in_turn(keys, pages.len(), move |objects| async move {
-            objects.put(&owned).await
-        })
-        .await
+        let results = self
+            .in_turn(keys, pages.len(), move |objects| async move {
+                objects.put(&owned).await
+            })
+            .await;
+        self.delete_evicted().await;
+        results
     }
 
     async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
@@ -192,6 +272,11 @@ pub struct ObjectTierConfig {
     pub max_page_bytes: usize,
     /// Write with `PutMode::Create`: the first complete page of a key wins.
     pub create_only: bool,
+    /// Bytes of pages the tier holds under its prefix; beyond it, `policy` evicts. `None`:
+    /// unbounded.
+    pub capacity_bytes: Option<u64>,
+    /// Which pages go first when the capacity is reached (any but TinyLFU, which is moka's).
+    pub policy: PolicyKind,
 }
 
 impl ObjectTierConfig {
@@ -205,6 +290,8 @@ impl ObjectTierConfig {
             multipart_threshold: 16 << 20,
             max_page_bytes: 256 << 20,
             create_only: false,
+            capacity_bytes: None,
+            policy: PolicyKind::Lru,
         }
     }
 }
@@ -216,6 +303,21 @@ struct Objects {
     config: ObjectTierConfig,
     backend: String,
     stats: StatsRecorder,
+    catalog: Option<Catalog>,
+}
+
+/// Keys taken for deletion, given back to the catalog if the deletion never started.
+struct GiveBack {
+    objects: Arc<Objects>,
+    keys: Vec<PageKey>,
+}
+
+impl Drop for GiveBack {
+    fn drop(&mut self) {
+        if let Some(catalog) = &self.objects.catalog {
+            catalog.give_back(std::mem::take(&mut self.keys));
+        }
+    }
 }
 
 impl Objects {
@@ -227,7 +329,26 @@ impl Objects {
             return Err(TierError::config("op_timeout", "must be positive"));
         }
         let prefix = parse_prefix(&config.prefix)?;
+        let catalog = match config.capacity_bytes {
+            None => None,
+            Some(0) => {
+                return Err(TierError::config(
+                    "capacity",
+                    "must be at least 1 byte (or unset)",
+                ))
+            }
+            Some(capacity) => {
+                let policy = config.policy.build().ok_or_else(|| {
+                    TierError::config(
+                        "policy",
+                        "tinylfu is moka's, for DRAM tiers; an object tier takes lru, sieve, s3fifo, arc or prefix",
+                    )
+                })?;
+                Some(Catalog::new(policy, capacity))
+            }
+        };
         Ok(Self {
+            catalog,
             backend: format!("object store {store}"),
             store,
             prefix,
@@ -410,14 +531,15 @@ impl Objects {
         TierInfo {
             name: self.config.name.clone(),
             kind: "object".into(),
-            capacity_bytes: None,
+            capacity_bytes: self.catalog.as_ref().map(Catalog::capacity),
             max_page_bytes: Some(self.config.max_page_bytes),
             persistent: true,
         }
     }
 
     fn stats(&self) -> TierStats {
-        self.stats.snapshot(None)
+        self.stats
+            .snapshot(self.catalog.as_ref().map(Catalog::bytes))
     }
 
     async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
@@ -436,9 +558,17 @@ impl Objects {
             })
             .collect();
         let results = run_ordered(jobs, self.config.concurrency).await;
+        let mut after = None;
         for (page, r) in pages.iter().zip(&results) {
             match r {
-                Ok(()) => self.stats.put(page.data.len()),
+                Ok(()) => {
+                    self.stats.put(page.data.len());
+                    if let Some(catalog) = &self.catalog {
+                        let evicted = catalog.insert(&page.key, page.data.len() as u64, after);
+                        (0..evicted).for_each(|_| self.stats.eviction());
+                    }
+                    after = Some(&page.key);
+                }
                 Err(_) => self.stats.errors(1),
             }
         }
@@ -450,7 +580,17 @@ impl Objects {
             .iter_mut()
             .map(|slot| -> Job<'_, GetResult> { Box::pin(self.get_one(slot)) })
             .collect();
-        run_ordered(jobs, self.config.concurrency).await
+        let results = run_ordered(jobs, self.config.concurrency).await;
+        if let Some(catalog) = &self.catalog {
+            let mut after = None;
+            for (slot, r) in slots.iter().zip(&results) {
+                if matches!(r, Ok(tier_core::Lookup::Hit)) {
+                    catalog.touch(&slot.key, after);
+                    after = Some(&slot.key);
+                }
+            }
+        }
+        results
     }
 
     async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
@@ -482,18 +622,25 @@ impl Objects {
         run_ordered(jobs, self.config.concurrency).await
     }
 
+    /// The objects directly under the prefix. Only those are the tier's: a page name never
+    /// holds a `/`, so anything deeper (another tier's prefix nested in this one, `models`
+    /// over `models/llama`) is not ours.
+    async fn list(&self) -> Result<Vec<object_store::ObjectMeta>, TierError> {
+        self.bounded("object list", async {
+            self.store
+                .list_with_delimiter(Some(&self.prefix))
+                .await
+                .map(|listing| listing.objects)
+                .map_err(|e| self.error(None, e))
+        })
+        .await
+    }
+
     async fn clear(&self) -> Result<(), TierError> {
-        // Only the prefix's own objects: a page name never holds a `/`, so anything deeper
-        // (another tier's prefix nested in this one, `models` over `models/llama`) is not ours.
-        let listed: Vec<object_store::ObjectMeta> = self
-            .bounded("object list", async {
-                self.store
-                    .list_with_delimiter(Some(&self.prefix))
-                    .await
-                    .map(|listing| listing.objects)
-                    .map_err(|e| self.error(None, e))
-            })
-            .await?;
+        if let Some(catalog) = &self.catalog {
+            catalog.clear();
+        }
+        let listed = self.list().await?;
         let jobs: Vec<Job<'_, Result<(), TierError>>> = listed
             .iter()
             .map(|meta| -> Job<'_, Result<(), TierError>> {
@@ -513,6 +660,9 @@ impl Objects {
         if was {
             self.delete_path(&self.object_path(key)?, Some(key)).await?;
             self.stats.removed();
+        }
+        if let Some(catalog) = &self.catalog {
+            catalog.remove(key);
         }
         Ok(was)
     }
@@ -567,8 +717,11 @@ fn parse_prefix(prefix: &str) -> Result<Path, TierError> {
 }
 
 /// A key as one plain object-name part (`=XX` escapes; see [`PageKey::escaped_name`]).
+/// What an escaped object name writes a byte of the key as (`=` and two hex digits).
+const MARKER: char = '=';
+
 fn escape(key: &PageKey) -> String {
-    key.escaped_name('=')
+    key.escaped_name(MARKER)
 }
 
 #[cfg(test)]

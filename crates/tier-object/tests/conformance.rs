@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use object_store::ObjectStore;
 use tier_core::TierError;
-use tier_object::{ObjectTier, ObjectTierConfig, S3Settings};
+use tier_object::{ObjectTier, ObjectTierConfig, PolicyKind, S3Settings};
 use tier_tests::s3::S3Server;
 use tier_tests::suite::DynTier;
 use tier_tests::TierFactory;
@@ -14,13 +14,15 @@ use tier_tests::TierFactory;
 /// Idle connections the S3 client keeps.
 const POOL: usize = 2;
 
-/// Tiers over one store; `open` reuses the prefix (persistence), bounded tiers do not exist.
+/// Tiers over one store; `open` reuses the prefix (persistence), each bounded tier gets a
+/// prefix of its own and evicts by `policy`.
 pub struct StoreFactory {
     store: Arc<dyn ObjectStore>,
     prefix: String,
     _server: Option<S3Server>,
     _dir: Option<tempfile::TempDir>,
     opened: AtomicUsize,
+    policy: PolicyKind,
 }
 
 impl StoreFactory {
@@ -40,6 +42,7 @@ impl StoreFactory {
             _server: Some(server),
             _dir: None,
             opened: AtomicUsize::new(0),
+            policy: PolicyKind::Lru,
         }
     }
 
@@ -53,6 +56,7 @@ impl StoreFactory {
             _server: None,
             _dir: Some(dir),
             opened: AtomicUsize::new(0),
+            policy: PolicyKind::Lru,
         }
     }
 
@@ -63,7 +67,15 @@ impl StoreFactory {
             _server: None,
             _dir: None,
             opened: AtomicUsize::new(0),
+            policy: PolicyKind::Lru,
         }
+    }
+}
+
+impl StoreFactory {
+    fn policy(mut self, policy: PolicyKind) -> Self {
+        self.policy = policy;
+        self
     }
 }
 
@@ -85,6 +97,19 @@ impl TierFactory for StoreFactory {
             ObjectTierConfig::new(&self.prefix),
         )?))
     }
+
+    async fn open_bounded(&self, capacity_bytes: u64) -> Option<Result<DynTier, TierError>> {
+        let n = self.opened.fetch_add(1, Ordering::Relaxed);
+        let mut config = ObjectTierConfig::new(format!("{}/bounded-{n}", self.prefix));
+        config.capacity_bytes = Some(capacity_bytes);
+        config.policy = self.policy;
+        let opened = async {
+            let tier = ObjectTier::new(Arc::clone(&self.store), config)?;
+            tier.load_catalog().await?;
+            Ok(Arc::new(tier) as DynTier)
+        };
+        Some(opened.await)
+    }
 }
 
 mod s3 {
@@ -98,3 +123,17 @@ mod local_folder {
 mod in_memory {
     tier_tests::conformance_suite!(super::StoreFactory::memory());
 }
+
+/// Bounded tiers under every policy an object tier takes (in memory: the bound is the
+/// catalog's, the store's kind does not change it).
+macro_rules! per_policy {
+    ($($module:ident: $policy:ident),* $(,)?) => {
+        $(mod $module {
+            tier_tests::conformance_suite!(
+                super::StoreFactory::memory().policy(super::PolicyKind::$policy)
+            );
+        })*
+    };
+}
+
+per_policy!(sieve: Sieve, s3fifo: S3fifo, arc: Arc, prefix: Prefix);

@@ -265,6 +265,11 @@ impl Store {
         d.set_item("copied_down", h.copied_down)?;
         d.set_item("demotions", h.demotions)?;
         d.set_item("demotions_dropped", h.demotions_dropped)?;
+        d.set_item("not_admitted", h.not_admitted)?;
+        d.set_item("stale_below", h.stale_below)?;
+        d.set_item("stale_below_all", h.stale_below_all)?;
+        d.set_item("served_in_flight", h.served_in_flight)?;
+        d.set_item("bytes_moved", h.bytes_moved)?;
         d.set_item("queue_depth", h.queue_depth)?;
         d.set_item("queue_bytes", h.queue_bytes)?;
         d.set_item("lower_errors", h.lower_errors)?;

@@ -124,6 +124,28 @@ def test_stats_per_level():
         st = s.stats()
         assert st["puts"] == 1 and [l["name"] for l in st["levels"]] == ["top", "below"]
         assert st["copied_down"] == 1
+        assert st["not_admitted"] == 0 and st["stale_below"] == 0 and st["stale_below_all"] is False
+
+
+def test_admission_and_policies_from_a_dict():
+    cfg = {
+        "hierarchy": {"admit_after": 2},
+        "tiers": [
+            {"kind": "mem", "capacity": "1MiB", "policy": "prefix"},
+            {"kind": "mem", "capacity": "64MiB", "policy": "s3fifo", "name": "below"},
+        ],
+    }
+    with kvtier.Store(cfg) as s:
+        s.put(["a"], [b"x" * 1000])
+        s.flush()
+        assert s.stats()["not_admitted"] == 1 and s.stats()["copied_down"] == 0
+        s.put(["a"], [b"y" * 1000])
+        s.flush()
+        assert s.stats()["copied_down"] == 1
+    with pytest.raises(kvtier.ConfigError, match="admit_after"):
+        kvtier.Store({"hierarchy": {"admit_after": 0}, "tiers": [{"kind": "mem", "capacity": "1MiB"}]})
+    with pytest.raises(kvtier.ConfigError, match="policy"):
+        kvtier.Store({"tiers": [{"kind": "mem", "capacity": "1MiB", "policy": "fifo"}]})
 
 
 def test_flat_region_lists():

@@ -192,21 +192,7 @@ fn encode(key: &PageKey) -> String {
 }
 
 fn decode(name: &str) -> Option<PageKey> {
-    let bytes = name.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = name.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    let key = PageKey::from_bytes(&out).ok()?;
-    (encode(&key) == name).then_some(key)
+    PageKey::from_escaped_name(name, '%')
 }
 
 #[cfg(test)]
