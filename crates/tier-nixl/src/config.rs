@@ -35,6 +35,8 @@
 //! concurrency = 16
 //! max_page = "256MiB"
 //! transfer_timeout = "30s"
+//! capacity = "2TiB"             # optional bound on the prefix's pages, evicting by `policy`
+//! policy = "lru"                # lru (default), sieve, s3fifo, arc or prefix
 //! ```
 
 use std::collections::BTreeMap;
@@ -211,6 +213,9 @@ struct ObjParams {
     max_page: Option<ByteSize>,
     transfer_timeout: Option<Seconds>,
     runtime_dir: Option<PathBuf>,
+    capacity: Option<ByteSize>,
+    #[serde(default)]
+    policy: tier_policy::PolicyKind,
 }
 
 #[derive(Debug, Default, Clone, Copy, Deserialize)]
@@ -250,6 +255,8 @@ fn to_obj_config(name: &str, p: ObjParams) -> NixlObjConfig {
         c.transfer_timeout = t.0;
     }
     c.runtime_dir = p.runtime_dir;
+    c.capacity_bytes = p.capacity.map(|b| b.0);
+    c.policy = p.policy;
     c
 }
 
@@ -259,12 +266,17 @@ impl TierPlan for ObjPlan {
     fn describe(&self) -> String {
         let c = &self.0;
         format!(
-            "nixl-obj: bucket {} at {}, prefix {:?}, {} lane(s), max page {}",
+            "nixl-obj: bucket {} at {}, prefix {:?}, {} lane(s), max page {}, capacity {}",
             c.s3.bucket,
             c.s3.endpoint.as_deref().unwrap_or("AWS"),
             c.prefix,
             c.lanes,
             ByteSize(c.max_page_bytes as u64),
+            c.capacity_bytes.map_or("unbounded".into(), |b| format!(
+                "{} ({})",
+                ByteSize(b),
+                c.policy
+            )),
         )
     }
 

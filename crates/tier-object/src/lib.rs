@@ -127,9 +127,37 @@ impl ObjectTier {
         Ok(found)
     }
 
+    /// For a tier writing these objects another way (NIXL OBJ): records pages it stored, in
+    /// batch order, in the catalog of a tier with a capacity; returns how many the policy
+    /// evicted (deleted by the next [`Self::delete_evicted`]).
+    pub fn record_stored<'k>(&self, pages: impl IntoIterator<Item = (&'k PageKey, u64)>) -> usize {
+        let Some(catalog) = &self.objects.catalog else {
+            return 0;
+        };
+        let mut after = None;
+        let mut evicted = 0;
+        for (key, len) in pages {
+            evicted += catalog.insert(key, len, after);
+            after = Some(key);
+        }
+        evicted
+    }
+
+    /// For a tier reading these objects another way: records the keys it read, in batch order.
+    pub fn record_read<'k>(&self, keys: impl IntoIterator<Item = &'k PageKey>) {
+        let Some(catalog) = &self.objects.catalog else {
+            return;
+        };
+        let mut after = None;
+        for key in keys {
+            catalog.touch(key, after);
+            after = Some(key);
+        }
+    }
+
     /// Deletes the objects the catalog evicted, each in its key's turn and only if no put has
     /// stored the key again since; what could not be deleted is retried by a later put.
-    async fn delete_evicted(&self) {
+    pub async fn delete_evicted(&self) {
         let Some(catalog) = &self.objects.catalog else {
             return;
         };

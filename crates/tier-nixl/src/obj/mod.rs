@@ -69,6 +69,11 @@ pub struct NixlObjConfig {
     pub transfer_timeout: Duration,
     /// Folder holding `libnixl_capi.so`, searched before `$NIXL_LIB_DIR` and the defaults.
     pub runtime_dir: Option<PathBuf>,
+    /// Bytes of pages the tier holds under its prefix; beyond it, `policy` evicts (the
+    /// catalog is the object_store tier's, see [`tier_object`]). `None`: unbounded.
+    pub capacity_bytes: Option<u64>,
+    /// Which pages go first when the capacity is reached.
+    pub policy: tier_policy::PolicyKind,
 }
 
 impl NixlObjConfig {
@@ -87,12 +92,26 @@ impl NixlObjConfig {
             max_page_bytes: 256 << 20,
             transfer_timeout: Duration::from_secs(30),
             runtime_dir: None,
+            capacity_bytes: None,
+            policy: tier_policy::PolicyKind::Lru,
         }
     }
 
     /// Checks the settings that need no I/O.
     pub fn validate(&self) -> Result<(), TierError> {
         tier_object::check_prefix(&self.prefix)?;
+        if self.capacity_bytes == Some(0) {
+            return Err(TierError::config(
+                "capacity",
+                "must be at least 1 byte (or unset)",
+            ));
+        }
+        if self.capacity_bytes.is_some() && self.policy.build::<PageKey>().is_none() {
+            return Err(TierError::config(
+                "policy",
+                "tinylfu is moka's, for DRAM tiers; an object tier takes lru, sieve, s3fifo, arc or prefix",
+            ));
+        }
         if self.s3.access_key.is_empty() || self.s3.secret_key.is_empty() {
             return Err(TierError::config(
                 "access_key",
@@ -229,7 +248,10 @@ impl NixlObjTier {
         control_config.concurrency = config.concurrency;
         control_config.op_timeout = config.transfer_timeout;
         control_config.max_page_bytes = config.max_page_bytes;
+        control_config.capacity_bytes = config.capacity_bytes;
+        control_config.policy = config.policy;
         let control = ObjectTier::new(config.s3.build()?, control_config)?;
+        control.load_catalog().await?;
         let shared = tokio::task::spawn_blocking(move || -> Result<Shared, TierError> {
             let runtime = crate::runtime::load(config.runtime_dir.as_deref())?;
             let params = config.backend_params();
@@ -452,14 +474,16 @@ impl StorageTier for NixlObjTier {
         TierInfo {
             name: self.shared.config.name.clone(),
             kind: "nixl-obj".into(),
-            capacity_bytes: None,
+            capacity_bytes: self.shared.config.capacity_bytes,
             max_page_bytes: Some(self.shared.config.max_page_bytes),
             persistent: true,
         }
     }
 
     fn stats(&self) -> TierStats {
-        self.shared.stats.snapshot(None)
+        self.shared
+            .stats
+            .snapshot(self.shared.control.stats().resident_bytes)
     }
 
     async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
@@ -492,6 +516,14 @@ impl StorageTier for NixlObjTier {
             // it holds its keys' turn until then, so a later write of them never lands first.
             let outcome = tokio::task::spawn_blocking(move || {
                 let written = job_shared.write_pages(&writes);
+                // Stored pages join the catalog before their turn ends (a bounded tier).
+                let stored = writes
+                    .iter()
+                    .zip(&written)
+                    .filter(|(_, r)| r.is_ok())
+                    .map(|((key, _, data), _)| (key, data.len() as u64));
+                let evicted = job_shared.control.record_stored(stored);
+                (0..evicted).for_each(|_| job_shared.stats.eviction());
                 drop(turn);
                 written
             })
@@ -511,6 +543,7 @@ impl StorageTier for NixlObjTier {
                 }
             }
         }
+        shared.control.delete_evicted().await;
         results
             .into_iter()
             .zip(pages)
@@ -608,7 +641,15 @@ impl StorageTier for NixlObjTier {
                 tokio::time::sleep(std::time::Duration::from_millis(1 << attempt.min(5))).await;
             }
         }
-        shared.stats.settle_gets(results, slots)
+        let results = shared.stats.settle_gets(results, slots);
+        shared.control.record_read(
+            slots
+                .iter()
+                .zip(&results)
+                .filter(|(_, r)| matches!(r, Ok(Lookup::Hit)))
+                .map(|(s, _)| &s.key),
+        );
+        results
     }
 
     async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {

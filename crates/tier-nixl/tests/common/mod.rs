@@ -171,4 +171,18 @@ impl TierFactory for ObjFactory {
     async fn open(&self) -> Result<DynTier, TierError> {
         Ok(Arc::new(tier_nixl::NixlObjTier::open(self.config()).await?))
     }
+
+    /// A bounded tier under a prefix of its own (its catalog starts empty).
+    async fn open_bounded(&self, capacity_bytes: u64) -> Option<Result<DynTier, TierError>> {
+        static OPENED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = OPENED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut config = self.config();
+        config.prefix = format!("{}/bounded-{}-{n}", self.prefix, std::process::id());
+        config.capacity_bytes = Some(capacity_bytes);
+        Some(
+            tier_nixl::NixlObjTier::open(config)
+                .await
+                .map(|t| Arc::new(t) as DynTier),
+        )
+    }
 }
