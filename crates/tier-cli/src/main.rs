@@ -173,7 +173,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             }
             check_replay_memory(&requests, page_bytes, machine_memory())?;
             if sweep {
-                return run_sweep(&requests, page_bytes, policies, capacities, json).await;
+                return run_sweep(&requests, page_bytes, policies, capacities, json, plot).await;
             }
             let tmp = tempfile::tempdir().map_err(|e| format!("cannot make a temp folder: {e}"))?;
             let config = match &config {
@@ -208,6 +208,7 @@ async fn run_sweep(
     mut policies: Vec<tier_mem::PolicyKind>,
     mut capacities: Vec<usize>,
     json: Option<PathBuf>,
+    plot: Option<PathBuf>,
 ) -> Result<(), String> {
     if policies.is_empty() {
         policies = tier_mem::PolicyKind::ALL.to_vec();
@@ -248,6 +249,11 @@ async fn run_sweep(
     .await
     .map_err(|e| e.to_string())?;
     print!("{}", sweep::render(&rows));
+    if let Some(path) = plot {
+        let svg = sweep::plot(&rows)?;
+        std::fs::write(&path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        println!("plot: {}", path.display());
+    }
     if let Some(path) = json {
         let text = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
         std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;

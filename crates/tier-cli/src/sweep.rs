@@ -158,3 +158,75 @@ mod tests {
         }
     }
 }
+
+/// The sweep as an SVG picture: prefix reuse over capacity, a line per policy, with the LRU
+/// simulation, Belady's block-hit bound and the unbounded cache as references.
+pub fn plot(rows: &[Row]) -> Result<String, String> {
+    use plotters::prelude::*;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (900, 560)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let max_pages = rows.iter().map(|r| r.pages).max().unwrap_or(1) as f64;
+        let top = rows
+            .iter()
+            .map(|r| r.belady_block_bound.max(r.unbounded))
+            .fold(0.0, f64::max)
+            .max(1.0);
+        let mut chart = ChartBuilder::on(&root)
+            .caption("prefix reuse by policy and capacity", ("sans-serif", 22))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0.0..max_pages * 1.05, 0.0..top * 1.1)
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .x_desc("capacity, pages")
+            .y_desc("% of requested blocks reused")
+            .draw()
+            .map_err(|e| e.to_string())?;
+        let names: Vec<String> = rows
+            .first()
+            .map(|r| r.policies.iter().map(|(n, _)| n.clone()).collect())
+            .unwrap_or_default();
+        let line = |pick: &dyn Fn(&Row) -> f64| -> Vec<(f64, f64)> {
+            rows.iter().map(|r| (r.pages as f64, pick(r))).collect()
+        };
+        for (i, name) in names.iter().enumerate() {
+            // Past the palette's reds, which the references use.
+            let color = Palette99::pick(i + 2).to_rgba();
+            chart
+                .draw_series(LineSeries::new(
+                    line(&|r: &Row| r.policies[i].1),
+                    color.stroke_width(2),
+                ))
+                .map_err(|e| e.to_string())?
+                .label(name.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                });
+        }
+        let references: [(&str, fn(&Row) -> f64, RGBColor); 3] = [
+            ("LRU simulated", |r| r.lru_simulated, BLACK),
+            ("Belady block-hit bound", |r| r.belady_block_bound, RED),
+            ("unbounded", |r| r.unbounded, RGBColor(120, 120, 120)),
+        ];
+        for (label, pick, color) in references {
+            chart
+                .draw_series(LineSeries::new(line(&pick), color.stroke_width(1)))
+                .map_err(|e| e.to_string())?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::LowerRight)
+            .draw()
+            .map_err(|e| e.to_string())?;
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
