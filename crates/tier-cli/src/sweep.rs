@@ -118,46 +118,8 @@ pub fn render(rows: &[Row]) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::trace;
-
-    fn registry() -> Registry {
-        let mut registry = Registry::default();
-        tier_mem::config::register(&mut registry);
-        registry
-    }
-
-    /// The real LRU tier and the LRU simulation agree exactly, at every capacity; every
-    /// policy stays under Belady's bound.
-    #[tokio::test]
-    async fn the_real_lru_tier_agrees_with_the_simulation() {
-        let trace = trace::generated(600);
-        let capacities = default_capacities(&trace);
-        let rows = sweep(
-            &registry(),
-            &trace,
-            64,
-            &PolicyKind::ALL,
-            &capacities,
-            |_, _| {},
-        )
-        .await
-        .unwrap();
-        for row in &rows {
-            let of = |name: &str| row.policies.iter().find(|(n, _)| n == name).unwrap().1;
-            assert_eq!(of("lru"), row.lru_simulated, "{} pages", row.pages);
-            for (name, v) in &row.policies {
-                assert!(
-                    *v <= row.belady_block_bound,
-                    "{name} at {} pages",
-                    row.pages
-                );
-            }
-        }
-    }
-}
+/// A reference curve: its label, its value in a row, its colour.
+type Reference = (&'static str, fn(&Row) -> f64, plotters::style::RGBColor);
 
 /// The sweep as an SVG picture: prefix reuse over capacity, a line per policy, with the LRU
 /// simulation, Belady's block-hit bound and the unbounded cache as references.
@@ -207,7 +169,7 @@ pub fn plot(rows: &[Row]) -> Result<String, String> {
                     PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
                 });
         }
-        let references: [(&str, fn(&Row) -> f64, RGBColor); 3] = [
+        let references: [Reference; 3] = [
             ("LRU simulated", |r| r.lru_simulated, BLACK),
             ("Belady block-hit bound", |r| r.belady_block_bound, RED),
             ("unbounded", |r| r.unbounded, RGBColor(120, 120, 120)),
@@ -229,4 +191,45 @@ pub fn plot(rows: &[Row]) -> Result<String, String> {
         root.present().map_err(|e| e.to_string())?;
     }
     Ok(svg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace;
+
+    fn registry() -> Registry {
+        let mut registry = Registry::default();
+        tier_mem::config::register(&mut registry);
+        registry
+    }
+
+    /// The real LRU tier and the LRU simulation agree exactly, at every capacity; every
+    /// policy stays under Belady's bound.
+    #[tokio::test]
+    async fn the_real_lru_tier_agrees_with_the_simulation() {
+        let trace = trace::generated(600);
+        let capacities = default_capacities(&trace);
+        let rows = sweep(
+            &registry(),
+            &trace,
+            64,
+            &PolicyKind::ALL,
+            &capacities,
+            |_, _| {},
+        )
+        .await
+        .unwrap();
+        for row in &rows {
+            let of = |name: &str| row.policies.iter().find(|(n, _)| n == name).unwrap().1;
+            assert_eq!(of("lru"), row.lru_simulated, "{} pages", row.pages);
+            for (name, v) in &row.policies {
+                assert!(
+                    *v <= row.belady_block_bound,
+                    "{name} at {} pages",
+                    row.pages
+                );
+            }
+        }
+    }
 }
