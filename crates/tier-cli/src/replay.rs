@@ -203,17 +203,19 @@ pub fn render(
     if let Some(top) = stats.levels.first().and_then(|l| l.info.capacity_bytes) {
         // Entries of the DRAM tier weigh their key too.
         let pages = (top / (page_bytes as u64 + 64)).max(1) as usize;
-        let (lru, belady, all) = (
+        let (lru, next_use, bound, all) = (
             sim::lru(trace, pages),
             sim::belady(trace, pages),
+            sim::belady_blocks(trace, pages),
             sim::unbounded(trace),
         );
         out += &format!(
-            "\ntop tier ({} pages): served {:.2}% | offline at that size: LRU {:.2}%, Belady bound {:.2}% | unbounded cache {:.2}%\n",
+            "\ntop tier ({} pages): served {:.2}% | offline at that size: LRU {:.2}%, Belady's next-use rule {:.2}% (a heuristic under prefix reuse), Belady's block-hit bound {:.2}% (no policy exceeds it) | unbounded cache {:.2}%\n",
             pages,
             100.0 * stats.levels[0].served as f64 / requested,
             100.0 * lru.value(),
-            100.0 * belady.value(),
+            100.0 * next_use.value(),
+            100.0 * bound.value(),
             100.0 * all.value()
         );
     }
