@@ -1,5 +1,6 @@
 //! `kvtier`: replay real request traces through a tier hierarchy, probe NIXL, check configs.
 
+mod bench;
 mod replay;
 mod sim;
 mod sweep;
@@ -54,6 +55,34 @@ enum Command {
         #[arg(long, value_delimiter = ',')]
         capacities: Vec<usize>,
         /// Also write the sweep's table as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Measure a hierarchy: put, get, exists and remove of fixed-size pages, beside a baseline
+    /// on the top tier's medium (memcpy, plain files, a direct object_store loop).
+    Bench {
+        /// Hierarchy config (TOML or JSON). Default: one DRAM tier holding every page.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Bytes per page.
+        #[arg(long, default_value_t = 64 << 10)]
+        page_bytes: usize,
+        /// Pages per call.
+        #[arg(long, default_value_t = 32)]
+        batch: usize,
+        /// Pages per operation and round.
+        #[arg(long, default_value_t = 4096)]
+        pages: usize,
+        /// Calls in flight at once.
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
+        /// Operations, in order, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "put,get,exists,remove")]
+        ops: Vec<bench::Op>,
+        /// Rounds (kvtier and baseline interleaved); medians are reported.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Also write the report as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
     },
@@ -126,6 +155,26 @@ async fn run(cli: Cli) -> Result<(), String> {
                 if p.path_mode { "yes" } else { "no (fd mode)" }
             );
             Ok(())
+        }
+        Command::Bench {
+            config,
+            page_bytes,
+            batch,
+            pages,
+            concurrency,
+            ops,
+            rounds,
+            json,
+        } => {
+            let settings = bench::Settings {
+                page_bytes,
+                batch,
+                pages,
+                concurrency,
+                ops,
+                rounds,
+            };
+            run_bench(config, settings, json).await
         }
         Command::Check { config } => {
             let config = HierarchyConfig::from_file(&config).map_err(|e| e.to_string())?;
@@ -200,6 +249,70 @@ async fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
     }
+}
+
+async fn run_bench(
+    config: Option<PathBuf>,
+    s: bench::Settings,
+    json: Option<PathBuf>,
+) -> Result<(), String> {
+    for (name, value, least) in [
+        ("--page-bytes", s.page_bytes, 1),
+        ("--batch", s.batch, 1),
+        ("--pages", s.pages, 1),
+        ("--concurrency", s.concurrency, 1),
+        ("--rounds", s.rounds, 1),
+    ] {
+        if value < least {
+            return Err(format!("{name} must be at least {least}"));
+        }
+    }
+    if s.concurrency > 1024 {
+        return Err(format!("--concurrency {}: at most 1024", s.concurrency));
+    }
+    if s.ops.is_empty() {
+        return Err("--ops names no operation".into());
+    }
+    // Read buffers, the page, and (for the memcpy baseline) a copy of every page.
+    let need = (s.pages as u64)
+        .saturating_mul(s.page_bytes as u64)
+        .saturating_mul(3);
+    if let Some(total) = machine_memory() {
+        if need > total / 2 {
+            return Err(format!(
+                "--pages {} x --page-bytes {} needs about {need} bytes of memory; this machine has {total}",
+                s.pages, s.page_bytes
+            ));
+        }
+    }
+    let config = match &config {
+        Some(path) => HierarchyConfig::from_file(path).map_err(|e| e.to_string())?,
+        None => {
+            let capacity = (s.pages as u64) * (s.page_bytes as u64 + 256) + (1 << 20);
+            HierarchyConfig::from_toml(&format!(
+                "[[tiers]]\nkind = \"mem\"\nname = \"dram\"\ncapacity = {capacity}\n"
+            ))
+            .map_err(|e| e.to_string())?
+        }
+    };
+    let terminal = std::io::stderr().is_terminal();
+    let rounds = s.rounds;
+    let reports = bench::bench(&registry(), &config, &s, |done| {
+        if terminal {
+            eprint!("\rbench: round {done}/{rounds}");
+            if done == rounds {
+                eprintln!();
+            }
+        }
+    })
+    .await?;
+    print!("{}", bench::render(&reports, &s));
+    if let Some(path) = json {
+        let text = serde_json::to_string_pretty(&reports).map_err(|e| e.to_string())?;
+        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        println!("json: {}", path.display());
+    }
+    Ok(())
 }
 
 async fn run_sweep(

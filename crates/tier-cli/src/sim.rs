@@ -243,7 +243,11 @@ mod tests {
         for request in trace {
             let mut next: HashMap<BTreeSet<u64>, u64> = HashMap::new();
             for (state, reused) in states {
-                let lead = request.hash_ids.iter().take_while(|id| state.contains(id)).count();
+                let lead = request
+                    .hash_ids
+                    .iter()
+                    .take_while(|id| state.contains(id))
+                    .count();
                 let mut frontier = vec![state];
                 for id in &request.hash_ids {
                     let mut grown = Vec::new();
@@ -305,9 +309,18 @@ mod tests {
             for cap in 1..=3 {
                 let best = optimum(&trace, cap);
                 let bound = belady_blocks(&trace, cap).reused;
-                assert!(bound >= best, "round {round}, cap {cap}: bound {bound} < optimum {best}");
-                assert!(lru(&trace, cap).reused <= best, "round {round}, cap {cap}: lru");
-                assert!(belady(&trace, cap).reused <= best, "round {round}, cap {cap}: next-use");
+                assert!(
+                    bound >= best,
+                    "round {round}, cap {cap}: bound {bound} < optimum {best}"
+                );
+                assert!(
+                    lru(&trace, cap).reused <= best,
+                    "round {round}, cap {cap}: lru"
+                );
+                assert!(
+                    belady(&trace, cap).reused <= best,
+                    "round {round}, cap {cap}: next-use"
+                );
             }
         }
     }

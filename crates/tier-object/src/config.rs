@@ -84,51 +84,68 @@ fn required(ctx: &TierContext, field: &str, value: Option<String>) -> Result<Str
     })
 }
 
+/// The store an `object` entry names, with a description of where it is, and its prefix (for
+/// tools that measure the store directly beside the tier).
+pub fn store_of(ctx: &TierContext) -> Result<(Arc<dyn ObjectStore>, String, String), TierError> {
+    let p: ObjectParams = ctx.params()?;
+    let prefix = p.prefix.clone();
+    let (store, where_) = build_store(ctx, &p)?;
+    Ok((store, where_, prefix))
+}
+
+fn build_store(
+    ctx: &TierContext,
+    p: &ObjectParams,
+) -> Result<(Arc<dyn ObjectStore>, String), TierError> {
+    let field = |f: &str| format!("{}.{f}", ctx.field);
+    Ok(match p.store {
+        StoreKind::S3 => {
+            let mut s = S3Settings::endpoint(
+                "",
+                &required(ctx, "bucket", p.bucket.clone())?,
+                &required(ctx, "access_key", p.access_key.clone())?,
+                &required(ctx, "secret_key", p.secret_key.clone())?,
+            );
+            s.endpoint = p.endpoint.clone();
+            if let Some(region) = p.region.clone() {
+                s.region = region;
+            }
+            let store = s
+                .build()
+                .map_err(|e| TierError::config(field("store"), e.to_string()))?;
+            (
+                store,
+                format!(
+                    "s3 bucket {} at {}",
+                    s.bucket,
+                    s.endpoint.as_deref().unwrap_or("AWS")
+                ),
+            )
+        }
+        StoreKind::Local => {
+            let dir = p
+                .dir
+                .clone()
+                .ok_or_else(|| TierError::config(field("dir"), "required for store = \"local\""))?;
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| TierError::io("create object folder", None, Some(dir.clone()), e))?;
+            let store = object_store::local::LocalFileSystem::new_with_prefix(&dir)
+                .map_err(|e| TierError::config(field("dir"), e.to_string()))?;
+            (Arc::new(store), format!("local folder {}", dir.display()))
+        }
+        StoreKind::Memory => (
+            Arc::new(object_store::memory::InMemory::new()),
+            "memory".to_string(),
+        ),
+    })
+}
+
 /// Registers the `object` kind.
 pub fn register(registry: &mut Registry) {
     registry.register("object", |ctx: &TierContext| {
         let p: ObjectParams = ctx.params()?;
         let field = |f: &str| format!("{}.{f}", ctx.field);
-        let (store, where_): (Arc<dyn ObjectStore>, String) = match p.store {
-            StoreKind::S3 => {
-                let mut s = S3Settings::endpoint(
-                    "",
-                    &required(ctx, "bucket", p.bucket.clone())?,
-                    &required(ctx, "access_key", p.access_key.clone())?,
-                    &required(ctx, "secret_key", p.secret_key.clone())?,
-                );
-                s.endpoint = p.endpoint.clone();
-                if let Some(region) = p.region.clone() {
-                    s.region = region;
-                }
-                let store = s
-                    .build()
-                    .map_err(|e| TierError::config(field("store"), e.to_string()))?;
-                (
-                    store,
-                    format!(
-                        "s3 bucket {} at {}",
-                        s.bucket,
-                        s.endpoint.as_deref().unwrap_or("AWS")
-                    ),
-                )
-            }
-            StoreKind::Local => {
-                let dir = p.dir.clone().ok_or_else(|| {
-                    TierError::config(field("dir"), "required for store = \"local\"")
-                })?;
-                std::fs::create_dir_all(&dir).map_err(|e| {
-                    TierError::io("create object folder", None, Some(dir.clone()), e)
-                })?;
-                let store = object_store::local::LocalFileSystem::new_with_prefix(&dir)
-                    .map_err(|e| TierError::config(field("dir"), e.to_string()))?;
-                (Arc::new(store), format!("local folder {}", dir.display()))
-            }
-            StoreKind::Memory => (
-                Arc::new(object_store::memory::InMemory::new()),
-                "memory".to_string(),
-            ),
-        };
+        let (store, where_) = build_store(ctx, &p)?;
         let mut config = ObjectTierConfig::new(p.prefix.clone());
         config.name = ctx.name.clone();
         config.create_only = p.create_only;

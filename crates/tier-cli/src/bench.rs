@@ -1,0 +1,489 @@
+//! `kvtier bench`: fio for KV tiers. Puts, gets, exists and removes of fixed-size pages in
+//! batches, with a number of batches in flight, on any config; beside each operation a
+//! baseline on the same medium measured in the same run, interleaved round by round: a memcpy
+//! for a DRAM top tier, a plain file per page in a folder beside a NIXL FILE tier's, a direct
+//! object_store loop on an object tier's store. Medians of the rounds.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use serde::Serialize;
+use tier_core::config::{HierarchyConfig, Registry, TierContext};
+use tier_core::{Bytes, Hierarchy, Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
+
+/// One measured operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    /// Store pages.
+    Put,
+    /// Read pages into buffers.
+    Get,
+    /// Leading run present.
+    Exists,
+    /// Remove pages.
+    Remove,
+}
+
+/// What to run.
+pub struct Settings {
+    pub page_bytes: usize,
+    pub batch: usize,
+    pub pages: usize,
+    pub concurrency: usize,
+    pub ops: Vec<Op>,
+    pub rounds: usize,
+}
+
+/// One operation's figures: medians over rounds for rates, all batches for latencies.
+#[derive(Debug, Serialize)]
+pub struct OpReport {
+    pub op: Op,
+    pub pages_per_s: f64,
+    /// Page bytes moved per second (puts and gets).
+    pub gb_per_s: Option<f64>,
+    pub latency_us: Percentiles,
+    pub cpu_s: f64,
+    pub baseline: Option<String>,
+    pub baseline_pages_per_s: Option<f64>,
+}
+
+/// Batch latencies, microseconds.
+#[derive(Debug, Serialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub p999: f64,
+}
+
+impl Percentiles {
+    fn of(mut samples: Vec<Duration>) -> Self {
+        samples.sort();
+        let at = |q: f64| {
+            samples
+                .get(((samples.len().saturating_sub(1)) as f64 * q).round() as usize)
+                .map_or(0.0, |d| d.as_secs_f64() * 1e6)
+        };
+        Self {
+            p50: at(0.5),
+            p90: at(0.9),
+            p99: at(0.99),
+            p999: at(0.999),
+        }
+    }
+}
+
+/// The same work done directly on the top tier's medium.
+enum Baseline {
+    Memcpy {
+        held: Vec<Vec<u8>>,
+    },
+    Files {
+        dir: PathBuf,
+    },
+    Objects {
+        store: Arc<dyn ObjectStore>,
+        prefix: String,
+    },
+}
+
+impl Baseline {
+    /// The baseline for the config's top tier, if its kind has one.
+    fn for_config(config: &HierarchyConfig) -> Result<Option<Baseline>, TierError> {
+        let Some(top) = config.tiers.first() else {
+            return Ok(None);
+        };
+        Ok(match top.kind.as_str() {
+            "mem" => Some(Baseline::Memcpy { held: Vec::new() }),
+            "nixl-file" => {
+                let dir = top
+                    .params
+                    .get("dirs")
+                    .and_then(|d| d.get(0))
+                    .and_then(|d| d.as_str())
+                    .map(|d| PathBuf::from(format!("{}-bench-baseline", d.trim_end_matches('/'))));
+                match dir {
+                    Some(dir) => {
+                        std::fs::create_dir_all(&dir).map_err(|e| {
+                            TierError::io("create baseline folder", None, Some(dir.clone()), e)
+                        })?;
+                        Some(Baseline::Files { dir })
+                    }
+                    None => None,
+                }
+            }
+            "object" => {
+                let ctx = TierContext {
+                    name: "baseline".into(),
+                    field: "tiers[0]".into(),
+                    params: top.params.clone(),
+                };
+                let (store, _, prefix) = tier_object::config::store_of(&ctx)?;
+                Some(Baseline::Objects {
+                    store,
+                    prefix: format!("{prefix}-bench-baseline"),
+                })
+            }
+            _ => None,
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Baseline::Memcpy { .. } => "memcpy",
+            Baseline::Files { .. } => "plain file per page",
+            Baseline::Objects { .. } => "object_store loop",
+        }
+    }
+
+    /// Runs `op` on every page; `None` where this baseline has no such operation.
+    async fn run(
+        &mut self,
+        op: Op,
+        s: &Settings,
+        names: &[String],
+        data: &Bytes,
+        bufs: &mut [Vec<u8>],
+    ) -> Result<Option<Duration>, String> {
+        let t = Instant::now();
+        match self {
+            Baseline::Memcpy { held } => match op {
+                Op::Put => {
+                    held.clear();
+                    held.extend(names.iter().map(|_| data.to_vec()));
+                }
+                Op::Get => {
+                    for (buf, page) in bufs.iter_mut().zip(held.iter()) {
+                        buf.copy_from_slice(page);
+                    }
+                }
+                Op::Exists | Op::Remove => return Ok(None),
+            },
+            Baseline::Files { dir } => {
+                // The buffers move into the blocking tasks and back (no copy, no allocation).
+                let owned: Vec<Vec<Vec<u8>>> = bufs
+                    .chunks_mut(s.batch)
+                    .map(|c| c.iter_mut().map(std::mem::take).collect())
+                    .collect();
+                let t = Instant::now();
+                let jobs = names.chunks(s.batch).zip(owned).map(|(names, mut owned)| {
+                    let (dir, names, data) = (dir.clone(), names.to_vec(), data.clone());
+                    async move {
+                        tokio::task::spawn_blocking(move || -> std::io::Result<Vec<Vec<u8>>> {
+                            use std::io::Read;
+                            for (name, buf) in names.iter().zip(owned.iter_mut()) {
+                                let path = dir.join(name);
+                                match op {
+                                    Op::Put => std::fs::write(&path, &data)?,
+                                    Op::Get => std::fs::File::open(&path)?.read_exact(buf)?,
+                                    Op::Exists => {
+                                        std::fs::metadata(&path)?;
+                                    }
+                                    Op::Remove => std::fs::remove_file(&path)?,
+                                }
+                            }
+                            Ok(owned)
+                        })
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| e.to_string())
+                    }
+                });
+                let done: Vec<Result<Vec<Vec<u8>>, String>> = futures::stream::iter(jobs)
+                    .buffered(s.concurrency)
+                    .collect()
+                    .await;
+                let elapsed = t.elapsed();
+                for (chunk, got) in bufs.chunks_mut(s.batch).zip(done) {
+                    for (buf, read) in chunk.iter_mut().zip(got?) {
+                        *buf = read;
+                    }
+                }
+                return Ok(Some(elapsed));
+            }
+            Baseline::Objects { store, prefix } => {
+                let jobs = names.iter().zip(bufs.iter_mut()).map(|(name, buf)| {
+                    let path = ObjectPath::from(format!("{prefix}/{name}"));
+                    let store = Arc::clone(store);
+                    let data = data.clone();
+                    async move {
+                        let result: Result<(), object_store::Error> = async {
+                            match op {
+                                Op::Put => store
+                                    .put(&path, PutPayload::from_bytes(data))
+                                    .await
+                                    .map(|_| ()),
+                                Op::Get => {
+                                    let got = store.get(&path).await?.bytes().await?;
+                                    buf.copy_from_slice(&got);
+                                    Ok(())
+                                }
+                                Op::Exists => store.head(&path).await.map(|_| ()),
+                                Op::Remove => store.delete(&path).await,
+                            }
+                        }
+                        .await;
+                        result.map_err(|e| e.to_string())
+                    }
+                });
+                let done: Vec<Result<(), String>> = futures::stream::iter(jobs)
+                    .buffer_unordered(s.concurrency * s.batch.min(16))
+                    .collect()
+                    .await;
+                done.into_iter().collect::<Result<Vec<()>, String>>()?;
+            }
+        }
+        Ok(Some(t.elapsed()))
+    }
+}
+
+/// CPU seconds this process has used (user and system).
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes into the zeroed struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0.0;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// The content every page is put with (a get must read exactly it back).
+fn page_data(len: usize) -> Bytes {
+    Bytes::from((0..len).map(|i| (i * 31 % 251) as u8).collect::<Vec<u8>>())
+}
+
+/// Runs one operation through the hierarchy on every page; per-batch latencies.
+async fn run_tier(
+    h: &Hierarchy,
+    op: Op,
+    s: &Settings,
+    keys: &[PageKey],
+    data: &Bytes,
+    bufs: &mut [Vec<u8>],
+) -> Result<Vec<Duration>, String> {
+    let jobs = keys
+        .chunks(s.batch)
+        .zip(bufs.chunks_mut(s.batch))
+        .map(|(keys, bufs)| async move {
+            let t = Instant::now();
+            let failed = match op {
+                Op::Put => {
+                    let pages: Vec<Page<'static>> = keys
+                        .iter()
+                        .map(|k| Page::new(k.clone(), data.clone()))
+                        .collect();
+                    h.put(&pages).await.iter().filter(|r| r.is_err()).count()
+                }
+                Op::Get => {
+                    let mut slots: Vec<ReadSlot<'_>> = keys
+                        .iter()
+                        .zip(bufs.iter_mut())
+                        .map(|(k, b)| ReadSlot::new(k.clone(), b))
+                        .collect();
+                    h.get(&mut slots)
+                        .await
+                        .iter()
+                        .filter(|r| !matches!(r, Ok(Lookup::Hit)))
+                        .count()
+                }
+                Op::Exists => match h.exists(keys).await {
+                    Ok(n) => keys.len() - n,
+                    Err(_) => keys.len(),
+                },
+                Op::Remove => h.remove(keys).await.iter().filter(|r| r.is_err()).count(),
+            };
+            (t.elapsed(), failed)
+        });
+    let done: Vec<(Duration, usize)> = futures::stream::iter(jobs)
+        .buffer_unordered(s.concurrency)
+        .collect()
+        .await;
+    let failed: usize = done.iter().map(|d| d.1).sum();
+    if failed > 0 {
+        return Err(format!(
+            "{op:?}: {failed} of {} pages failed or missed",
+            keys.len()
+        ));
+    }
+    Ok(done.into_iter().map(|d| d.0).collect())
+}
+
+/// Runs the benchmark: `rounds` rounds, each every op on kvtier then on the baseline.
+pub async fn bench(
+    registry: &Registry,
+    config: &HierarchyConfig,
+    s: &Settings,
+    mut progress: impl FnMut(usize),
+) -> Result<Vec<OpReport>, String> {
+    let h = registry.build(config).await.map_err(|e| e.to_string())?;
+    let mut baseline = Baseline::for_config(config).map_err(|e| e.to_string())?;
+    let data = page_data(s.page_bytes);
+    let mut bufs: Vec<Vec<u8>> = (0..s.pages).map(|_| vec![0u8; s.page_bytes]).collect();
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); s.ops.len()];
+    let mut base_rates: Vec<Vec<f64>> = vec![Vec::new(); s.ops.len()];
+    let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); s.ops.len()];
+    let mut latencies: Vec<Vec<Duration>> = vec![Vec::new(); s.ops.len()];
+    for round in 0..s.rounds {
+        let names: Vec<String> = (0..s.pages)
+            .map(|i| format!("bench-{round}-{i:08}"))
+            .collect();
+        let keys: Vec<PageKey> = names
+            .iter()
+            .map(|n| PageKey::new(n.as_str()).map_err(|e| e.to_string()))
+            .collect::<Result<_, _>>()?;
+        for (n, &op) in s.ops.iter().enumerate() {
+            for b in bufs.iter_mut() {
+                b.fill(0);
+            }
+            let (t, c) = (Instant::now(), cpu_seconds());
+            latencies[n].extend(run_tier(&h, op, s, &keys, &data, &mut bufs).await?);
+            let secs = t.elapsed().as_secs_f64().max(1e-9);
+            cpu[n].push(cpu_seconds() - c);
+            rates[n].push(s.pages as f64 / secs);
+            if op == Op::Get && bufs.iter().any(|b| b[..] != data[..]) {
+                return Err("get: a page read back differs from the one put".into());
+            }
+            if let Some(b) = baseline.as_mut() {
+                if let Some(d) = b.run(op, s, &names, &data, &mut bufs).await? {
+                    base_rates[n].push(s.pages as f64 / d.as_secs_f64().max(1e-9));
+                }
+            }
+        }
+        progress(round + 1);
+    }
+    h.close().await.map_err(|e| e.to_string())?;
+    Ok(s.ops
+        .iter()
+        .enumerate()
+        .map(|(n, &op)| {
+            let pages_per_s = median(rates[n].clone());
+            OpReport {
+                op,
+                pages_per_s,
+                gb_per_s: matches!(op, Op::Put | Op::Get)
+                    .then(|| pages_per_s * s.page_bytes as f64 / 1e9),
+                latency_us: Percentiles::of(std::mem::take(&mut latencies[n])),
+                cpu_s: median(cpu[n].clone()),
+                baseline: (!base_rates[n].is_empty())
+                    .then(|| baseline.as_ref().map(|b| b.name().to_string()))
+                    .flatten(),
+                baseline_pages_per_s: (!base_rates[n].is_empty())
+                    .then(|| median(base_rates[n].clone())),
+            }
+        })
+        .collect())
+}
+
+/// The report as a table.
+pub fn render(reports: &[OpReport], s: &Settings) -> String {
+    let mut out = format!(
+        "{} pages of {} bytes, batch {}, {} batch(es) in flight, medians of {} interleaved round(s)\n",
+        s.pages, s.page_bytes, s.batch, s.concurrency, s.rounds
+    );
+    out += &format!(
+        "{:<7} {:>11} {:>8} {:>10} {:>10} {:>10} {:>10} {:>7} | {:>11} {:>7}  baseline\n",
+        "op",
+        "pages/s",
+        "GB/s",
+        "p50 us",
+        "p90 us",
+        "p99 us",
+        "p99.9 us",
+        "CPU s",
+        "pages/s",
+        "ratio"
+    );
+    for r in reports {
+        let l = &r.latency_us;
+        out += &format!(
+            "{:<7} {:>11.0} {:>8} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>7.2} | ",
+            format!("{:?}", r.op).to_lowercase(),
+            r.pages_per_s,
+            r.gb_per_s.map_or("-".into(), |g| format!("{g:.2}")),
+            l.p50,
+            l.p90,
+            l.p99,
+            l.p999,
+            r.cpu_s
+        );
+        out += &match (r.baseline_pages_per_s, &r.baseline) {
+            (Some(b), Some(name)) => {
+                format!("{b:>11.0} {:>6.2}x  {name}\n", r.pages_per_s / b.max(1e-9))
+            }
+            _ => format!("{:>11} {:>7}  none\n", "-", "-"),
+        };
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry() -> Registry {
+        let mut registry = Registry::default();
+        tier_mem::config::register(&mut registry);
+        tier_nixl::config::register(&mut registry);
+        tier_object::config::register(&mut registry);
+        registry
+    }
+
+    async fn run(config: &str) -> Vec<OpReport> {
+        let settings = Settings {
+            page_bytes: 4096,
+            batch: 8,
+            pages: 64,
+            concurrency: 2,
+            ops: vec![Op::Put, Op::Get, Op::Exists, Op::Remove],
+            rounds: 2,
+        };
+        let config = HierarchyConfig::from_toml(config).unwrap();
+        let reports = bench(&registry(), &config, &settings, |_| {})
+            .await
+            .unwrap();
+        print!("{}", render(&reports, &settings));
+        assert_eq!(reports.len(), 4);
+        for r in &reports {
+            assert!(r.pages_per_s > 0.0 && r.latency_us.p50 > 0.0, "{r:?}");
+        }
+        reports
+    }
+
+    /// The bench runs on DRAM, NIXL FILE and object_store on a real S3 server, every page
+    /// read back checked, each beside its baseline.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bench_runs_on_dram_nixl_file_and_s3() {
+        let dram = run("[[tiers]]\nkind = \"mem\"\ncapacity = \"8MiB\"\n").await;
+        assert_eq!(dram[0].baseline.as_deref(), Some("memcpy"));
+        assert!(dram[1].baseline_pages_per_s.is_some() && dram[2].baseline.is_none());
+        let dir = tempfile::tempdir().unwrap();
+        let file = run(&format!(
+            "[[tiers]]\nkind = \"nixl-file\"\ndirs = [{:?}]\n",
+            dir.path().join("disk").display().to_string()
+        ))
+        .await;
+        assert!(file
+            .iter()
+            .all(|r| r.baseline.as_deref() == Some("plain file per page")));
+        let s3 = tier_tests::s3::S3Server::shared();
+        let objects = run(&format!(
+            "[[tiers]]\nkind = \"object\"\nstore = \"s3\"\nprefix = \"bench\"\nendpoint = {:?}\nbucket = {:?}\naccess_key = {:?}\nsecret_key = {:?}\n",
+            s3.endpoint(), s3.bucket, s3.access_key, s3.secret_key
+        ))
+        .await;
+        assert!(objects
+            .iter()
+            .all(|r| r.baseline.as_deref() == Some("object_store loop")));
+    }
+}
