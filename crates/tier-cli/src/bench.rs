@@ -360,6 +360,13 @@ pub async fn bench(
                 }
             }
         }
+        if !s.ops.contains(&Op::Remove) {
+            // Untimed: the next round starts from what the tier held before this one.
+            h.remove(&keys).await;
+            if let Some(b) = baseline.as_mut() {
+                b.run(Op::Remove, s, &names, &data, &mut bufs).await?;
+            }
+        }
         progress(round + 1);
     }
     h.close().await.map_err(|e| e.to_string())?;
