@@ -207,35 +207,52 @@ impl Baseline {
                 return Ok(Some(elapsed));
             }
             Baseline::Objects { store, prefix } => {
-                let jobs = names.iter().zip(bufs.iter_mut()).map(|(name, buf)| {
-                    let path = ObjectPath::from(format!("{prefix}/{name}"));
-                    let store = Arc::clone(store);
-                    let data = data.clone();
-                    async move {
-                        let result: Result<(), object_store::Error> = async {
-                            match op {
-                                Op::Put => store
-                                    .put(&path, PutPayload::from_bytes(data))
+                // Shaped like the tier's calls: batches in flight, each with up to 16 requests
+                // (the object tier's default concurrency) at once.
+                let per_batch = s.batch.min(16);
+                let batches =
+                    names
+                        .chunks(s.batch)
+                        .zip(bufs.chunks_mut(s.batch))
+                        .map(|(names, bufs)| {
+                            let (store, prefix, data) =
+                                (Arc::clone(store), prefix.clone(), data.clone());
+                            async move {
+                                let requests =
+                                    names.iter().zip(bufs.iter_mut()).map(|(name, buf)| {
+                                        let path = ObjectPath::from(format!("{prefix}/{name}"));
+                                        let (store, data) = (Arc::clone(&store), data.clone());
+                                        async move {
+                                            match op {
+                                                Op::Put => store
+                                                    .put(&path, PutPayload::from_bytes(data))
+                                                    .await
+                                                    .map(|_| ()),
+                                                Op::Get => match store.get(&path).await {
+                                                    Ok(got) => got.bytes().await.map(|got| {
+                                                        buf.copy_from_slice(&got);
+                                                    }),
+                                                    Err(e) => Err(e),
+                                                },
+                                                Op::Exists => store.head(&path).await.map(|_| ()),
+                                                Op::Remove => store.delete(&path).await,
+                                            }
+                                            .map_err(|e| e.to_string())
+                                        }
+                                    });
+                                futures::stream::iter(requests)
+                                    .buffer_unordered(per_batch)
+                                    .collect::<Vec<Result<(), String>>>()
                                     .await
-                                    .map(|_| ()),
-                                Op::Get => {
-                                    let got = store.get(&path).await?.bytes().await?;
-                                    buf.copy_from_slice(&got);
-                                    Ok(())
-                                }
-                                Op::Exists => store.head(&path).await.map(|_| ()),
-                                Op::Remove => store.delete(&path).await,
                             }
-                        }
-                        .await;
-                        result.map_err(|e| e.to_string())
-                    }
-                });
-                let done: Vec<Result<(), String>> = futures::stream::iter(jobs)
-                    .buffer_unordered(s.concurrency * s.batch.min(16))
+                        });
+                let done: Vec<Vec<Result<(), String>>> = futures::stream::iter(batches)
+                    .buffer_unordered(s.concurrency)
                     .collect()
                     .await;
-                done.into_iter().collect::<Result<Vec<()>, String>>()?;
+                done.into_iter()
+                    .flatten()
+                    .collect::<Result<Vec<()>, String>>()?;
             }
         }
         Ok(Some(t.elapsed()))

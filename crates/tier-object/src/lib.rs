@@ -18,7 +18,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use object_store::path::{Path, PathPart};
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
 use tier_core::{
@@ -709,9 +709,21 @@ impl Objects {
 /// One request of a batch.
 type Job<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// Runs `jobs` with at most `limit` in flight; results in input order.
-async fn run_ordered<T>(jobs: Vec<Job<'_, T>>, limit: usize) -> Vec<T> {
-    futures::stream::iter(jobs).buffered(limit).collect().await
+/// Runs `jobs` with at most `limit` in flight; results in input order. A finished request
+/// frees its slot at once, whatever the ones before it are doing (ordered buffering would
+/// hold it until they finish: a third of the throughput on an S3 server whose latency varies).
+async fn run_ordered<T: Send>(jobs: Vec<Job<'_, T>>, limit: usize) -> Vec<T> {
+    let indexed: Vec<Job<'_, (usize, T)>> = jobs
+        .into_iter()
+        .enumerate()
+        .map(|(i, job)| -> Job<'_, (usize, T)> { Box::pin(job.map(move |t| (i, t))) })
+        .collect();
+    let mut done: Vec<(usize, T)> = futures::stream::iter(indexed)
+        .buffer_unordered(limit)
+        .collect()
+        .await;
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, t)| t).collect()
 }
 
 /// Checks a namespace prefix: `/`-separated parts of `[A-Za-z0-9._-]`, none `.` or `..`.
