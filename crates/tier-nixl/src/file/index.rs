@@ -7,7 +7,7 @@
 //! vanished forgets the entry only if it is still the one the read planned with.
 //!
 //! The index is authoritative for the process that owns the storage folders (an exclusive lock
-//! file makes that one process). It is rebuilt by scanning at start. Cost: about 120 bytes per
+//! file makes that one process). It is rebuilt by scanning at start. Cost: about 175 bytes per
 //! page for 64-character keys under LRU (hash-map slot, the key's shared string, and the
 //! policy's entries; measured by the `footprint` test). Nothing else in the tier grows with the pages stored.
 
@@ -211,9 +211,9 @@ mod footprint {
         kb * 1024
     }
 
-    /// The documented cost: at most 200 bytes per page for 64-character keys.
+    /// The documented cost: at most 250 bytes per page for 64-character keys (LRU).
     #[test]
-    fn index_costs_under_200_bytes_per_page() {
+    fn index_costs_under_250_bytes_per_page() {
         const PAGES: usize = 500_000;
         let keys: Vec<PageKey> = (0..PAGES)
             .map(|i| {
@@ -231,7 +231,7 @@ mod footprint {
         }
         let per_page = (rss() - before) as f64 / PAGES as f64;
         println!("page index: {per_page:.0} bytes per page ({PAGES} pages, 64-char keys)");
-        assert!(per_page < 200.0, "{per_page} bytes per page");
+        assert!(per_page < 250.0, "{per_page} bytes per page");
         assert_eq!(idx.pages(), PAGES);
     }
 }
