@@ -34,12 +34,14 @@ fn dram_over_dram(top: u64, write: WritePolicy) -> Result<Hierarchy, TierError> 
     Hierarchy::new("dram/dram", tiers, policy(write), Some(queue))
 }
 
+/// DRAM over DRAM with a 1 MiB top tier: the suite's cases write far more than that, so pages
+/// are evicted, copied or demoted down, read from below and promoted.
 struct HierarchyFactory(WritePolicy);
 
 #[tier_core::async_trait]
 impl TierFactory for HierarchyFactory {
     async fn open(&self) -> Result<DynTier, TierError> {
-        Ok(Arc::new(dram_over_dram(256 << 20, self.0)?))
+        Ok(Arc::new(dram_over_dram(1 << 20, self.0)?))
     }
 }
 
@@ -347,5 +349,43 @@ async fn a_page_not_admitted_leaves_no_stale_copy_below() {
         0,
         "v2 removed below"
     );
+    h.close().await.unwrap();
+}
+
+/// Write-back with a 1 MiB top tier (queue bound 256 KiB): a batch of 3 MiB, then a batch
+/// read whose promotions evict in turn. Evictions beyond four times the queue bound were once
+/// dropped, and their copies below removed: 15 of 48 acknowledged pages lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_back_loses_no_page_to_big_batches_or_promotions() {
+    let h = dram_over_dram(1 << 20, WritePolicy::WriteBack).unwrap();
+    let ks: Vec<PageKey> = (0..48).map(key).collect();
+    let contents: Vec<Vec<u8>> = ks
+        .iter()
+        .map(|k| content::page(k, 5, 65536).to_vec())
+        .collect();
+    let pages: Vec<Page<'_>> = ks
+        .iter()
+        .zip(&contents)
+        .map(|(k, c)| Page::lent(k.clone(), vec![&c[..1000], &c[1000..]]))
+        .collect();
+    for r in h.put(&pages).await {
+        r.unwrap();
+    }
+    let mut bufs: Vec<Vec<u8>> = ks.iter().map(|_| vec![0u8; 65536]).collect();
+    let mut slots: Vec<ReadSlot<'_>> = ks
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(k, b)| ReadSlot::new(k.clone(), b))
+        .collect();
+    for r in h.get(&mut slots).await {
+        assert_eq!(r.unwrap(), Lookup::Hit);
+    }
+    drop(slots);
+    for k in &ks {
+        let (r, buf) = tier_tests::read_page(&h, k.clone(), 65536).await;
+        assert_eq!(r.unwrap(), Lookup::Hit, "{k} lost");
+        content::verify(k, 5, &buf).unwrap();
+    }
+    assert_eq!(h.hierarchy_stats().demotions_dropped, 0);
     h.close().await.unwrap();
 }

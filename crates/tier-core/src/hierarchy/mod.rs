@@ -370,9 +370,12 @@ impl StorageTier for Hierarchy {
         // Room in the queue for what this put sends down (write-through) or may evict there
         // (write-back).
         let bytes: u64 = valid.iter().map(|&i| pages[i].data.len() as u64).sum();
-        if lower {
+        let _reservation = if lower {
             self.room_for(bytes).await;
-        }
+            Some(self.motion.reserve(bytes))
+        } else {
+            None
+        };
         let Some(tx) = sender else {
             let mutation = self.motion.writing(&keys).await;
             let top: Vec<Page<'_>> = valid.iter().map(|&i| pages[i].clone()).collect();
@@ -676,6 +679,8 @@ impl Hierarchy {
         if pages.is_empty() || !room {
             return;
         }
+        // What the promotion evicts is carried down, never dropped (its copies below would go).
+        let _reservation = self.motion.reserve(bytes);
         for level in &self.inner.levels[..found_at] {
             let results = level.tier.put(&pages).await;
             let ok = results.iter().filter(|r| r.is_ok()).count() as u64;

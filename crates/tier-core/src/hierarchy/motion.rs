@@ -17,7 +17,7 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -72,6 +72,22 @@ pub(super) struct Motion {
     changed: Notify,
     /// Bytes the backlog may hold before writers wait and demotions become tombstones.
     bound: AtomicU64,
+    /// Bytes of puts past [`Motion::has_room`] and not yet returned: what they evict from the
+    /// top tier is always carried down.
+    reserved: AtomicU64,
+}
+
+/// A put's claim on queue room for what it evicts; released when the put returns (or is
+/// dropped).
+pub(super) struct Reservation {
+    motion: Arc<Motion>,
+    bytes: u64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.motion.reserved.fetch_sub(self.bytes, Relaxed);
+    }
 }
 
 impl Motion {
@@ -89,6 +105,7 @@ impl Motion {
             backlog_bytes: AtomicU64::new(0),
             changed: Notify::new(),
             bound: AtomicU64::new(u64::MAX),
+            reserved: AtomicU64::new(0),
         }
     }
 
@@ -303,11 +320,26 @@ impl Motion {
         pages == 0 || queued.saturating_add(bytes) <= self.bound.load(Relaxed)
     }
 
-    /// Whether an evicted page of `bytes` may still be queued: up to four times the bound,
-    /// the room writers that already passed [`Motion::has_room`] may still need.
+    /// Claims room for the evictions a put of `bytes` may cause, once it passed
+    /// [`Motion::has_room`].
+    pub(super) fn reserve(self: &Arc<Self>, bytes: u64) -> Reservation {
+        self.reserved.fetch_add(bytes, Relaxed);
+        Reservation {
+            motion: Arc::clone(self),
+            bytes,
+        }
+    }
+
+    /// Whether an evicted page of `bytes` may still be queued: up to the bound plus what the
+    /// puts in progress reserved (a batch larger than the bound evicts that much), and at
+    /// least four times the bound.
     pub(super) fn may_queue_eviction(&self, bytes: u64) -> bool {
         let (pages, queued) = self.backlog();
-        pages == 0 || queued.saturating_add(bytes) <= self.bound.load(Relaxed).saturating_mul(4)
+        let bound = self.bound.load(Relaxed);
+        let limit = bound
+            .saturating_mul(4)
+            .max(bound.saturating_add(self.reserved.load(Relaxed)));
+        pages == 0 || queued.saturating_add(bytes) <= limit
     }
 
     /// Waits until `ready` holds, re-checking whenever the backlog shrinks.
