@@ -242,7 +242,11 @@ async fn run(cli: Cli) -> Result<(), String> {
                     .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
                 println!("plot: {}", path.display());
             }
+            let failed = replay::failed_tiers(&hierarchy);
             hierarchy.close().await.map_err(|e| e.to_string())?;
+            if !failed.is_empty() {
+                return Err(format!("every write to {} failed", failed.join(", ")));
+            }
             if report.corrupt > 0 {
                 return Err(format!("{} reused pages were corrupt", report.corrupt));
             }
@@ -514,6 +518,28 @@ mod tests {
         assert_eq!((report.corrupt, report.errors), (0, 0));
     }
 
+    /// A lower tier that fails every write is named, and the replay does not pass for a
+    /// measurement.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tier_failing_every_write_is_reported() {
+        let trace = synthetic();
+        let h = hierarchy(
+            "[[tiers]]\nkind = \"mem\"\ncapacity = \"1MiB\"\n[[tiers]]\nkind = \"object\"\nname = \"nowhere\"\nstore = \"s3\"\nprefix = \"p\"\nendpoint = \"http://127.0.0.1:9\"\nbucket = \"b\"\naccess_key = \"k\"\nsecret_key = \"s\"\nop_timeout = \"200ms\"\n",
+        )
+        .await;
+        replay::replay(&h, &trace[..5], 1024, |_| {}).await.unwrap();
+        let text = replay::render(
+            &h,
+            &trace[..5],
+            &replay::replay(&h, &[], 1024, |_| {}).await.unwrap(),
+            1024,
+        );
+        let failed = replay::failed_tiers(&h);
+        assert_eq!(failed.len(), 1, "{failed:?}\n{text}");
+        assert!(failed[0].starts_with("nowhere ("), "{failed:?}");
+        assert!(text.contains("errors"), "{text}");
+    }
+
     /// A small LRU DRAM tier lands within a point of the offline LRU simulation at its size.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_small_lru_tier_tracks_the_lru_simulation() {
@@ -525,7 +551,7 @@ mod tests {
         ))
         .await;
         let report = replay::replay(&h, &trace, 1024, |_| {}).await.unwrap();
-        let (lru, belady) = (sim::lru(&trace, pages), sim::belady(&trace, pages));
+        let (lru, belady) = (sim::lru(&trace, pages), sim::belady_blocks(&trace, pages));
         println!(
             "replay {:.4}, LRU sim {:.4}, Belady {:.4}",
             report.ratio.value(),

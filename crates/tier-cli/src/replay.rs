@@ -117,6 +117,18 @@ pub async fn replay(
     })
 }
 
+/// Tiers that failed and never stored a byte: a replay through them measured nothing, and
+/// says so with its exit status.
+pub fn failed_tiers(hierarchy: &Hierarchy) -> Vec<String> {
+    hierarchy
+        .hierarchy_stats()
+        .levels
+        .iter()
+        .filter(|l| l.stats.errors > 0 && l.stats.bytes_written == 0)
+        .map(|l| format!("{} ({} errors)", l.info.name, l.stats.errors))
+        .collect()
+}
+
 /// The report as text: per tier, in total, and beside the offline simulations.
 pub fn render(
     hierarchy: &Hierarchy,
@@ -138,12 +150,20 @@ pub fn render(
     // Write amplification: bytes a tier wrote per byte the replay reused.
     let reused_bytes = (report.ratio.reused * page_bytes as u64).max(1) as f64;
     out += &format!(
-        "{:<12} {:<11} {:>9} {:>9} {:>11} {:>11} {:>13} {:>10}\n",
-        "tier", "kind", "served", "hit %", "read MiB", "written MiB", "written/reuse", "evictions"
+        "{:<12} {:<11} {:>9} {:>9} {:>11} {:>11} {:>13} {:>10} {:>7}\n",
+        "tier",
+        "kind",
+        "served",
+        "hit %",
+        "read MiB",
+        "written MiB",
+        "written/reuse",
+        "evictions",
+        "errors"
     );
     for level in &stats.levels {
         out += &format!(
-            "{:<12} {:<11} {:>9} {:>8.2}% {:>11.1} {:>11.1} {:>13.2} {:>10}\n",
+            "{:<12} {:<11} {:>9} {:>8.2}% {:>11.1} {:>11.1} {:>13.2} {:>10} {:>7}\n",
             level.info.name,
             level.info.kind,
             level.served,
@@ -151,7 +171,8 @@ pub fn render(
             mib(level.stats.bytes_read),
             mib(level.stats.bytes_written),
             level.stats.bytes_written as f64 / reused_bytes,
-            level.stats.evictions
+            level.stats.evictions,
+            level.stats.errors
         );
     }
     out += &format!(

@@ -52,6 +52,11 @@ async fn suite_rejects_broken_tier(#[case] fault: Fault, #[case] case: &str, #[c
 #[case(Fault::ForgetsOnReopen)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
+    // The suite's fd-leak case counts the process's descriptors: under `cargo test` this runs
+    // in a process of its own, away from tests opening runtimes and files meanwhile.
+    if !tier_tests::fd::in_own_process() {
+        return;
+    }
     let verdicts = suite::run_all(&BrokenFactory(fault)).await;
     let failed: Vec<(&str, String)> = verdicts
         .iter()
