@@ -415,26 +415,44 @@ pub async fn fd_leak(f: &dyn TierFactory) -> CaseResult {
     let len = page_len(&tier, 16 << 10);
     let ks = keys("fd", 4);
     let absent = keys("fd-absent", 2);
-    let ops: Vec<(&str, Op)> = vec![
-        ("put", Op::Put(ks[..2].to_vec(), len)),
-        ("put overwrite", Op::Put(ks[..2].to_vec(), len)),
-        ("get hit", Op::Get(ks[..2].to_vec(), len)),
-        ("get miss", Op::Get(absent.clone(), len)),
-        ("get length mismatch", Op::Get(ks[..1].to_vec(), len + 1)),
-        ("put empty page", Op::Put(ks[2..3].to_vec(), 0)),
-        ("exists", Op::Exists(ks.clone())),
-        ("remove present", Op::PutRemove(ks[3..].to_vec(), len)),
-        ("remove absent", Op::Remove(absent.clone())),
-        ("clear", Op::Clear),
+    // Each call with the outcome it must have on its first run (in this order), so the fds
+    // are counted around calls that did what they should.
+    let ops: Vec<(&str, Op, &str)> = vec![
+        ("put", Op::Put(ks[..2].to_vec(), len), "ok ok"),
+        ("put overwrite", Op::Put(ks[..2].to_vec(), len), "ok ok"),
+        ("get hit", Op::Get(ks[..2].to_vec(), len), "hit hit"),
+        ("get miss", Op::Get(absent.clone(), len), "miss miss"),
+        (
+            "get length mismatch",
+            Op::Get(ks[..1].to_vec(), len + 1),
+            "mismatch",
+        ),
+        ("put empty page", Op::Put(ks[2..3].to_vec(), 0), "err"),
+        ("exists", Op::Exists(ks.clone()), "2"),
+        (
+            "remove present",
+            Op::PutRemove(ks[3..].to_vec(), len),
+            "true",
+        ),
+        ("remove absent", Op::Remove(absent.clone()), "false false"),
+        ("clear", Op::Clear, "ok"),
     ];
     // Warm-up: lazily created resources (pools, registrations) are not leaks.
-    for (_, op) in &ops {
-        op.run(&tier).await;
+    for (name, op, want) in &ops {
+        let got = op.run(&tier).await;
+        if got != *want {
+            return Err(format!(
+                "fd_leak's `{name}` answered {got:?}, want {want:?}"
+            ));
+        }
     }
     let slack = f.fd_slack();
     let rounds = 10 + 2 * slack;
-    for (name, op) in &ops {
-        count_fds_around(name, rounds, slack, || op.run(&tier)).await?;
+    for (name, op, _) in &ops {
+        count_fds_around(name, rounds, slack, || async {
+            op.run(&tier).await;
+        })
+        .await?;
     }
     if let Some(what) = f.break_storage().await {
         let broken = vec![
@@ -443,12 +461,21 @@ pub async fn fd_leak(f: &dyn TierFactory) -> CaseResult {
             ("exists", Op::Exists(ks.clone())),
             ("remove", Op::Remove(ks.clone())),
         ];
-        for (_, op) in &broken {
-            op.run(&tier).await;
+        for (name, op) in &broken {
+            let got = op.run(&tier).await;
+            // A put into broken storage must fail (the fds are counted around failing calls).
+            if *name == "put" && got != "err err err err" {
+                return Err(format!(
+                    "a put after {what} answered {got:?}, want every page to fail"
+                ));
+            }
         }
         for (name, op) in &broken {
             let label = format!("{name} after {what}");
-            count_fds_around(&label, rounds, slack, || op.run(&tier)).await?;
+            count_fds_around(&label, rounds, slack, || async {
+                op.run(&tier).await;
+            })
+            .await?;
         }
     }
     Ok(())
@@ -489,39 +516,70 @@ enum Op {
 }
 
 impl Op {
-    /// Runs the operation; outcomes are not checked here, only resources.
-    async fn run(&self, tier: &DynTier) {
-        match self {
+    /// Runs the operation; its outcome in a few words (per key, or a count).
+    async fn run(&self, tier: &DynTier) -> String {
+        let put = |results: Vec<tier_core::PutResult>| -> Vec<String> {
+            results
+                .iter()
+                .map(|r| if r.is_ok() { "ok" } else { "err" }.to_string())
+                .collect()
+        };
+        let words: Vec<String> = match self {
             Op::Put(ks, len) => {
                 let pages: Vec<Page<'static>> = ks
                     .iter()
                     .map(|k| Page::new(k.clone(), content::page(k, 1, *len)))
                     .collect();
-                let _ = tier.put(&pages).await;
+                put(tier.put(&pages).await)
             }
             Op::Get(ks, len) => {
                 let want: Vec<(PageKey, usize)> = ks.iter().map(|k| (k.clone(), *len)).collect();
-                let _ = read(tier, &want).await;
+                match read(tier, &want).await {
+                    Ok((_, results)) => results
+                        .iter()
+                        .map(|r| match r {
+                            Ok(Lookup::Hit) => "hit",
+                            Ok(Lookup::Miss) => "miss",
+                            Err(TierError::LengthMismatch { .. }) => "mismatch",
+                            Err(_) => "err",
+                        })
+                        .map(String::from)
+                        .collect(),
+                    Err(e) => vec![format!("failed: {e}")],
+                }
             }
-            Op::Exists(ks) => {
-                let _ = tier.exists(ks).await;
-            }
+            Op::Exists(ks) => vec![match tier.exists(ks).await {
+                Ok(n) => n.to_string(),
+                Err(_) => "err".into(),
+            }],
             Op::PutRemove(ks, len) => {
                 let pages: Vec<Page<'static>> = ks
                     .iter()
                     .map(|k| Page::new(k.clone(), content::page(k, 1, *len)))
                     .collect();
                 let _ = tier.put(&pages).await;
-                let _ = tier.remove(ks).await;
+                removed(tier.remove(ks).await)
             }
-            Op::Remove(ks) => {
-                let _ = tier.remove(ks).await;
+            Op::Remove(ks) => removed(tier.remove(ks).await),
+            Op::Clear => vec![if tier.clear().await.is_ok() {
+                "ok"
+            } else {
+                "err"
             }
-            Op::Clear => {
-                let _ = tier.clear().await;
-            }
-        }
+            .into()],
+        };
+        words.join(" ")
     }
+}
+
+fn removed(results: Vec<tier_core::RemoveResult>) -> Vec<String> {
+    results
+        .iter()
+        .map(|r| match r {
+            Ok(present) => present.to_string(),
+            Err(_) => "err".into(),
+        })
+        .collect()
 }
 
 /// A batch with absent keys: each key gets its own hit or miss, hits byte-exact.

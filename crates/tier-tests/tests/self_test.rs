@@ -77,6 +77,7 @@ async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
             ],
             // ... and as wrong bytes wherever a hierarchy reads through to the tier.
             Fault::PhantomHit => &[
+                "fd_leak",
                 "partial_batch",
                 "remove",
                 "clear",
@@ -85,13 +86,13 @@ async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
                 "hierarchy_lower_outage",
                 "histories",
             ],
-            Fault::CountsAllInExists => &["exists_prefix", "histories"],
+            Fault::CountsAllInExists => &["exists_prefix", "fd_leak", "histories"],
             Fault::LandsAfterDrop => &["histories"],
             // A shorter rewrite read back at its own length: a length mismatch.
             Fault::KeepsStaleTail => &["overwrite", "histories"],
             Fault::KeepsFirstDuplicate => &["overwrite"],
             // `overwrite` also puts a page followed by an empty copy of its key.
-            Fault::AcceptsEmptyPages => &["overwrite", "bad_input"],
+            Fault::AcceptsEmptyPages => &["overwrite", "bad_input", "fd_leak"],
             Fault::MiscountsPuts => &["stats_count"],
             Fault::IgnoresCapacity => &["capacity_bound"],
             Fault::ForgetsOnReopen => &["persistence"],
