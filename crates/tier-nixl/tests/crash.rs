@@ -228,7 +228,10 @@ async fn nixl_file_tier_survives_kill_9() {
     .await;
     assert!(verified > 0, "no page was ever stored before a kill");
     // A temp file left behind is a write the kill cut: the kills did hit writes in progress.
-    assert!(temps_seen > 0, "no kill interrupted a write: the test proved nothing");
+    assert!(
+        temps_seen > 0,
+        "no kill interrupted a write: the test proved nothing"
+    );
     println!(
         "NIXL FILE: {kills} kills survived in {:?}; {verified} pages verified after kills; {temps_seen} temp leftovers found, all removed at start",
         started.elapsed()

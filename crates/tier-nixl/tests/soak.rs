@@ -5,6 +5,7 @@
 //! CI runs 20,000 operations; `cargo nextest run -p tier-nixl --test soak --run-ignored all`
 //! also runs the 1,000,000-operation variant.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -55,8 +56,24 @@ fn figures() -> Figures {
     }
 }
 
-/// One operation: a batch of 1-8 keys near a moving hot spot (so reads hit all tiers).
-async fn one_op(h: &Hierarchy, rng: &mut Rng, n: u64, counts: &mut [u64; 4]) {
+/// What the soak knows of a key: the version its last acknowledged put wrote, removed, or
+/// unknown (a remove that failed may or may not have happened).
+#[derive(Clone, Copy)]
+enum Known {
+    Version(u64),
+    Removed,
+    Unknown,
+}
+
+/// One operation: a batch of 1-8 keys near a moving hot spot (so reads hit all tiers). Each
+/// put writes a new version (the op's number); a hit must be its key's latest version.
+async fn one_op(
+    h: &Hierarchy,
+    rng: &mut Rng,
+    n: u64,
+    counts: &mut [u64; 4],
+    known: &mut HashMap<PageKey, Known>,
+) {
     let hot = (n / 64) % KEYS;
     let batch = 1 + rng.below(8);
     let keys: Vec<PageKey> = (0..batch)
@@ -74,7 +91,13 @@ async fn one_op(h: &Hierarchy, rng: &mut Rng, n: u64, counts: &mut [u64; 4]) {
             drop(slots);
             for ((k, buf), r) in keys.iter().zip(&bufs).zip(results) {
                 if let Ok(Lookup::Hit) = r {
-                    content::verify(k, 1, buf).unwrap_or_else(|e| panic!("op {n}: {k}: {e}"));
+                    match known.get(k) {
+                        Some(Known::Version(v)) => content::verify(k, *v, buf)
+                            .unwrap_or_else(|e| panic!("op {n}: {k}: not its latest version: {e}")),
+                        Some(Known::Unknown) => {}
+                        Some(Known::Removed) => panic!("op {n}: {k} was removed, yet it hit"),
+                        None => panic!("op {n}: {k} was never written, yet it hit"),
+                    }
                     counts[0] += 1;
                 }
             }
@@ -82,10 +105,13 @@ async fn one_op(h: &Hierarchy, rng: &mut Rng, n: u64, counts: &mut [u64; 4]) {
         4..=6 => {
             let pages: Vec<Page<'static>> = keys
                 .iter()
-                .map(|k| Page::new(k.clone(), content::page(k, 1, PAGE)))
+                .map(|k| Page::new(k.clone(), content::page(k, n + 1, PAGE)))
                 .collect();
             for r in h.put(&pages).await {
                 r.unwrap_or_else(|e| panic!("op {n}: the DRAM tier refused a put: {e}"));
+            }
+            for k in &keys {
+                known.insert(k.clone(), Known::Version(n + 1));
             }
             counts[1] += 1;
         }
@@ -94,7 +120,13 @@ async fn one_op(h: &Hierarchy, rng: &mut Rng, n: u64, counts: &mut [u64; 4]) {
             counts[2] += 1;
         }
         _ => {
-            let _ = h.remove(&keys[..1]).await;
+            let gone = match h.remove(&keys[..1]).await.first() {
+                Some(Ok(_)) => Known::Removed,
+                _ => Known::Unknown,
+            };
+            if known.contains_key(&keys[0]) {
+                known.insert(keys[0].clone(), gone);
+            }
             counts[3] += 1;
         }
     }
@@ -120,16 +152,17 @@ async fn soak(ops: u64) {
     .unwrap();
     let mut rng = Rng(7);
     let mut counts = [0u64; 4];
+    let mut known = HashMap::with_capacity(KEYS as usize);
     // Warm up: caches, pools and the index reach their working size.
     let warm = ops / 10;
     for n in 0..warm {
-        one_op(&h, &mut rng, n, &mut counts).await;
+        one_op(&h, &mut rng, n, &mut counts, &mut known).await;
     }
     h.flush().await.unwrap();
     let start = figures();
     let started = Instant::now();
     for n in warm..ops {
-        one_op(&h, &mut rng, n, &mut counts).await;
+        one_op(&h, &mut rng, n, &mut counts, &mut known).await;
     }
     h.flush().await.unwrap();
     let end = figures();
