@@ -23,6 +23,9 @@ use tier_core::{Hierarchy, TierError};
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    /// Log as JSON lines (the level comes from `RUST_LOG`, default `warn`).
+    #[arg(long, global = true)]
+    log_json: bool,
 }
 
 #[derive(Subcommand)]
@@ -405,6 +408,7 @@ async fn replay_with_progress(
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging(cli.log_json);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -423,6 +427,22 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Logs to stderr at the level `RUST_LOG` names (default: warnings and errors, what a user must
+/// act on), as text or as JSON lines.
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
 }
 
 /// Largest page the replay takes (no tier stores a bigger one).

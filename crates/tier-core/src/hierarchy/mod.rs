@@ -633,12 +633,20 @@ impl Hierarchy {
     }
 
     fn count_puts(&self, pages: &[Page<'_>], results: &[PutResult]) {
+        let mut bytes = 0;
         for (page, r) in pages.iter().zip(results) {
             match r {
-                Ok(()) => self.stats.put(page.data.len()),
-                Err(_) => self.stats.errors(1),
+                Ok(()) => {
+                    self.stats.put(page.data.len());
+                    bytes += page.data.len();
+                }
+                Err(e) => {
+                    self.stats.errors(1);
+                    tracing::debug!(hierarchy = %self.name, key = %page.key, error = %e, "put failed");
+                }
             }
         }
+        tracing::debug!(hierarchy = %self.name, op = "put", pages = pages.len(), bytes, "call");
     }
 
     /// Answers a read from what is in motion for its key.
