@@ -30,12 +30,25 @@ pub enum Op {
 }
 
 /// What to run.
+#[derive(clap::Args)]
 pub struct Settings {
+    /// Bytes per page.
+    #[arg(long, default_value_t = 64 << 10)]
     pub page_bytes: usize,
+    /// Pages per call.
+    #[arg(long, default_value_t = 32)]
     pub batch: usize,
+    /// Pages per operation and round.
+    #[arg(long, default_value_t = 4096)]
     pub pages: usize,
+    /// Calls in flight at once.
+    #[arg(long, default_value_t = 1)]
     pub concurrency: usize,
+    /// Operations, in order, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "put,get,exists,remove")]
     pub ops: Vec<Op>,
+    /// Rounds (kvtier and baseline interleaved); medians are reported.
+    #[arg(long, default_value_t = 3)]
     pub rounds: usize,
 }
 
@@ -455,14 +468,6 @@ pub fn render(reports: &[OpReport], s: &Settings) -> String {
 mod tests {
     use super::*;
 
-    fn registry() -> Registry {
-        let mut registry = Registry::default();
-        tier_mem::config::register(&mut registry);
-        tier_nixl::config::register(&mut registry);
-        tier_object::config::register(&mut registry);
-        registry
-    }
-
     async fn run(config: &str) -> Vec<OpReport> {
         let settings = Settings {
             page_bytes: 4096,
@@ -473,7 +478,7 @@ mod tests {
             rounds: 2,
         };
         let config = HierarchyConfig::from_toml(config).unwrap();
-        let reports = bench(&registry(), &config, &settings, |_| {})
+        let reports = bench(&crate::registry(), &config, &settings, |_| {})
             .await
             .unwrap();
         print!("{}", render(&reports, &settings));

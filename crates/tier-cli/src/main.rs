@@ -67,24 +67,8 @@ enum Command {
         /// Hierarchy config (TOML or JSON). Default: one DRAM tier holding every page.
         #[arg(long)]
         config: Option<PathBuf>,
-        /// Bytes per page.
-        #[arg(long, default_value_t = 64 << 10)]
-        page_bytes: usize,
-        /// Pages per call.
-        #[arg(long, default_value_t = 32)]
-        batch: usize,
-        /// Pages per operation and round.
-        #[arg(long, default_value_t = 4096)]
-        pages: usize,
-        /// Calls in flight at once.
-        #[arg(long, default_value_t = 1)]
-        concurrency: usize,
-        /// Operations, in order, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "put,get,exists,remove")]
-        ops: Vec<bench::Op>,
-        /// Rounds (kvtier and baseline interleaved); medians are reported.
-        #[arg(long, default_value_t = 3)]
-        rounds: usize,
+        #[command(flatten)]
+        settings: bench::Settings,
         /// Also write the report as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -161,24 +145,9 @@ async fn run(cli: Cli) -> Result<(), String> {
         }
         Command::Bench {
             config,
-            page_bytes,
-            batch,
-            pages,
-            concurrency,
-            ops,
-            rounds,
+            settings,
             json,
-        } => {
-            let settings = bench::Settings {
-                page_bytes,
-                batch,
-                pages,
-                concurrency,
-                ops,
-                rounds,
-            };
-            run_bench(config, settings, json).await
-        }
+        } => run_bench(config, settings, json).await,
         Command::Check { config } => {
             let config = HierarchyConfig::from_file(&config).map_err(|e| e.to_string())?;
             let plans = registry().plan(&config).map_err(|e| e.to_string())?;
@@ -314,11 +283,17 @@ async fn run_bench(
     })
     .await?;
     print!("{}", bench::render(&reports, &s));
-    if let Some(path) = json {
-        let text = serde_json::to_string_pretty(&reports).map_err(|e| e.to_string())?;
-        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        println!("json: {}", path.display());
-    }
+    write_json(json, &reports)
+}
+
+/// Writes `value` as JSON to `path`, if one was given, and says where.
+fn write_json(path: Option<PathBuf>, value: &impl serde::Serialize) -> Result<(), String> {
+    let Some(path) = path else {
+        return Ok(());
+    };
+    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    println!("json: {}", path.display());
     Ok(())
 }
 
@@ -374,12 +349,7 @@ async fn run_sweep(
         std::fs::write(&path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         println!("plot: {}", path.display());
     }
-    if let Some(path) = json {
-        let text = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
-        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        println!("json: {}", path.display());
-    }
-    Ok(())
+    write_json(json, &rows)
 }
 
 async fn replay_with_progress(

@@ -129,16 +129,9 @@ impl SimCache for Belady {
     }
 }
 
-/// LRU with room for `capacity` blocks.
-pub fn lru(trace: &[Request], capacity: usize) -> Ratio {
-    simulate(trace, &mut Lru(Ranked::new(capacity)))
-}
-
-/// Belady's next-use rule with room for `capacity` blocks (evict the block whose next use is
-/// farthest away), scored by prefix reuse. Optimal for block hits, it is only a heuristic for
-/// prefix reuse (capacity 1, requests `[A,B]`, `[C,B]`, `[A]`: it reuses nothing, keeping A
-/// reuses one block); [`belady_blocks`] is the bound.
-pub fn belady(trace: &[Request], capacity: usize) -> Ratio {
+/// Every block access of the trace in order, and where each block is next used (`u64::MAX`:
+/// never).
+fn next_uses(trace: &[Request]) -> (Vec<u64>, Vec<u64>) {
     let accesses: Vec<u64> = trace
         .iter()
         .flat_map(|r| r.hash_ids.iter().copied())
@@ -151,6 +144,20 @@ pub fn belady(trace: &[Request], capacity: usize) -> Ratio {
         }
         later.insert(*id, i as u64);
     }
+    (accesses, next_use)
+}
+
+/// LRU with room for `capacity` blocks.
+pub fn lru(trace: &[Request], capacity: usize) -> Ratio {
+    simulate(trace, &mut Lru(Ranked::new(capacity)))
+}
+
+/// Belady's next-use rule with room for `capacity` blocks (evict the block whose next use is
+/// farthest away), scored by prefix reuse. Optimal for block hits, it is only a heuristic for
+/// prefix reuse (capacity 1, requests `[A,B]`, `[C,B]`, `[A]`: it reuses nothing, keeping A
+/// reuses one block); [`belady_blocks`] is the bound.
+pub fn belady(trace: &[Request], capacity: usize) -> Ratio {
+    let (_, next_use) = next_uses(trace);
     simulate(
         trace,
         &mut Belady {
@@ -165,18 +172,7 @@ pub fn belady(trace: &[Request], capacity: usize) -> Ratio {
 /// maximises these hits, and a request's reusable prefix is a subset of its hits under any
 /// policy, so no policy's prefix reuse at this size exceeds it: an upper bound.
 pub fn belady_blocks(trace: &[Request], capacity: usize) -> Ratio {
-    let accesses: Vec<u64> = trace
-        .iter()
-        .flat_map(|r| r.hash_ids.iter().copied())
-        .collect();
-    let mut next_use = vec![u64::MAX; accesses.len()];
-    let mut later: HashMap<u64, u64> = HashMap::new();
-    for (i, id) in accesses.iter().enumerate().rev() {
-        if let Some(&n) = later.get(id) {
-            next_use[i] = n;
-        }
-        later.insert(*id, i as u64);
-    }
+    let (accesses, next_use) = next_uses(trace);
     let mut cache = Ranked::new(capacity);
     let mut r = Ratio::default();
     for (pos, id) in accesses.iter().enumerate() {

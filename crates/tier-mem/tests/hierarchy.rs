@@ -176,6 +176,12 @@ async fn bad_compositions_are_config_errors() {
 
 /// DRAM with room for one 4 KiB page (LRU) over DRAM, wired for `write`.
 fn one_page_over_dram(write: WritePolicy) -> Hierarchy {
+    one_page_over(write, 1).0
+}
+
+/// As [`one_page_over_dram`], writing below only from a key's `admit_after`th request; also
+/// returns the lower tier.
+fn one_page_over(write: WritePolicy, admit_after: u32) -> (Hierarchy, DynTier) {
     let queue = DemotionQueue::new();
     let mut upper = MemTier::builder(4096 + 512)
         .name("one-page")
@@ -183,11 +189,16 @@ fn one_page_over_dram(write: WritePolicy) -> Hierarchy {
     if write == WritePolicy::WriteBack {
         upper = upper.on_evict(queue.listener(0));
     }
-    let tiers: Vec<DynTier> = vec![
-        Arc::new(upper.build().unwrap()),
-        Arc::new(MemTier::builder(64 << 20).name("lower").build().unwrap()),
-    ];
-    Hierarchy::new("one/dram", tiers, policy(write), Some(queue)).unwrap()
+    let lower: DynTier = Arc::new(MemTier::builder(64 << 20).name("lower").build().unwrap());
+    let tiers: Vec<DynTier> = vec![Arc::new(upper.build().unwrap()), Arc::clone(&lower)];
+    let policy = HierarchyPolicy {
+        admit_after,
+        ..policy(write)
+    };
+    (
+        Hierarchy::new("one/dram", tiers, policy, Some(queue)).unwrap(),
+        lower,
+    )
 }
 
 async fn put_one(h: &Hierarchy, k: &PageKey, version: u64) {
@@ -260,33 +271,12 @@ async fn a_put_dropped_while_waiting_leaves_nothing_behind() {
     h.close().await.unwrap();
 }
 
-/// DRAM with room for one 4 KiB page over DRAM, admitting pages below at their second request.
-fn admitting_at_two(write: WritePolicy) -> (Hierarchy, DynTier) {
-    let queue = DemotionQueue::new();
-    let mut upper = MemTier::builder(4096 + 512)
-        .name("one-page")
-        .policy(tier_mem::PolicyKind::Lru);
-    if write == WritePolicy::WriteBack {
-        upper = upper.on_evict(queue.listener(0));
-    }
-    let lower: DynTier = Arc::new(MemTier::builder(64 << 20).name("lower").build().unwrap());
-    let tiers: Vec<DynTier> = vec![Arc::new(upper.build().unwrap()), Arc::clone(&lower)];
-    let policy = HierarchyPolicy {
-        admit_after: 2,
-        ..policy(write)
-    };
-    (
-        Hierarchy::new("admit/2", tiers, policy, Some(queue)).unwrap(),
-        lower,
-    )
-}
-
 /// With `admit_after = 2` a page seen once never reaches the lower tier; seen twice it does:
 /// in write-through at its next put, in write-back when it is evicted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_are_written_below_only_from_their_nth_request() {
     for write in [WritePolicy::WriteThrough, WritePolicy::WriteBack] {
-        let (h, lower) = admitting_at_two(write);
+        let (h, lower) = one_page_over(write, 2);
         let (once, twice) = (key(1), key(2));
         put_one(&h, &once, 1).await;
         put_one(&h, &twice, 1).await; // evicts `once` from the one-page top
@@ -318,7 +308,7 @@ async fn pages_are_written_below_only_from_their_nth_request() {
 /// its newest version or not at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_not_admitted_leaves_no_stale_copy_below() {
-    let (h, lower) = admitting_at_two(WritePolicy::WriteThrough);
+    let (h, lower) = one_page_over(WritePolicy::WriteThrough, 2);
     let k = key(7);
     put_one(&h, &k, 1).await;
     put_one(&h, &k, 2).await; // admitted: v2 goes below
