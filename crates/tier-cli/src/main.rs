@@ -57,7 +57,7 @@ enum Command {
         /// trace's distinct blocks).
         #[arg(long, value_delimiter = ',')]
         capacities: Vec<usize>,
-        /// Also write the sweep's table as JSON to this file.
+        /// Also write the report (or the sweep's table) as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
     },
@@ -214,6 +214,7 @@ async fn run(cli: Cli) -> Result<(), String> {
                     .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
                 println!("plot: {}", path.display());
             }
+            write_json(json, &replay::summary(&hierarchy, &report, page_bytes))?;
             let failed = replay::failed_tiers(&hierarchy);
             hierarchy.close().await.map_err(|e| e.to_string())?;
             if !failed.is_empty() {
@@ -506,6 +507,14 @@ mod tests {
         assert_eq!(report.ratio.requested, expected.requested);
         assert_eq!(report.ratio.reused, expected.reused);
         assert_eq!((report.corrupt, report.errors), (0, 0));
+        // `--json` says the same, and the one tier served every reused block.
+        let summary = replay::summary(&h, &report, 1024);
+        assert_eq!(summary.blocks_reused, expected.reused);
+        assert_eq!(summary.tiers.len(), 1);
+        assert_eq!(summary.tiers[0].served, expected.reused);
+        assert!(serde_json::to_string(&summary)
+            .unwrap()
+            .contains("\"prefix_hit_ratio\""));
     }
 
     /// A lower tier that fails every write is named, and the replay does not pass for a

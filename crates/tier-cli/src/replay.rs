@@ -129,6 +129,87 @@ pub fn failed_tiers(hierarchy: &Hierarchy) -> Vec<String> {
         .collect()
 }
 
+/// One tier's part of a replay, for `--json`.
+#[derive(serde::Serialize)]
+pub struct TierSummary {
+    pub name: String,
+    pub kind: String,
+    /// Blocks this tier served for the replay.
+    pub served: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    /// Bytes written per byte the replay reused.
+    pub written_per_reused: f64,
+    pub evictions: u64,
+    pub errors: u64,
+}
+
+/// The whole report, for `--json`.
+#[derive(serde::Serialize)]
+pub struct Summary {
+    pub requests: usize,
+    pub blocks_requested: u64,
+    pub blocks_reused: u64,
+    pub prefix_hit_ratio: f64,
+    pub corrupt: u64,
+    pub errors: u64,
+    pub seconds: f64,
+    pub latency_p50_us: f64,
+    pub latency_p99_us: f64,
+    pub tiers: Vec<TierSummary>,
+    pub served_in_flight: u64,
+    pub promotions: u64,
+    pub copied_down: u64,
+    pub demotions: u64,
+    pub demotions_dropped: u64,
+    pub not_admitted: u64,
+    pub lower_errors: u64,
+}
+
+/// The report as data.
+pub fn summary(hierarchy: &Hierarchy, report: &Report, page_bytes: usize) -> Summary {
+    let stats = hierarchy.hierarchy_stats();
+    let reused_bytes = (report.ratio.reused * page_bytes as u64).max(1) as f64;
+    let pct = |p: f64| {
+        report
+            .latencies
+            .get(((report.latencies.len() as f64 - 1.0) * p) as usize)
+            .map_or(0.0, |d| d.as_secs_f64() * 1e6)
+    };
+    Summary {
+        requests: report.requests,
+        blocks_requested: report.ratio.requested,
+        blocks_reused: report.ratio.reused,
+        prefix_hit_ratio: report.ratio.value(),
+        corrupt: report.corrupt,
+        errors: report.errors,
+        seconds: report.elapsed.as_secs_f64(),
+        latency_p50_us: pct(0.50),
+        latency_p99_us: pct(0.99),
+        tiers: stats
+            .levels
+            .iter()
+            .map(|l| TierSummary {
+                name: l.info.name.clone(),
+                kind: l.info.kind.clone(),
+                served: l.served,
+                bytes_read: l.stats.bytes_read,
+                bytes_written: l.stats.bytes_written,
+                written_per_reused: l.stats.bytes_written as f64 / reused_bytes,
+                evictions: l.stats.evictions,
+                errors: l.stats.errors,
+            })
+            .collect(),
+        served_in_flight: stats.served_in_flight,
+        promotions: stats.promotions,
+        copied_down: stats.copied_down,
+        demotions: stats.demotions,
+        demotions_dropped: stats.demotions_dropped,
+        not_admitted: stats.not_admitted,
+        lower_errors: stats.lower_errors,
+    }
+}
+
 /// The report as text: per tier, in total, and beside the offline simulations.
 pub fn render(
     hierarchy: &Hierarchy,

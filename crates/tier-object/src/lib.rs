@@ -349,7 +349,10 @@ impl Drop for GiveBack {
 }
 
 impl Objects {
-    pub fn new(store: Arc<dyn ObjectStore>, config: ObjectTierConfig) -> Result<Self, TierError> {
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        mut config: ObjectTierConfig,
+    ) -> Result<Self, TierError> {
         if !(1..=1024).contains(&config.concurrency) {
             return Err(TierError::config("concurrency", "must be 1 to 1024"));
         }
@@ -366,6 +369,10 @@ impl Objects {
                 ))
             }
             Some(capacity) => {
+                // A page larger than the bound would only be stored to be evicted.
+                config.max_page_bytes = config
+                    .max_page_bytes
+                    .min(usize::try_from(capacity).unwrap_or(usize::MAX));
                 let policy = config.policy.build().ok_or_else(|| {
                     TierError::config(
                         "policy",

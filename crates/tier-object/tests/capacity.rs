@@ -61,6 +61,10 @@ async fn a_bounded_tier_evicts_what_it_found_at_open_and_leaves_nested_prefixes_
         r.unwrap();
     }
     assert_eq!(objects_under(&store, "models/a").await - 10, 4);
+    // A page larger than the whole bound is refused, not stored and evicted.
+    assert_eq!(bounded.info().max_page_bytes, Some(4096));
+    let big = Page::new(PageKey::new("big").unwrap(), vec![1u8; 8192]);
+    assert!(bounded.put(&[big]).await[0].is_err());
 }
 
 #[tokio::test]
