@@ -4,7 +4,8 @@
 //! [[tiers]]
 //! kind = "mem"
 //! capacity = "8GiB"      # required
-//! policy = "prefix"      # lru (the default), tinylfu, sieve, s3fifo, arc or prefix
+//! policy = "prefix"      # auto (the default; lru with ttl or tti), lru, tinylfu, sieve,
+//!                        # s3fifo, arc, prefix or radix
 //! ttl = "10m"            # optional time to live (lru and tinylfu only)
 //! tti = "2m"             # optional time to idle (lru and tinylfu only)
 //! ```
@@ -13,14 +14,13 @@ use serde::Deserialize;
 use tier_core::config::{ByteSize, OpenFuture, Registry, Seconds, TierContext, TierPlan};
 use tier_core::{EvictionListener, TierError};
 
-use crate::{MemTier, PolicyKind};
+use crate::{resolve_policy, MemTier, PolicyKind};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct MemParams {
     capacity: ByteSize,
-    #[serde(default)]
-    policy: PolicyKind,
+    policy: Option<PolicyKind>,
     ttl: Option<Seconds>,
     tti: Option<Seconds>,
 }
@@ -33,7 +33,8 @@ struct MemPlan {
 impl TierPlan for MemPlan {
     fn describe(&self) -> String {
         let p = &self.params;
-        let mut out = format!("mem: capacity {}, policy {}", p.capacity, p.policy);
+        let policy = resolve_policy(p.policy, p.ttl.is_some() || p.tti.is_some());
+        let mut out = format!("mem: capacity {}, policy {policy}", p.capacity);
         if let Some(ttl) = p.ttl {
             out += &format!(", ttl {:?}", ttl.0);
         }
@@ -50,9 +51,10 @@ impl TierPlan for MemPlan {
     fn open(self: Box<Self>, on_evict: Option<EvictionListener>) -> OpenFuture {
         Box::pin(async move {
             let p = self.params;
-            let mut builder = MemTier::builder(p.capacity.0)
-                .name(self.name)
-                .policy(p.policy);
+            let mut builder = MemTier::builder(p.capacity.0).name(self.name);
+            if let Some(policy) = p.policy {
+                builder = builder.policy(policy);
+            }
             if let Some(ttl) = p.ttl {
                 builder = builder.time_to_live(ttl.0);
             }
@@ -80,15 +82,15 @@ pub fn register(registry: &mut Registry) {
         let expiring = [("ttl", params.ttl), ("tti", params.tti)]
             .into_iter()
             .find_map(|(f, d)| d.map(|_| f));
+        let policy = resolve_policy(params.policy, expiring.is_some());
         if let (Some(f), false) = (
             expiring,
-            matches!(params.policy, PolicyKind::Lru | PolicyKind::Tinylfu),
+            matches!(policy, PolicyKind::Lru | PolicyKind::Tinylfu),
         ) {
             return Err(TierError::config(
                 format!("{}.{f}", ctx.field),
                 format!(
-                    "expiry needs policy \"lru\" or \"tinylfu\"; policy \"{}\" has none",
-                    params.policy
+                    "expiry needs policy \"lru\" or \"tinylfu\"; policy \"{policy}\" has none",
                 ),
             ));
         }

@@ -29,7 +29,7 @@ use policy_map::PolicyMap;
 pub struct MemTierBuilder {
     name: String,
     capacity_bytes: u64,
-    policy: PolicyKind,
+    policy: Option<PolicyKind>,
     ttl: Option<Duration>,
     tti: Option<Duration>,
     listener: Option<EvictionListener>,
@@ -41,9 +41,10 @@ impl MemTierBuilder {
         self.name = name.into();
         self
     }
-    /// Chooses the eviction policy.
+    /// Chooses the eviction policy (default: [`PolicyKind::Auto`], or `lru` for a tier with
+    /// an expiry).
     pub fn policy(mut self, policy: PolicyKind) -> Self {
-        self.policy = policy;
+        self.policy = Some(policy);
         self
     }
     /// Drops pages this long after they were stored (policies `lru` and `tinylfu` only).
@@ -81,13 +82,14 @@ impl MemTierBuilder {
             max_page_bytes: Some(max_page),
             persistent: false,
         };
+        let policy = resolve_policy(self.policy, self.ttl.is_some() || self.tti.is_some());
         // moka is the engine for LRU and TinyLFU (and their expiry); this crate's map for the rest.
-        let own = match self.policy {
+        let own = match policy {
             PolicyKind::Lru | PolicyKind::Tinylfu => None,
             other => other.build::<PageKey>(),
         };
         let engine = match own {
-            Some(policy) => {
+            Some(order) => {
                 if let Some(field) = [("ttl", self.ttl), ("tti", self.tti)]
                     .iter()
                     .find_map(|(f, d)| d.map(|_| *f))
@@ -95,19 +97,18 @@ impl MemTierBuilder {
                     return Err(TierError::config(
                         field,
                         format!(
-                            "expiry needs policy \"lru\" or \"tinylfu\"; policy \"{}\" has none",
-                            self.policy
+                            "expiry needs policy \"lru\" or \"tinylfu\"; policy \"{policy}\" has none",
                         ),
                     ));
                 }
                 Engine::Map(PolicyMap::new(
-                    policy,
+                    order,
                     self.capacity_bytes,
                     self.listener.clone(),
                     Arc::clone(&stats),
                 ))
             }
-            None => Engine::Moka(self.moka(Arc::clone(&stats))),
+            None => Engine::Moka(self.moka(policy, Arc::clone(&stats))),
         };
         Ok(MemTier {
             engine,
@@ -116,13 +117,13 @@ impl MemTierBuilder {
         })
     }
 
-    fn moka(self, stats: Arc<StatsRecorder>) -> Cache<PageKey, Bytes> {
+    fn moka(self, policy: PolicyKind, stats: Arc<StatsRecorder>) -> Cache<PageKey, Bytes> {
         let listener = self.listener.clone();
         let mut builder = Cache::builder()
             .name(&self.name)
             .max_capacity(self.capacity_bytes)
             .weigher(|key: &PageKey, page: &Bytes| entry_weight(key, page.len()))
-            .eviction_policy(match self.policy {
+            .eviction_policy(match policy {
                 PolicyKind::Lru => MokaPolicy::lru(),
                 _ => MokaPolicy::tiny_lfu(),
             })
@@ -151,6 +152,16 @@ impl MemTierBuilder {
     }
 }
 
+/// The policy a tier uses when its config names none: the default, or `lru` where an expiry
+/// is asked for (only moka's policies expire pages).
+pub(crate) fn resolve_policy(chosen: Option<PolicyKind>, expiring: bool) -> PolicyKind {
+    match chosen {
+        Some(policy) => policy,
+        None if expiring => PolicyKind::Lru,
+        None => PolicyKind::default(),
+    }
+}
+
 /// What an entry costs against capacity: key plus page bytes (saturating at `u32::MAX`).
 fn entry_weight(key: &PageKey, page_len: usize) -> u32 {
     u32::try_from(key.len() + page_len).unwrap_or(u32::MAX)
@@ -175,7 +186,7 @@ impl MemTier {
         MemTierBuilder {
             name: "mem".into(),
             capacity_bytes,
-            policy: PolicyKind::default(),
+            policy: None,
             ttl: None,
             tti: None,
             listener: None,

@@ -5,7 +5,7 @@
 //! kind = "nixl-file"
 //! dirs = ["/mnt/nvme0/kv", "/mnt/nvme1/kv"]   # required; one per disk
 //! capacity = "1TiB"             # optional; eviction beyond it, by `policy`
-//! policy = "lru"                # lru (default), sieve, s3fifo, arc or prefix
+//! policy = "auto"               # auto (default), lru, sieve, s3fifo, arc, prefix, radix
 //! plugin = "POSIX"              # POSIX, GDS, GDS_MT or HF3FS
 //! plugin_params = { use_uring = "true" }
 //! path_mode = "auto"            # auto, on or off
@@ -36,7 +36,7 @@
 //! max_page = "256MiB"
 //! transfer_timeout = "30s"
 //! capacity = "2TiB"             # optional bound on the prefix's pages, evicting by `policy`
-//! policy = "lru"                # lru (default), sieve, s3fifo, arc or prefix
+//! policy = "auto"               # auto (default), lru, sieve, s3fifo, arc, prefix, radix
 //! ```
 
 use std::collections::BTreeMap;

@@ -1,5 +1,5 @@
 //! The whole conformance suite on the NIXL FILE tier (syscall engine) under each eviction
-//! policy but LRU (which every other FILE suite runs) and TinyLFU (DRAM only).
+//! policy but `auto` (the default, which every other FILE suite runs) and TinyLFU (DRAM only).
 mod common;
 
 macro_rules! per_policy {
@@ -14,4 +14,4 @@ macro_rules! per_policy {
     };
 }
 
-per_policy!(sieve: Sieve, s3fifo: S3fifo, arc: Arc, prefix: Prefix);
+per_policy!(lru: Lru, radix: Radix, sieve: Sieve, s3fifo: S3fifo, arc: Arc, prefix: Prefix);

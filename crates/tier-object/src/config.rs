@@ -13,7 +13,7 @@
 //! concurrency = 16
 //! op_timeout = "30s"
 //! capacity = "2TiB"             # optional bound on the prefix's pages, evicting by `policy`
-//! policy = "lru"                # lru (default), sieve, s3fifo, arc or prefix
+//! policy = "auto"               # auto (default), lru, sieve, s3fifo, arc, prefix, radix
 //! # store = "local": dir = "/mnt/shared/kv"
 //! ```
 

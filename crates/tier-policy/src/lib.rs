@@ -9,18 +9,28 @@
 //! Only the prefix-aware policy uses it; the others ignore it.
 
 mod arc;
+mod auto;
 mod lru;
 mod prefix;
 mod s3fifo;
 mod sieve;
 
-use std::hash::Hash;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
 
 pub use arc::Arc;
+pub use auto::Auto;
 pub use lru::Lru;
 pub use prefix::Prefix;
 pub use s3fifo::S3Fifo;
 pub use sieve::Sieve;
+
+/// A hash of `key` that is the same in every process (SipHash with fixed keys).
+fn hash_of<K: Hash>(key: &K) -> u64 {
+    let mut h = DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish()
+}
 
 /// Orders the keys a bounded tier holds and names which one to let go next.
 pub trait Policy<K>: Send {
@@ -44,8 +54,7 @@ pub trait Policy<K>: Send {
 )]
 #[serde(rename_all = "lowercase")]
 pub enum PolicyKind {
-    /// Least recently used: the default, never the worst choice on any trace measured.
-    #[default]
+    /// Least recently used.
     Lru,
     /// moka's admission by frequency sketch, then LRU (DRAM tiers only).
     Tinylfu,
@@ -58,17 +67,25 @@ pub enum PolicyKind {
     /// Leaf-first frequency with dynamic aging: a chain is cut from its tail, never its head,
     /// and blocks used by many requests stay (see [`Prefix`]).
     Prefix,
+    /// Leaf-first LRU: a chain is cut from its tail, the least recently used leaf first.
+    Radix,
+    /// The default: LRU or `prefix`, whichever miniature simulations of the recent requests
+    /// favour (see [`Auto`]); never below LRU on any trace measured.
+    #[default]
+    Auto,
 }
 
 impl PolicyKind {
     /// Every policy, in the order reports list them.
-    pub const ALL: [PolicyKind; 6] = [
+    pub const ALL: [PolicyKind; 8] = [
         PolicyKind::Lru,
         PolicyKind::Tinylfu,
         PolicyKind::Sieve,
         PolicyKind::S3fifo,
         PolicyKind::Arc,
         PolicyKind::Prefix,
+        PolicyKind::Radix,
+        PolicyKind::Auto,
     ];
 
     /// The name config files use.
@@ -80,6 +97,8 @@ impl PolicyKind {
             PolicyKind::S3fifo => "s3fifo",
             PolicyKind::Arc => "arc",
             PolicyKind::Prefix => "prefix",
+            PolicyKind::Radix => "radix",
+            PolicyKind::Auto => "auto",
         }
     }
 
@@ -92,6 +111,8 @@ impl PolicyKind {
             PolicyKind::S3fifo => Box::new(S3Fifo::default()),
             PolicyKind::Arc => Box::new(Arc::default()),
             PolicyKind::Prefix => Box::new(Prefix::default()),
+            PolicyKind::Radix => Box::new(Prefix::leaf_lru()),
+            PolicyKind::Auto => Box::new(Auto::default()),
         })
     }
 }

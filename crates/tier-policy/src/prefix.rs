@@ -40,6 +40,8 @@ pub struct Prefix<K> {
     leaves: BTreeMap<(u64, u64), K>,
     floor: u64,
     next: u64,
+    /// Orders leaves by uses plus aging (`true`) or by last use alone (`false`: leaf-first LRU).
+    frequency: bool,
 }
 
 impl<K> Default for Prefix<K> {
@@ -49,14 +51,31 @@ impl<K> Default for Prefix<K> {
             leaves: BTreeMap::new(),
             floor: 0,
             next: 0,
+            frequency: true,
         }
     }
 }
 
 impl<K: Clone + Eq + Hash + Send> Prefix<K> {
+    /// Leaf-first LRU: the least recently used leaf goes (SGLang's radix-tree eviction).
+    pub fn leaf_lru() -> Self {
+        Prefix {
+            frequency: false,
+            ..Prefix::default()
+        }
+    }
+
     fn tick(&mut self) -> u64 {
         self.next += 1;
         self.next
+    }
+
+    /// `key` was evicted by another order: forgets it and ages the rest as if it were chosen
+    /// here, so this order stays ready to lead.
+    pub(crate) fn evicted(&mut self, key: &K) {
+        if let Some(e) = self.forget(key) {
+            self.floor = self.floor.max(e.priority);
+        }
     }
 
     /// Counts one more use of `key`, re-ordering it among the leaves.
@@ -68,7 +87,7 @@ impl<K: Clone + Eq + Hash + Send> Prefix<K> {
         };
         let was = (e.priority, e.stamp);
         e.uses += 1;
-        e.priority = floor + e.uses;
+        e.priority = if self.frequency { floor + e.uses } else { 0 };
         e.stamp = stamp;
         if e.children == 0 {
             self.leaves.remove(&was);
@@ -89,7 +108,9 @@ impl<K: Clone + Eq + Hash + Send> Prefix<K> {
                 if p.children == 0 {
                     // Last among its equals: the next victim of the same worth is another
                     // chain's tail, so chains shrink together rather than one to its root.
-                    p.stamp = stamp;
+                    if self.frequency {
+                        p.stamp = stamp;
+                    }
                     self.leaves.insert((p.priority, p.stamp), parent.clone());
                 }
             }
@@ -115,7 +136,7 @@ impl<K: Clone + Eq + Hash + Send> Policy<K> for Prefix<K> {
                 parent = Some((a.clone(), p.id));
             }
         }
-        let priority = self.floor + 1;
+        let priority = if self.frequency { self.floor + 1 } else { 0 };
         self.entries.insert(
             key.clone(),
             Entry {
@@ -154,6 +175,9 @@ impl<K: Clone + Eq + Hash + Send> Policy<K> for Prefix<K> {
     }
 
     fn clear(&mut self) {
-        *self = Prefix::default();
+        *self = Prefix {
+            frequency: self.frequency,
+            ..Prefix::default()
+        };
     }
 }

@@ -182,3 +182,88 @@ fn prefix_keeps_a_shared_root_and_respects_protection() {
     assert_eq!(p.victim(&mut keep), Some(0));
     assert_eq!(p.victim(&mut keep), None);
 }
+
+/// Radix (leaf-first LRU) cuts the least recently used chain from its tail, then the next.
+#[test]
+fn radix_evicts_the_least_recent_chain_from_its_tail() {
+    let mut p = PolicyKind::Radix.build::<u32>().unwrap();
+    for head in [0u32, 10] {
+        let mut prev = None;
+        for k in head..head + 3 {
+            p.insert(&k, 1, prev.as_ref());
+            prev = Some(k);
+        }
+    }
+    for k in 0..3u32 {
+        p.touch(&k, k.checked_sub(1).as_ref());
+    }
+    let order: Vec<u32> = std::iter::from_fn(|| p.victim(&mut |_| false)).collect();
+    assert_eq!(order, vec![12, 11, 10, 2, 1, 0]);
+}
+
+/// Requests `keys` one by one on a cache of `room` keys ordered by `p`; returns the hits.
+fn hits_of(p: &mut dyn Policy<u32>, keys: &[u32], room: usize) -> usize {
+    let mut held = HashSet::new();
+    let mut hits = 0;
+    for k in keys {
+        if held.contains(k) {
+            hits += 1;
+            p.touch(k, None);
+            continue;
+        }
+        p.insert(k, 1, None);
+        held.insert(*k);
+        while held.len() > room {
+            held.remove(&p.victim(&mut |_| false).unwrap());
+        }
+    }
+    hits
+}
+
+/// A working set sliding forward rewards recency: `auto` stays LRU, victim for victim.
+#[test]
+fn auto_is_lru_where_recency_wins() {
+    let mut g = Gen(0x2545_f491_4f6c_dd1d);
+    let keys: Vec<u32> = (0..40_000u32).map(|i| i / 8 + g.below(64) as u32).collect();
+    let lru = hits_of(&mut *PolicyKind::Lru.build().unwrap(), &keys, 48);
+    let prefix = hits_of(&mut *PolicyKind::Prefix.build().unwrap(), &keys, 48);
+    let mut auto = crate::Auto::default();
+    let got = hits_of(&mut auto, &keys, 48);
+    assert!(
+        prefix < lru,
+        "the stream should favour LRU: {prefix} >= {lru}"
+    );
+    assert_eq!(got, lru, "auto {got}, lru {lru}");
+    assert!(!auto.prefix_leads());
+}
+
+/// Hot keys among a stream of keys used once reward frequency: `auto` follows `prefix` and
+/// beats LRU.
+#[test]
+fn auto_follows_prefix_where_frequency_wins() {
+    let mut g = Gen(0x9e37_79b9_7f4a_7c15);
+    let mut next_cold = 1_000u32;
+    let keys: Vec<u32> = (0..40_000)
+        .map(|_| {
+            if g.below(2) == 0 {
+                g.below(60) as u32
+            } else {
+                next_cold += 1;
+                next_cold
+            }
+        })
+        .collect();
+    let lru = hits_of(&mut *PolicyKind::Lru.build().unwrap(), &keys, 60);
+    let prefix = hits_of(&mut *PolicyKind::Prefix.build().unwrap(), &keys, 60);
+    let mut auto = crate::Auto::default();
+    let got = hits_of(&mut auto, &keys, 60);
+    assert!(
+        prefix > lru,
+        "the stream should favour prefix: {prefix} <= {lru}"
+    );
+    assert!(
+        got > lru + (prefix - lru) * 9 / 10,
+        "auto {got}, lru {lru}, prefix {prefix}"
+    );
+    assert!(auto.prefix_leads());
+}

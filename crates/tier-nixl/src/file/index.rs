@@ -7,9 +7,11 @@
 //! vanished forgets the entry only if it is still the one the read planned with.
 //!
 //! The index is authoritative for the process that owns the storage folders (an exclusive lock
-//! file makes that one process). It is rebuilt by scanning at start. Cost: about 175 bytes per
-//! page for 64-character keys under LRU (hash-map slot, the key's shared string, and the
-//! policy's entries; measured by the `footprint` test). Nothing else in the tier grows with the pages stored.
+//! file makes that one process). It is rebuilt by scanning at start. Cost per page, for
+//! 64-character keys: about 420 bytes under the default policy, `auto` (which keeps both an LRU
+//! and a prefix order), 175 under `lru` (hash-map slot, the key's shared string, and the
+//! policy's entries; the `footprint` test measures the default). Nothing else in the tier grows
+//! with the pages stored.
 
 use std::collections::HashMap;
 
@@ -33,7 +35,8 @@ pub struct PageIndex {
 
 impl Default for PageIndex {
     fn default() -> Self {
-        PageIndex::new(PolicyKind::Lru).unwrap_or_else(|| unreachable!("lru is kvtier's"))
+        PageIndex::new(PolicyKind::default())
+            .unwrap_or_else(|| unreachable!("the default is kvtier's"))
     }
 }
 
@@ -211,9 +214,9 @@ mod footprint {
         kb * 1024
     }
 
-    /// The documented cost: at most 250 bytes per page for 64-character keys (LRU).
+    /// The documented cost: at most 450 bytes per page for 64-character keys (default policy).
     #[test]
-    fn index_costs_under_250_bytes_per_page() {
+    fn index_costs_under_450_bytes_per_page() {
         const PAGES: usize = 500_000;
         let keys: Vec<PageKey> = (0..PAGES)
             .map(|i| {
@@ -231,7 +234,7 @@ mod footprint {
         }
         let per_page = (rss() - before) as f64 / PAGES as f64;
         println!("page index: {per_page:.0} bytes per page ({PAGES} pages, 64-char keys)");
-        assert!(per_page < 250.0, "{per_page} bytes per page");
+        assert!(per_page < 450.0, "{per_page} bytes per page");
         assert_eq!(idx.pages(), PAGES);
     }
 }

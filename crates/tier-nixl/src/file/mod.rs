@@ -160,7 +160,7 @@ impl NixlFileConfig {
             engine: FileEngine::Nixl,
             sync_writes: false,
             capacity_bytes: None,
-            policy: PolicyKind::Lru,
+            policy: PolicyKind::default(),
             staging_bytes: 16 << 20,
             staging_buffers: 2,
             transfer_timeout: Duration::from_secs(30),

@@ -93,7 +93,7 @@ impl NixlObjConfig {
             transfer_timeout: Duration::from_secs(30),
             runtime_dir: None,
             capacity_bytes: None,
-            policy: tier_policy::PolicyKind::Lru,
+            policy: tier_policy::PolicyKind::default(),
         }
     }
 
