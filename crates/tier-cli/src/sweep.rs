@@ -232,4 +232,22 @@ mod tests {
             }
         }
     }
+
+    /// The default policy reuses at least what LRU does at every size of the built-in
+    /// workload's sweep (the workload `replay` runs with no trace).
+    #[tokio::test]
+    async fn the_default_policy_is_never_below_lru() {
+        let trace = trace::generated(3000);
+        let capacities = default_capacities(&trace);
+        let kinds = [PolicyKind::Lru, PolicyKind::default()];
+        let rows = sweep(&registry(), &trace, 64, &kinds, &capacities, |_, _| {})
+            .await
+            .unwrap();
+        for row in &rows {
+            let [(_, lru), (_, default)] = &row.policies[..] else {
+                panic!("two policies swept, got {:?}", row.policies);
+            };
+            assert!(default >= lru, "{} pages: {default} < lru {lru}", row.pages);
+        }
+    }
 }

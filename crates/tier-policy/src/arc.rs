@@ -1,7 +1,7 @@
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::hash::Hash;
 
-use crate::Policy;
+use crate::{Map, Policy};
 
 const T1: usize = 0;
 const T2: usize = 1;
@@ -14,7 +14,7 @@ const B2: usize = 3;
 /// number of keys held when the tier asks for a victim.
 #[derive(Debug)]
 pub struct Arc<K> {
-    place: HashMap<K, (usize, u64)>,
+    place: Map<K, (usize, u64)>,
     lists: [BTreeMap<u64, K>; 4],
     next: u64,
     /// Target number of keys in T1.
@@ -24,7 +24,7 @@ pub struct Arc<K> {
 impl<K> Default for Arc<K> {
     fn default() -> Self {
         Arc {
-            place: HashMap::new(),
+            place: Map::default(),
             lists: Default::default(),
             next: 0,
             target: 0,

@@ -1,7 +1,6 @@
-use std::collections::HashSet;
 use std::hash::Hash;
 
-use crate::{hash_of, Lru, Policy, Prefix};
+use crate::{hash_of, Lru, Policy, Prefix, Set};
 
 /// Most keys each miniature simulation holds; past it the sample rate halves.
 const SAMPLED_KEYS: usize = 16384;
@@ -36,7 +35,7 @@ pub struct Auto<K> {
 /// A small cache of sampled keys under one policy, counting its hits.
 struct Miniature<K> {
     policy: Box<dyn Policy<K>>,
-    held: HashSet<K>,
+    held: Set<K>,
     hits: u64,
 }
 
@@ -44,7 +43,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Miniature<K> {
     fn new(policy: Box<dyn Policy<K>>) -> Self {
         Miniature {
             policy,
-            held: HashSet::new(),
+            held: Set::default(),
             hits: 0,
         }
     }

@@ -15,8 +15,7 @@ mod prefix;
 mod s3fifo;
 mod sieve;
 
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
+use std::hash::Hash;
 
 pub use arc::Arc;
 pub use auto::Auto;
@@ -25,11 +24,15 @@ pub use prefix::Prefix;
 pub use s3fifo::S3Fifo;
 pub use sieve::Sieve;
 
-/// A hash of `key` that is the same in every process (SipHash with fixed keys).
+/// The maps the policies keep per key: hashbrown's fast hasher, not SipHash (a policy hashes a
+/// key several times per call).
+type Map<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+type Set<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+
+/// A hash of `key` that is the same in every process (a fixed seed), for sampling.
 fn hash_of<K: Hash>(key: &K) -> u64 {
-    let mut h = DefaultHasher::new();
-    key.hash(&mut h);
-    h.finish()
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::default().hash_one(key)
 }
 
 /// Orders the keys a bounded tier holds and names which one to let go next.

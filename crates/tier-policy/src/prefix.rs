@@ -1,7 +1,7 @@
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::hash::Hash;
 
-use crate::Policy;
+use crate::{Map, Policy};
 
 #[derive(Debug)]
 struct Entry<K> {
@@ -36,7 +36,7 @@ struct Entry<K> {
 /// chosen among all (a scan, only then).
 #[derive(Debug)]
 pub struct Prefix<K> {
-    entries: HashMap<K, Entry<K>>,
+    entries: Map<K, Entry<K>>,
     leaves: BTreeMap<(u64, u64), K>,
     floor: u64,
     next: u64,
@@ -47,7 +47,7 @@ pub struct Prefix<K> {
 impl<K> Default for Prefix<K> {
     fn default() -> Self {
         Prefix {
-            entries: HashMap::new(),
+            entries: Map::default(),
             leaves: BTreeMap::new(),
             floor: 0,
             next: 0,

@@ -1,7 +1,7 @@
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::hash::Hash;
 
-use crate::Policy;
+use crate::{Map, Policy};
 
 #[derive(Debug)]
 struct Entry {
@@ -19,10 +19,10 @@ struct Entry {
 /// a read key goes round again with its count lowered.
 #[derive(Debug)]
 pub struct S3Fifo<K> {
-    entries: HashMap<K, Entry>,
+    entries: Map<K, Entry>,
     small: VecDeque<(K, u64)>,
     main: VecDeque<(K, u64)>,
-    ghosts: HashMap<K, u64>,
+    ghosts: Map<K, u64>,
     ghost_order: VecDeque<(K, u64)>,
     small_bytes: u64,
     bytes: u64,
@@ -32,10 +32,10 @@ pub struct S3Fifo<K> {
 impl<K> Default for S3Fifo<K> {
     fn default() -> Self {
         S3Fifo {
-            entries: HashMap::new(),
+            entries: Map::default(),
             small: VecDeque::new(),
             main: VecDeque::new(),
-            ghosts: HashMap::new(),
+            ghosts: Map::default(),
             ghost_order: VecDeque::new(),
             small_bytes: 0,
             bytes: 0,

@@ -1,7 +1,6 @@
-use std::collections::HashMap;
 use std::hash::Hash;
 
-use crate::Policy;
+use crate::{Map, Policy};
 
 const NIL: usize = usize::MAX;
 
@@ -22,7 +21,7 @@ struct Node<K> {
 pub struct Sieve<K> {
     nodes: Vec<Node<K>>,
     free: Vec<usize>,
-    slots: HashMap<K, usize>,
+    slots: Map<K, usize>,
     head: usize,
     tail: usize,
     hand: usize,
@@ -33,7 +32,7 @@ impl<K> Default for Sieve<K> {
         Sieve {
             nodes: Vec::new(),
             free: Vec::new(),
-            slots: HashMap::new(),
+            slots: Map::default(),
             head: NIL,
             tail: NIL,
             hand: NIL,
