@@ -9,10 +9,11 @@ mod trace;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use tier_core::config::{HierarchyConfig, Registry};
-use tier_core::{Hierarchy, TierError};
+use tier_core::{serve_metrics, Hierarchy, TierError};
 
 #[derive(Parser)]
 #[command(
@@ -60,6 +61,9 @@ enum Command {
         /// Also write the report (or the sweep's table) as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Serve Prometheus metrics at http://ADDR/metrics while replaying (e.g. 127.0.0.1:9464).
+        #[arg(long)]
+        metrics_addr: Option<std::net::SocketAddr>,
     },
     /// Measure a hierarchy: put, get, exists and remove of fixed-size pages, beside a baseline
     /// on the top tier's medium (memcpy, plain files, a direct object_store loop).
@@ -125,6 +129,7 @@ async fn run(cli: Cli) -> Result<(), String> {
         policies: Vec::new(),
         capacities: Vec::new(),
         json: None,
+        metrics_addr: None,
     });
     match command {
         Command::Probe => {
@@ -178,6 +183,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             policies,
             capacities,
             json,
+            metrics_addr,
         } => {
             if page_bytes == 0 {
                 return Err("--page-bytes must be at least 1".into());
@@ -201,17 +207,38 @@ async fn run(cli: Cli) -> Result<(), String> {
                 Some(path) => HierarchyConfig::from_file(path).map_err(|e| e.to_string())?,
                 None => default_config(&tmp.path().join("tier")),
             };
-            let hierarchy = registry().build(&config).await.map_err(|e| e.to_string())?;
+            let hierarchy = Arc::new(registry().build(&config).await.map_err(|e| e.to_string())?);
+            let server = match metrics_addr {
+                Some(addr) => {
+                    let source = Arc::clone(&hierarchy);
+                    let (bound, task) = serve_metrics(addr, move || source.metrics_text())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    eprintln!("metrics: http://{bound}/metrics");
+                    Some(task)
+                }
+                None => None,
+            };
             let report = replay_with_progress(&hierarchy, &requests, page_bytes)
                 .await
                 .map_err(|e| e.to_string())?;
+            if let Some(server) = server {
+                server.abort();
+            }
             print!(
                 "{}",
                 replay::render(&hierarchy, &requests, &report, page_bytes)
             );
             if let Some(path) = plot {
-                std::fs::write(&path, replay::svg(&report))
-                    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                std::fs::write(
+                    &path,
+                    replay::svg(
+                        &report,
+                        &requests,
+                        replay::top_pages(&hierarchy, page_bytes),
+                    )?,
+                )
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
                 println!("plot: {}", path.display());
             }
             write_json(json, &replay::summary(&hierarchy, &report, page_bytes))?;
@@ -515,6 +542,103 @@ mod tests {
         assert!(serde_json::to_string(&summary)
             .unwrap()
             .contains("\"prefix_hit_ratio\""));
+    }
+
+    /// GETs `path` from the metrics endpoint at `addr`; the status line and the body.
+    async fn scrape(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+        socket
+            .write_all(format!("GET {path} HTTP/1.1\r\nHost: kvtier\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut response = String::new();
+        socket.read_to_string(&mut response).await.unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        (head.lines().next().unwrap().to_owned(), body.to_owned())
+    }
+
+    /// The sum of the samples of `name` whose labels include every one of `labels`.
+    fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> u64 {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
+            .filter_map(|l| l.split_once("} "))
+            .filter(|(set, _)| {
+                labels
+                    .iter()
+                    .all(|(k, v)| set.split(',').any(|kv| kv == format!("{k}=\"{v}\"")))
+            })
+            .map(|(_, v)| v.trim().parse::<f64>().unwrap() as u64)
+            .sum()
+    }
+
+    /// Scraped halfway through a replay and at its end, the metrics endpoint agrees with the
+    /// replay's own figures: the hierarchy's calls and keys, the pages it stored (requested
+    /// minus reused), each tier's bytes written (counted by the call meter, checked against the
+    /// tier's own counter) and pages served.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_metrics_endpoint_agrees_with_the_replay() {
+        let trace = synthetic();
+        let h = Arc::new(
+            hierarchy(
+                "[[tiers]]\nkind = \"mem\"\nname = \"top\"\ncapacity = \"2MiB\"\n\
+                 [[tiers]]\nkind = \"mem\"\nname = \"below\"\ncapacity = \"64MiB\"\n",
+            )
+            .await,
+        );
+        let source = Arc::clone(&h);
+        let (addr, server) = serve_metrics("127.0.0.1:0".parse().unwrap(), move || {
+            source.metrics_text()
+        })
+        .await
+        .unwrap();
+        let name = tier_core::StorageTier::info(&*h).name;
+        let (mut requests, mut requested, mut reused) = (0u64, 0u64, 0u64);
+        for part in [&trace[..500], &trace[500..1000]] {
+            let report = replay::replay(&h, part, 1024, |_| {}).await.unwrap();
+            requests += report.requests as u64;
+            requested += report.ratio.requested;
+            reused += report.ratio.reused;
+            let (status, text) = scrape(addr, "/metrics").await;
+            assert_eq!(status, "HTTP/1.1 200 OK");
+            let whole = [("tier", name.as_str()), ("kind", "hierarchy")];
+            let op = |op| [whole[0], whole[1], ("op", op)];
+            assert_eq!(
+                sample(&text, "kvtier_tier_call_seconds_count", &op("exists")),
+                requests
+            );
+            assert_eq!(
+                sample(&text, "kvtier_tier_call_pages_total", &op("exists")),
+                requested
+            );
+            assert_eq!(
+                sample(&text, "kvtier_tier_call_pages_total", &op("put")),
+                requested - reused
+            );
+            let summary = replay::summary(&h, &report, 1024);
+            assert_eq!(summary.tiers.len(), 2);
+            for tier in &summary.tiers {
+                let labels = [("tier", tier.name.as_str())];
+                let put = [labels[0], ("op", "put")];
+                assert!(tier.bytes_written > 0, "{}", tier.name);
+                assert_eq!(
+                    sample(&text, "kvtier_tier_call_bytes_total", &put),
+                    tier.bytes_written,
+                    "{}",
+                    tier.name
+                );
+                assert_eq!(
+                    sample(&text, "kvtier_tier_served_pages_total", &labels),
+                    tier.served,
+                    "{}",
+                    tier.name
+                );
+            }
+            assert!(sample(&text, "kvtier_tier_evictions_total", &[("tier", "top")]) > 0);
+        }
+        let (status, _) = scrape(addr, "/elsewhere").await;
+        assert_eq!(status, "HTTP/1.1 404 Not Found");
+        server.abort();
     }
 
     /// A lower tier that fails every write is named, and the replay does not pass for a

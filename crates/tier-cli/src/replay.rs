@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use tier_core::{Bytes, Hierarchy, Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
 
-use crate::sim::{self, Ratio};
+use crate::sim::{self, Curve, Ratio};
 use crate::trace::Request;
 
 /// What a replay measured.
@@ -21,7 +21,10 @@ pub struct Report {
     /// Per-request latencies, sorted.
     pub latencies: Vec<Duration>,
     /// Cumulative hit ratio after each request, for plots.
-    pub curve: Vec<f64>,
+    pub curve: Curve,
+    /// Per tier, its name and the cumulative share of requested blocks it served after each
+    /// request.
+    pub tier_curves: Vec<(String, Curve)>,
     /// Errors seen (puts or gets that failed).
     pub errors: u64,
 }
@@ -56,6 +59,19 @@ pub async fn replay(
     let mut latencies = Vec::with_capacity(trace.len());
     let mut curve = Vec::with_capacity(trace.len());
     let mut bufs: Vec<Vec<u8>> = Vec::new();
+    let served = |h: &Hierarchy| -> Vec<u64> {
+        h.hierarchy_stats()
+            .levels
+            .iter()
+            .map(|l| l.served)
+            .collect()
+    };
+    let served_before = served(hierarchy);
+    let mut tier_curves: Vec<(String, Curve)> = hierarchy
+        .tiers()
+        .iter()
+        .map(|t| (t.info().name, Vec::with_capacity(trace.len())))
+        .collect();
     let started = Instant::now();
     for (n, request) in trace.iter().enumerate() {
         let t = Instant::now();
@@ -102,6 +118,13 @@ pub async fn replay(
         ratio.requested += keys.len() as u64;
         latencies.push(t.elapsed());
         curve.push(ratio.value());
+        let requested = ratio.requested.max(1) as f64;
+        for ((_, c), (now, before)) in tier_curves
+            .iter_mut()
+            .zip(served(hierarchy).iter().zip(&served_before))
+        {
+            c.push((now - before) as f64 / requested);
+        }
         progress(n + 1);
     }
     hierarchy.flush().await?;
@@ -113,6 +136,7 @@ pub async fn replay(
         elapsed: started.elapsed(),
         latencies,
         curve,
+        tier_curves,
         errors,
     })
 }
@@ -210,6 +234,13 @@ pub fn summary(hierarchy: &Hierarchy, report: &Report, page_bytes: usize) -> Sum
     }
 }
 
+/// How many pages of `page_bytes` the top tier holds, if it is bounded.
+pub fn top_pages(hierarchy: &Hierarchy, page_bytes: usize) -> Option<usize> {
+    let top = hierarchy.tiers().first()?.info().capacity_bytes?;
+    // Entries of the DRAM tier weigh their key too.
+    Some((top / (page_bytes as u64 + 64)).max(1) as usize)
+}
+
 /// The report as text: per tier, in total, and beside the offline simulations.
 pub fn render(
     hierarchy: &Hierarchy,
@@ -302,9 +333,7 @@ pub fn render(
         stats.demotions_dropped,
         stats.not_admitted
     );
-    if let Some(top) = stats.levels.first().and_then(|l| l.info.capacity_bytes) {
-        // Entries of the DRAM tier weigh their key too.
-        let pages = (top / (page_bytes as u64 + 64)).max(1) as usize;
+    if let Some(pages) = top_pages(hierarchy, page_bytes) {
         let (lru, next_use, bound, all) = (
             sim::lru(trace, pages),
             sim::belady(trace, pages),
@@ -324,39 +353,109 @@ pub fn render(
     out
 }
 
-/// Hit ratio over requests as an SVG line chart.
-pub fn svg(report: &Report) -> String {
-    let (w, h) = (800.0, 300.0);
-    let n = report.curve.len().max(2) as f64;
-    let step = (report.curve.len() / 800).max(1);
-    let points: Vec<String> = report
-        .curve
-        .iter()
-        .enumerate()
-        .step_by(step)
-        .map(|(i, v)| {
-            format!(
-                "{:.1},{:.1}",
-                40.0 + (w - 60.0) * i as f64 / (n - 1.0),
-                h - 30.0 - (h - 60.0) * v
+/// The replay as an SVG picture (drawn with plotters): left, the cumulative prefix-hit ratio
+/// over requests, in total and per tier, beside the offline references at the top tier's size
+/// (`top_pages`: LRU simulated, Belady's block-hit bound) and an unbounded cache; right, the
+/// distribution of request latencies.
+pub fn svg(report: &Report, trace: &[Request], top_pages: Option<usize>) -> Result<String, String> {
+    use plotters::prelude::*;
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let mut out = String::new();
+    {
+        let root = SVGBackend::with_string(&mut out, (1300, 520)).into_drawing_area();
+        root.fill(&WHITE).map_err(|x| e(&x))?;
+        let (left, right) = root.split_horizontally(800);
+        let n = report.curve.len().max(1);
+        let mut references: Vec<(String, Curve, RGBColor)> = Vec::new();
+        let mut unbounded = Curve::new();
+        sim::unbounded_curve(trace, &mut unbounded);
+        if let Some(pages) = top_pages {
+            let (mut lru, mut bound) = (Curve::new(), Curve::new());
+            sim::lru_curve(trace, pages, &mut lru);
+            sim::belady_blocks_curve(trace, pages, &mut bound);
+            references.push((format!("LRU simulated ({pages} pages)"), lru, BLACK));
+            references.push((
+                format!("Belady block-hit bound ({pages} pages)"),
+                bound,
+                RED,
+            ));
+        }
+        references.push(("unbounded cache".into(), unbounded, RGBColor(120, 120, 120)));
+        let mut chart = ChartBuilder::on(&left)
+            .caption(
+                "prefix-hit ratio over requests (cumulative)",
+                ("sans-serif", 20),
             )
-        })
-        .collect();
-    format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
-<rect width="100%" height="100%" fill="white"/>
-<line x1="40" y1="{b}" x2="{r}" y2="{b}" stroke="black"/><line x1="40" y1="30" x2="40" y2="{b}" stroke="black"/>
-<text x="5" y="34">100%</text><text x="15" y="{b}">0%</text><text x="{mx}" y="{t}">requests ({n})</text>
-<text x="50" y="20">cumulative prefix-hit ratio: {last:.2}%</text>
-<polyline fill="none" stroke="steelblue" stroke-width="2" points="{pts}"/>
-</svg>
-"#,
-        b = h - 30.0,
-        r = w - 20.0,
-        mx = w / 2.0 - 40.0,
-        t = h - 8.0,
-        n = report.curve.len(),
-        last = 100.0 * report.ratio.value(),
-        pts = points.join(" ")
-    )
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0..n, 0.0..100.0)
+            .map_err(|x| e(&x))?;
+        chart
+            .configure_mesh()
+            .x_desc("requests")
+            .y_desc("% of requested blocks reused")
+            .draw()
+            .map_err(|x| e(&x))?;
+        let mut lines: Vec<(String, &Curve, RGBColor, u32)> =
+            vec![("replay, all tiers".into(), &report.curve, BLUE, 3)];
+        for (i, (name, c)) in report.tier_curves.iter().enumerate() {
+            let color = Palette99::pick(i + 3).to_rgba();
+            let color = RGBColor(color.0, color.1, color.2);
+            lines.push((format!("served by {name}"), c, color, 2));
+        }
+        for (name, c, color) in &references {
+            lines.push((name.clone(), c, *color, 1));
+        }
+        for (name, curve, color, width) in lines {
+            chart
+                .draw_series(LineSeries::new(
+                    curve.iter().enumerate().map(|(i, v)| (i, 100.0 * v)),
+                    color.stroke_width(width),
+                ))
+                .map_err(|x| e(&x))?
+                .label(name)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(width))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()
+            .map_err(|x| e(&x))?;
+        // Latency CDF, microseconds on a log axis.
+        let micros: Vec<f64> = report
+            .latencies
+            .iter()
+            .map(|d| (d.as_secs_f64() * 1e6).max(1.0))
+            .collect();
+        let lo = micros.first().copied().unwrap_or(1.0);
+        let hi = micros.last().copied().unwrap_or(10.0).max(lo * 10.0);
+        let mut cdf = ChartBuilder::on(&right)
+            .caption("request latency (CDF)", ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d((lo..hi).log_scale(), 0.0..100.0)
+            .map_err(|x| e(&x))?;
+        cdf.configure_mesh()
+            .x_desc("latency per request, microseconds")
+            .y_desc("% of requests at most")
+            .draw()
+            .map_err(|x| e(&x))?;
+        let count = micros.len().max(1) as f64;
+        cdf.draw_series(LineSeries::new(
+            micros
+                .iter()
+                .enumerate()
+                .map(|(i, v)| (*v, 100.0 * (i + 1) as f64 / count)),
+            BLUE.stroke_width(2),
+        ))
+        .map_err(|x| e(&x))?;
+        root.present().map_err(|x| e(&x))?;
+    }
+    Ok(out)
 }

@@ -27,20 +27,29 @@ impl Ratio {
     }
 }
 
+/// The cumulative ratio after each request, for plots.
+pub type Curve = Vec<f64>;
+
 /// An unbounded cache: every block seen before is present.
 pub fn unbounded(trace: &[Request]) -> Ratio {
-    let mut seen = std::collections::HashSet::new();
-    let mut r = Ratio::default();
-    for req in trace {
-        r.requested += req.hash_ids.len() as u64;
-        r.reused += req
-            .hash_ids
-            .iter()
-            .take_while(|id| seen.contains(*id))
-            .count() as u64;
-        seen.extend(req.hash_ids.iter().copied());
+    unbounded_curve(trace, &mut Vec::new())
+}
+
+/// [`unbounded`], recording the cumulative ratio after each request into `curve`.
+pub fn unbounded_curve(trace: &[Request], curve: &mut Curve) -> Ratio {
+    simulate(trace, &mut Unbounded::default(), curve)
+}
+
+#[derive(Default)]
+struct Unbounded(std::collections::HashSet<u64>);
+
+impl SimCache for Unbounded {
+    fn contains(&self, id: u64) -> bool {
+        self.0.contains(&id)
     }
-    r
+    fn access(&mut self, id: u64, _pos: usize) {
+        self.0.insert(id);
+    }
 }
 
 /// A cache of block ids the simulation drives: presence, then each access in trace order.
@@ -51,8 +60,8 @@ trait SimCache {
 }
 
 /// Reused over requested blocks when each request reuses its cached leading run, then
-/// accesses all its blocks.
-fn simulate(trace: &[Request], cache: &mut impl SimCache) -> Ratio {
+/// accesses all its blocks; the cumulative ratio after each request goes to `curve`.
+fn simulate(trace: &[Request], cache: &mut impl SimCache, curve: &mut Curve) -> Ratio {
     let mut r = Ratio::default();
     let mut pos = 0;
     for req in trace {
@@ -66,6 +75,7 @@ fn simulate(trace: &[Request], cache: &mut impl SimCache) -> Ratio {
             cache.access(id, pos);
             pos += 1;
         }
+        curve.push(r.value());
     }
     r
 }
@@ -149,7 +159,12 @@ fn next_uses(trace: &[Request]) -> (Vec<u64>, Vec<u64>) {
 
 /// LRU with room for `capacity` blocks.
 pub fn lru(trace: &[Request], capacity: usize) -> Ratio {
-    simulate(trace, &mut Lru(Ranked::new(capacity)))
+    lru_curve(trace, capacity, &mut Vec::new())
+}
+
+/// [`lru`], recording the cumulative ratio after each request into `curve`.
+pub fn lru_curve(trace: &[Request], capacity: usize, curve: &mut Curve) -> Ratio {
+    simulate(trace, &mut Lru(Ranked::new(capacity)), curve)
 }
 
 /// Belady's next-use rule with room for `capacity` blocks (evict the block whose next use is
@@ -164,6 +179,7 @@ pub fn belady(trace: &[Request], capacity: usize) -> Ratio {
             cache: Ranked::new(capacity),
             next_use,
         },
+        &mut Vec::new(),
     )
 }
 
@@ -172,13 +188,23 @@ pub fn belady(trace: &[Request], capacity: usize) -> Ratio {
 /// maximises these hits, and a request's reusable prefix is a subset of its hits under any
 /// policy, so no policy's prefix reuse at this size exceeds it: an upper bound.
 pub fn belady_blocks(trace: &[Request], capacity: usize) -> Ratio {
+    belady_blocks_curve(trace, capacity, &mut Vec::new())
+}
+
+/// [`belady_blocks`], recording the cumulative ratio after each request into `curve`.
+pub fn belady_blocks_curve(trace: &[Request], capacity: usize, curve: &mut Curve) -> Ratio {
     let (accesses, next_use) = next_uses(trace);
     let mut cache = Ranked::new(capacity);
     let mut r = Ratio::default();
-    for (pos, id) in accesses.iter().enumerate() {
-        r.requested += 1;
-        r.reused += u64::from(cache.rank.contains_key(id));
-        cache.set(*id, next_use[pos], true);
+    let mut pos = 0;
+    for req in trace {
+        for id in &accesses[pos..pos + req.hash_ids.len()] {
+            r.requested += 1;
+            r.reused += u64::from(cache.rank.contains_key(id));
+            cache.set(*id, next_use[pos], true);
+            pos += 1;
+        }
+        curve.push(r.value());
     }
     r
 }

@@ -108,6 +108,24 @@ pub enum TierError {
 }
 
 impl TierError {
+    /// The error's kind, as metrics label it (`io`, `timeout`, `length_mismatch`, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TierError::InvalidKey { .. } => "invalid_key",
+            TierError::KeyRejected { .. } => "key_rejected",
+            TierError::LengthMismatch { .. } => "length_mismatch",
+            TierError::PageTooLarge { .. } => "page_too_large",
+            TierError::EmptyPage { .. } => "empty_page",
+            TierError::Unaligned { .. } => "unaligned",
+            TierError::Io { .. } => "io",
+            TierError::Backend { .. } => "backend",
+            TierError::Timeout { .. } => "timeout",
+            TierError::Config { .. } => "config",
+            TierError::Unavailable(_) => "unavailable",
+            TierError::BadBatch(_) => "bad_batch",
+        }
+    }
+
     /// The page this error concerns, if any.
     pub fn key(&self) -> Option<&PageKey> {
         match self {

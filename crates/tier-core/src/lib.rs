@@ -11,6 +11,7 @@ mod evict;
 mod hierarchy;
 mod info;
 mod key;
+mod metrics;
 mod order;
 mod page;
 mod stats;
@@ -23,6 +24,7 @@ pub use hierarchy::{
 };
 pub use info::TierInfo;
 pub use key::PageKey;
+pub use metrics::serve_metrics;
 pub use order::{OrderGuard, WriteOrder};
 pub use page::{copied_bytes, CopiedBytes, Lookup, Page, PageBuf, PageData, ReadSlot};
 pub use stats::{StatsRecorder, TierStats};

@@ -9,6 +9,12 @@ use pyo3::prelude::*;
 
 #[pymodule]
 fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // kvtier's log records (warnings and up) go to Python's `logging`, under loggers named
+    // after the Rust modules (`tier_core.metrics`, ...). Another extension may have set the
+    // process's logger first; then that one receives them.
+    let _ = pyo3_log::Logger::new(m.py(), pyo3_log::Caching::LoggersAndLevels)?
+        .filter(log::LevelFilter::Info)
+        .install();
     m.add_class::<store::Store>()?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

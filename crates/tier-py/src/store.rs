@@ -1,12 +1,16 @@
 //! `kvtier.Store`: a tier hierarchy opened from a config, called from any Python thread with
 //! the GIL released around all I/O.
 
-use std::sync::{Arc, OnceLock};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict};
 use tier_core::config::{HierarchyConfig, Registry};
-use tier_core::{Hierarchy, Lookup, Page, PageKey, ReadSlot, StorageTier, TierError, TierStats};
+use tier_core::{
+    serve_metrics, Hierarchy, Lookup, Page, PageKey, ReadSlot, StorageTier, TierError, TierStats,
+};
+use tokio::task::JoinHandle;
 
 use crate::buffers::Lent;
 use crate::errors::to_py;
@@ -42,6 +46,20 @@ fn keys(py: Python<'_>, keys: &[String]) -> PyResult<Vec<PageKey>> {
 #[pyclass(module = "kvtier._kvtier", frozen)]
 pub struct Store {
     hierarchy: Arc<Hierarchy>,
+    /// The metrics endpoint, while one is served; stopped when the store goes.
+    metrics_server: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let server = self
+            .metrics_server
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(task) = server.take() {
+            task.abort();
+        }
+    }
 }
 
 impl Store {
@@ -116,6 +134,7 @@ impl Store {
             .map_err(|e| to_py(py, &e))?;
         Ok(Self {
             hierarchy: Arc::new(hierarchy),
+            metrics_server: Mutex::new(None),
         })
     }
 }
@@ -277,6 +296,39 @@ impl Store {
         d.set_item("lent_bytes_copied", copies.lent)?;
         d.set_item("bytes_copied_to_callers", copies.filled)?;
         Ok(d)
+    }
+
+    /// The store's metrics in the Prometheus text format (OpenMetrics): per tier and
+    /// operation, call durations, pages, bytes and errors by kind; each tier's and the
+    /// hierarchy's counters.
+    fn metrics_text(&self, py: Python<'_>) -> String {
+        let hierarchy = &self.hierarchy;
+        py.allow_threads(|| hierarchy.metrics_text())
+    }
+
+    /// Serves the metrics at `http://ADDR/metrics` (port 0: any free port) until the store
+    /// is dropped or this is called again; returns the bound `(host, port)`.
+    fn serve_metrics(&self, py: Python<'_>, addr: &str) -> PyResult<(String, u16)> {
+        let parsed: SocketAddr = addr.parse().map_err(|e| {
+            to_py(
+                py,
+                &TierError::config("metrics_addr", format!("{addr:?} is not HOST:PORT: {e}")),
+            )
+        })?;
+        let source = Arc::clone(&self.hierarchy);
+        let (bound, task) = py
+            .allow_threads(|| {
+                runtime().block_on(serve_metrics(parsed, move || source.metrics_text()))
+            })
+            .map_err(|e| to_py(py, &e))?;
+        let mut server = self
+            .metrics_server
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(previous) = server.replace(task) {
+            previous.abort();
+        }
+        Ok((bound.ip().to_string(), bound.port()))
     }
 
     /// Largest page every tier takes, in bytes (`None`: no limit).

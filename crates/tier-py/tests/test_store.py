@@ -165,3 +165,43 @@ def test_flat_region_lists():
             s.get_into_regions(["a", "b"], [d, d + 10, d, d + 10], [100, 50, 200, 112])
         with pytest.raises(kvtier.InvalidBuffer, match="address 0"):
             s.put_regions(["a"], [0], [10])
+
+
+def test_metrics_endpoint_and_warnings_reach_python(caplog):
+    """The store serves Prometheus metrics, and a failing tier's warning reaches Python's
+    ``logging`` (logger named after the Rust module)."""
+    import logging
+    import urllib.request
+
+    nowhere = {
+        "kind": "object", "name": "nowhere", "store": "s3", "prefix": "p", "bucket": "b",
+        "endpoint": "http://127.0.0.1:9", "access_key": "k", "secret_key": "s", "op_timeout": "200ms",
+    }
+    config = {"tiers": [{"kind": "mem", "name": "top", "capacity": "1MiB"}, nowhere]}
+    caplog.set_level(logging.WARNING)
+    with kvtier.Store(config) as s:
+        host, port = s.serve_metrics("127.0.0.1:0")
+        assert s.put(["a", "b"], [b"x" * 1024, b"y" * 2048]) == [None, None]
+        assert s.get_into(["a", "z"], [bytearray(1024), bytearray(1)]) == [True, False]
+        s.flush()
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        assert "# TYPE kvtier_tier_call_seconds histogram" in text
+
+        def sample(name, **labels):
+            total = 0.0
+            for line in text.splitlines():
+                if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                    total += float(line.rsplit(" ", 1)[1])
+            return total
+
+        assert sample("kvtier_tier_call_pages_total", tier="top", op="put") == 2
+        assert sample("kvtier_tier_call_bytes_total", tier="top", op="put") == 3072
+        assert sample("kvtier_tier_call_bytes_total", tier="top", op="get") == 1024
+        assert sample("kvtier_tier_hits_total", tier="top") == 1
+        assert sample("kvtier_tier_call_errors_total", tier="nowhere", op="put") >= 2
+        with pytest.raises(kvtier.ConfigError):
+            s.serve_metrics("not an address")
+    failed = [r for r in caplog.records if r.name.startswith("tier_core") and "tier call failed" in r.getMessage()]
+    assert failed, [r.getMessage() for r in caplog.records]
+    assert "nowhere" in failed[0].getMessage()

@@ -30,7 +30,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
+use crate::metrics::{CallFamilies, CallMeter, Metered};
 use crate::{
     GetResult, Lookup, Page, PageKey, PutResult, ReadSlot, RemoveResult, StatsRecorder,
     StorageTier, TierError, TierInfo, TierStats,
@@ -147,6 +149,9 @@ struct Inner {
 /// Tiers composed fastest first; itself a [`StorageTier`].
 pub struct Hierarchy {
     name: String,
+    /// Every tier's calls record into these; so do the hierarchy's own, through `meter`.
+    families: CallFamilies,
+    meter: CallMeter,
     inner: Arc<Inner>,
     policy: HierarchyPolicy,
     stats: StatsRecorder,
@@ -211,11 +216,13 @@ impl Hierarchy {
         });
         queue.motion.set_bound(bound);
         queue.admission.set_threshold(policy.admit_after);
+        let name = name.into();
+        let families = CallFamilies::new(&name);
         let inner = Arc::new(Inner {
             levels: tiers
                 .into_iter()
                 .map(|tier| Level {
-                    tier,
+                    tier: Arc::new(Metered::new(tier, &families)) as Arc<dyn StorageTier>,
                     served: AtomicU64::new(0),
                 })
                 .collect(),
@@ -227,7 +234,9 @@ impl Hierarchy {
             Arc::clone(&queue.motion),
         ));
         Ok(Self {
-            name: name.into(),
+            meter: families.meter(&name, "hierarchy"),
+            families,
+            name,
             inner,
             policy,
             stats: StatsRecorder::default(),
@@ -279,6 +288,15 @@ impl Hierarchy {
             bytes_moved: c.bytes_moved.load(Relaxed),
             lower_errors: c.lower_errors.load(Relaxed),
         }
+    }
+
+    /// Its metrics and its tiers', in the OpenMetrics text format Prometheus scrapes: per
+    /// tier and operation, call durations, pages, bytes and errors by kind (the hierarchy's
+    /// own calls under tier = its name, kind `hierarchy`); each tier's counters (hits, misses,
+    /// bytes, evictions, pages served, resident bytes); the hierarchy's (promotions, copies
+    /// down, demotions, the queue). Serve it with [`crate::serve_metrics`].
+    pub fn metrics_text(&self) -> String {
+        crate::metrics::encode(&self.families, self.hierarchy_stats())
     }
 
     /// Waits until every queued page has been written below, at most `flush_timeout`.
@@ -356,6 +374,32 @@ impl StorageTier for Hierarchy {
     }
 
     async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
+        self.meter.put(pages, self.put_unmetered(pages)).await
+    }
+
+    async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
+        let (call, span) = self.meter.getting(slots);
+        let results = self.get_unmetered(slots).instrument(span).await;
+        self.meter.got(call, &results);
+        results
+    }
+
+    async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
+        self.meter.exists(keys, self.exists_unmetered(keys)).await
+    }
+
+    async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
+        self.meter.remove(keys, self.remove_unmetered(keys)).await
+    }
+
+    async fn clear(&self) -> Result<(), TierError> {
+        self.meter.clear(self.clear_unmetered()).await
+    }
+}
+
+/// The calls themselves; the trait's methods above measure them.
+impl Hierarchy {
+    async fn put_unmetered(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
         // Every tier must be able to take the page, not just the top one.
         let limit = self.info().max_page_bytes;
         let mut results: Vec<PutResult> = pages.iter().map(|p| p.check_len(limit)).collect();
@@ -428,7 +472,7 @@ impl StorageTier for Hierarchy {
         results
     }
 
-    async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
+    async fn get_unmetered(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
         let keys: Vec<PageKey> = slots.iter().map(|s| s.key.clone()).collect();
         self.admission.record(&keys);
         // What a promotion must find unchanged to copy a lower hit up.
@@ -526,7 +570,7 @@ impl StorageTier for Hierarchy {
             .collect()
     }
 
-    async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
+    async fn exists_unmetered(&self, keys: &[PageKey]) -> Result<usize, TierError> {
         let mut at = 0;
         while at < keys.len() {
             let rest = &keys[at..];
@@ -556,7 +600,7 @@ impl StorageTier for Hierarchy {
         Ok(at)
     }
 
-    async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
+    async fn remove_unmetered(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
         // Exclusive over the keys: no put, copy down or promotion of them runs meanwhile,
         // their queued copies are forgotten and their evictions not carried, so nothing of
         // them lands after this.
@@ -600,7 +644,7 @@ impl StorageTier for Hierarchy {
         results
     }
 
-    async fn clear(&self) -> Result<(), TierError> {
+    async fn clear_unmetered(&self) -> Result<(), TierError> {
         let removal = self.motion.removing(None).await;
         let mut first = Ok(());
         for level in &self.inner.levels {
@@ -616,9 +660,7 @@ impl StorageTier for Hierarchy {
         removal.finish();
         first
     }
-}
 
-impl Hierarchy {
     /// Puts `top` (the pages at positions `at` of the batch) into the top tier; records each
     /// outcome at its position in `results`.
     async fn put_top(&self, top: &[Page<'_>], at: &[usize], results: &mut [PutResult]) {

@@ -113,7 +113,6 @@ pub(super) async fn background_writer(
     mut rx: mpsc::UnboundedReceiver<Job>,
     motion: Arc<Motion>,
 ) {
-    let mut warnings = Warnings::default();
     while let Some(job) = rx.recv().await {
         let keys: Vec<PageKey> = job.pages.iter().map(|p| p.key.clone()).collect();
         let landing = motion.landing(&keys).await;
@@ -140,10 +139,9 @@ pub(super) async fn background_writer(
                 let results = target.tier.put(&pages).await;
                 let mut failed = 0;
                 for (i, r) in results.iter().enumerate() {
-                    if let Err(e) = r {
+                    if r.is_err() {
                         failed += 1;
                         failed_keys[i] = true;
-                        warnings.note(&target.tier, &pages[i].key, e);
                     }
                 }
                 c.lower_errors.fetch_add(failed as u64, Relaxed);
@@ -172,40 +170,5 @@ pub(super) async fn background_writer(
         for p in &job.pages {
             motion.done(&p.key, p.seq, p.bytes());
         }
-    }
-}
-
-/// Failed copies down, reported while they happen but at most once a second: the first
-/// failure names its page, later ones are counted into the next report.
-#[derive(Default)]
-struct Warnings {
-    last: Option<std::time::Instant>,
-    quiet: u64,
-}
-
-impl Warnings {
-    fn note(
-        &mut self,
-        tier: &Arc<dyn crate::StorageTier>,
-        key: &PageKey,
-        error: &crate::TierError,
-    ) {
-        let now = std::time::Instant::now();
-        if self
-            .last
-            .is_some_and(|t| now.duration_since(t) < std::time::Duration::from_secs(1))
-        {
-            self.quiet += 1;
-            return;
-        }
-        tracing::warn!(
-            tier = %tier.info().name,
-            key = %key,
-            error = %error,
-            also_failed = self.quiet,
-            "copy to a lower tier failed"
-        );
-        self.last = Some(now);
-        self.quiet = 0;
     }
 }

@@ -36,25 +36,46 @@ impl std::fmt::Display for FileMode {
     }
 }
 
-/// Registers a path that must not exist, without `create`: a path-mode NIXL fails to open it,
-/// an older NIXL ignores the metaInfo and succeeds.
+/// Registers an existing file by path (`ro:<path>`) and looks for it among the process's open
+/// files: a path-mode NIXL opens it at registration, an older one ignores the metaInfo and
+/// opens nothing. Nothing fails on either (probing with a missing path, as NIXL's docs
+/// suggest, makes a path-mode NIXL log an error at every start). Fd mode, which every NIXL
+/// supports, is the answer whenever the probe cannot tell.
 pub fn probe_path_mode(backend: &Arc<Backend>) -> FileMode {
-    let probe = format!(
-        "rw:/nonexistent-kvtier-path-mode-probe-{}",
-        std::process::id()
-    );
+    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let Ok(dir) = tempfile::Builder::new()
+        .prefix(&format!(
+            "kvtier-path-mode-probe-{}-{n}-",
+            std::process::id()
+        ))
+        .tempdir()
+    else {
+        return FileMode::Fd;
+    };
+    let path = dir.path().join("probe");
+    if std::fs::write(&path, [0u8; 4096]).is_err() {
+        return FileMode::Fd;
+    }
+    let meta = format!("ro:{}", path.display());
     let desc = Desc {
         addr: 0,
         len: 4096,
         dev_id: next_dev_id(),
-        meta: probe.as_bytes(),
+        meta: meta.as_bytes(),
     };
-    match backend.register(MemKind::File, &[desc]) {
-        Err(_) => FileMode::Path,
-        Ok(registration) => {
-            drop(registration);
-            FileMode::Fd
-        }
+    let Ok(registration) = backend.register(MemKind::File, &[desc]) else {
+        return FileMode::Fd;
+    };
+    let opened = std::fs::read_dir("/proc/self/fd").is_ok_and(|fds| {
+        fds.flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == path))
+    });
+    drop(registration);
+    if opened {
+        FileMode::Path
+    } else {
+        FileMode::Fd
     }
 }
 

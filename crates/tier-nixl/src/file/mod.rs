@@ -9,10 +9,6 @@
 //!   complete; leftovers of crashed writes are removed at start.
 //! - **Ownership**: one process owns the storage folders (an exclusive `flock` on a lock file in
 //!   each); its in-memory index answers `exists` without touching the disk.
-//!
-//! NIXL logs the path-mode probe's expected failure to stderr at every start
-//! (`POSIX path-mode open failed ... /nonexistent-kvtier-path-mode-probe-...`): it is the probe
-//! working, not an error.
 
 mod index;
 mod io;

@@ -176,6 +176,16 @@ class Store:
         """Counters of the store, of each level, and of copies made of callers' bytes."""
         return self._store.stats()
 
+    def metrics_text(self) -> str:
+        """Prometheus metrics (OpenMetrics text): per tier and operation, call durations,
+        pages, bytes and errors by kind; each tier's and the hierarchy's counters."""
+        return self._store.metrics_text()
+
+    def serve_metrics(self, addr: str = "127.0.0.1:0") -> tuple:
+        """Serves :meth:`metrics_text` at ``http://ADDR/metrics`` for Prometheus until the
+        store is dropped; returns the bound ``(host, port)`` (port 0 picks a free one)."""
+        return self._store.serve_metrics(addr)
+
     @property
     def max_page_bytes(self) -> "int | None":
         """Largest page every tier takes (``None``: no limit)."""

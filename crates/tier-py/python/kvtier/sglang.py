@@ -85,6 +85,13 @@ class KvtierStorage(HiCacheStorage):
         writer = getattr(storage_config, "is_storage_writer", None)
         self.is_writer = bool(writer) if writer is not None else (not self.is_mla or storage_config.tp_rank == 0)
         self.store = Store(self._rank_config(_load_config(extra)))
+        # Prometheus metrics of this rank's store, at the port given plus the rank.
+        self.metrics_addr = None
+        if extra.get("metrics_addr"):
+            host, _, port = str(extra["metrics_addr"]).rpartition(":")
+            rank = int(getattr(storage_config, "tp_rank", 0) or 0)
+            port_number = int(port) + rank if int(port) else 0
+            self.metrics_addr = self.store.serve_metrics(f"{host}:{port_number}")
         self.mem_pool_host = None
         self.zero_copy = False
         self.prefix = self._namespace(None)

@@ -1,0 +1,672 @@
+//! Prometheus metrics of a hierarchy and its tiers, in the OpenMetrics text format.
+//!
+//! Two sources, one exposition. Every call to a tier of a [`Hierarchy`](crate::Hierarchy), and
+//! to the hierarchy itself, goes through a [`CallMeter`]: it times the call (a histogram per
+//! operation), counts its pages and its errors by kind, emits a debug span and event, and warns
+//! (at most once a second per tier) naming a page that failed. The counters tiers and the
+//! hierarchy keep anyway (hits, bytes, evictions, promotions, the queue) are read when scraped,
+//! so nothing is counted twice.
+//!
+//! `prometheus-client` rather than the `metrics` facade: kvtier runs inside engines' processes
+//! (SGLang, LMCache, vLLM), where a library must not take the one process-wide recorder, and
+//! each hierarchy keeps its own registry that one endpoint serves.
+
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use crate::{
+    GetResult, HierarchyStats, Lookup, Page, PageKey, PutResult, ReadSlot, RemoveResult,
+    StorageTier, TierError, TierInfo, TierStats,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    hierarchy: String,
+    tier: String,
+    kind: String,
+    op: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    hierarchy: String,
+    tier: String,
+    kind: String,
+    op: String,
+    error: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TierLabels {
+    hierarchy: String,
+    tier: String,
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HierarchyLabels {
+    hierarchy: String,
+}
+
+fn call_seconds() -> Histogram {
+    // 10 µs to about 10 s, by fours.
+    Histogram::new(exponential_buckets(1e-5, 4.0, 11))
+}
+
+/// The live metric families the calls of one hierarchy's tiers record into.
+#[derive(Clone)]
+pub(crate) struct CallFamilies {
+    hierarchy: String,
+    seconds: Family<CallLabels, Histogram, fn() -> Histogram>,
+    pages: Family<CallLabels, Counter>,
+    bytes: Family<CallLabels, Counter>,
+    errors: Family<ErrorLabels, Counter>,
+}
+
+impl CallFamilies {
+    pub(crate) fn new(hierarchy: &str) -> Self {
+        CallFamilies {
+            hierarchy: hierarchy.to_owned(),
+            seconds: Family::new_with_constructor(call_seconds),
+            pages: Family::default(),
+            bytes: Family::default(),
+            errors: Family::default(),
+        }
+    }
+
+    /// A meter for the calls to the tier `name` of kind `kind`.
+    pub(crate) fn meter(&self, name: &str, kind: &str) -> CallMeter {
+        let ops = OPS.map(|op| {
+            let labels = CallLabels {
+                hierarchy: self.hierarchy.clone(),
+                tier: name.to_owned(),
+                kind: kind.to_owned(),
+                op: op.to_owned(),
+            };
+            OpMetrics {
+                seconds: self.seconds.get_or_create(&labels).clone(),
+                pages: self.pages.get_or_create(&labels).clone(),
+                bytes: self.bytes.get_or_create(&labels).clone(),
+            }
+        });
+        CallMeter {
+            errors: self.errors.clone(),
+            hierarchy: self.hierarchy.clone(),
+            tier: name.to_owned(),
+            kind: kind.to_owned(),
+            ops,
+            warned: Mutex::new(Warned::default()),
+        }
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "tier_call_seconds",
+            "Duration of calls to a tier, by operation (its count is the number of calls)",
+            self.seconds.clone(),
+        );
+        registry.register(
+            "tier_call_pages",
+            "Pages (keys) passed to a tier's calls, by operation",
+            self.pages.clone(),
+        );
+        registry.register(
+            "tier_call_bytes",
+            "Bytes a tier's calls stored (put) or returned (get hits)",
+            self.bytes.clone(),
+        );
+        registry.register(
+            "tier_call_errors",
+            "Pages or calls a tier failed, by operation and error kind",
+            self.errors.clone(),
+        );
+    }
+}
+
+#[derive(Default)]
+struct Warned {
+    last: Option<Instant>,
+    quiet: u64,
+}
+
+/// The operations metered, in the order of [`CallMeter`]'s handles.
+const OPS: [&str; 5] = ["put", "get", "exists", "remove", "clear"];
+
+/// One operation's live metrics for one tier (handles into the families).
+struct OpMetrics {
+    seconds: Histogram,
+    pages: Counter,
+    bytes: Counter,
+}
+
+/// Measures the calls to one tier: time, pages, bytes, errors by kind; a debug span and event
+/// per call, and a rate-limited warning naming a failed page.
+pub(crate) struct CallMeter {
+    errors: Family<ErrorLabels, Counter>,
+    hierarchy: String,
+    tier: String,
+    kind: String,
+    ops: [OpMetrics; 5],
+    warned: Mutex<Warned>,
+}
+
+/// A `get` being measured: its start and each slot's key and length.
+pub(crate) struct GetCall {
+    started: Instant,
+    slots: Vec<(PageKey, u64)>,
+}
+
+/// What one call did, for [`CallMeter::record`].
+struct Outcome<'a> {
+    pages: usize,
+    bytes: u64,
+    hits: usize,
+    misses: usize,
+    errors: Vec<(Option<&'a PageKey>, &'a TierError)>,
+}
+
+impl Outcome<'_> {
+    fn new(pages: usize) -> Self {
+        Outcome {
+            pages,
+            bytes: 0,
+            hits: 0,
+            misses: 0,
+            errors: Vec::new(),
+        }
+    }
+}
+
+impl CallMeter {
+    fn record(&self, op: &'static str, took: Duration, outcome: Outcome<'_>) {
+        if let Some(m) = OPS.iter().position(|o| *o == op).map(|i| &self.ops[i]) {
+            m.seconds.observe(took.as_secs_f64());
+            m.pages.inc_by(outcome.pages as u64);
+            m.bytes.inc_by(outcome.bytes);
+        }
+        for (_, e) in &outcome.errors {
+            self.errors
+                .get_or_create(&ErrorLabels {
+                    hierarchy: self.hierarchy.clone(),
+                    tier: self.tier.clone(),
+                    kind: self.kind.clone(),
+                    op: op.to_owned(),
+                    error: e.kind().to_owned(),
+                })
+                .inc();
+        }
+        tracing::debug!(
+            tier = %self.tier,
+            op,
+            pages = outcome.pages,
+            bytes = outcome.bytes,
+            hits = outcome.hits,
+            misses = outcome.misses,
+            errors = outcome.errors.len(),
+            micros = took.as_micros() as u64,
+            "tier call"
+        );
+        if let Some((key, error)) = outcome.errors.first() {
+            self.warn(op, *key, error, outcome.errors.len() as u64);
+        }
+    }
+
+    fn warn(&self, op: &str, key: Option<&PageKey>, error: &TierError, failed: u64) {
+        let mut w = self.warned.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if w.last
+            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
+        {
+            w.quiet += failed;
+            return;
+        }
+        let key = key.map_or_else(|| "-".to_owned(), |k| k.to_string());
+        tracing::warn!(
+            tier = %self.tier,
+            op,
+            key = %key,
+            error = %error,
+            failed_since_last_warning = w.quiet,
+            "tier call failed"
+        );
+        w.last = Some(now);
+        w.quiet = 0;
+    }
+
+    fn span(&self, op: &'static str, pages: usize) -> tracing::Span {
+        tracing::debug_span!("tier_call", tier = %self.tier, op, pages)
+    }
+
+    /// Runs a `put` of `pages` and records it.
+    pub(crate) async fn put(
+        &self,
+        pages: &[Page<'_>],
+        call: impl Future<Output = Vec<PutResult>>,
+    ) -> Vec<PutResult> {
+        let started = Instant::now();
+        let results = call.instrument(self.span("put", pages.len())).await;
+        let mut outcome = Outcome::new(pages.len());
+        for (page, r) in pages.iter().zip(&results) {
+            match r {
+                Ok(()) => outcome.bytes += page.data.len() as u64,
+                Err(e) => outcome.errors.push((Some(&page.key), e)),
+            }
+        }
+        self.record("put", started.elapsed(), outcome);
+        results
+    }
+
+    /// Starts measuring a `get` of `slots`: what [`CallMeter::got`] needs after the call, and
+    /// the call's span.
+    pub(crate) fn getting(&self, slots: &[ReadSlot<'_>]) -> (GetCall, tracing::Span) {
+        let call = GetCall {
+            started: Instant::now(),
+            slots: slots
+                .iter()
+                .map(|s| (s.key.clone(), s.buf.len() as u64))
+                .collect(),
+        };
+        let span = self.span("get", slots.len());
+        (call, span)
+    }
+
+    /// Records a `get` started by [`CallMeter::getting`].
+    pub(crate) fn got(&self, call: GetCall, results: &[GetResult]) {
+        let mut outcome = Outcome::new(call.slots.len());
+        for ((key, len), r) in call.slots.iter().zip(results) {
+            match r {
+                Ok(Lookup::Hit) => {
+                    outcome.hits += 1;
+                    outcome.bytes += len;
+                }
+                Ok(Lookup::Miss) => outcome.misses += 1,
+                Err(e) => outcome.errors.push((Some(key), e)),
+            }
+        }
+        self.record("get", call.started.elapsed(), outcome);
+    }
+
+    /// Runs an `exists` of `keys` and records it.
+    pub(crate) async fn exists(
+        &self,
+        keys: &[PageKey],
+        call: impl Future<Output = Result<usize, TierError>>,
+    ) -> Result<usize, TierError> {
+        let started = Instant::now();
+        let result = call.instrument(self.span("exists", keys.len())).await;
+        let mut outcome = Outcome::new(keys.len());
+        match &result {
+            Ok(n) => {
+                outcome.hits = *n;
+                outcome.misses = keys.len() - n.min(&keys.len());
+            }
+            Err(e) => outcome.errors.push((e.key(), e)),
+        }
+        self.record("exists", started.elapsed(), outcome);
+        result
+    }
+
+    /// Runs a `remove` of `keys` and records it.
+    pub(crate) async fn remove(
+        &self,
+        keys: &[PageKey],
+        call: impl Future<Output = Vec<RemoveResult>>,
+    ) -> Vec<RemoveResult> {
+        let started = Instant::now();
+        let results = call.instrument(self.span("remove", keys.len())).await;
+        let mut outcome = Outcome::new(keys.len());
+        for (key, r) in keys.iter().zip(&results) {
+            match r {
+                Ok(true) => outcome.hits += 1,
+                Ok(false) => outcome.misses += 1,
+                Err(e) => outcome.errors.push((Some(key), e)),
+            }
+        }
+        self.record("remove", started.elapsed(), outcome);
+        results
+    }
+
+    /// Runs a `clear` and records it.
+    pub(crate) async fn clear(
+        &self,
+        call: impl Future<Output = Result<(), TierError>>,
+    ) -> Result<(), TierError> {
+        let started = Instant::now();
+        let result = call.instrument(self.span("clear", 0)).await;
+        let mut outcome = Outcome::new(0);
+        if let Err(e) = &result {
+            outcome.errors.push((None, e));
+        }
+        self.record("clear", started.elapsed(), outcome);
+        result
+    }
+}
+
+/// A tier whose every call is measured by a [`CallMeter`]; what a hierarchy holds.
+pub(crate) struct Metered {
+    inner: Arc<dyn StorageTier>,
+    meter: CallMeter,
+}
+
+impl Metered {
+    pub(crate) fn new(inner: Arc<dyn StorageTier>, families: &CallFamilies) -> Self {
+        let info = inner.info();
+        let meter = families.meter(&info.name, &info.kind);
+        Metered { inner, meter }
+    }
+}
+
+#[async_trait::async_trait]
+impl StorageTier for Metered {
+    fn info(&self) -> TierInfo {
+        self.inner.info()
+    }
+
+    fn stats(&self) -> TierStats {
+        self.inner.stats()
+    }
+
+    async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
+        self.meter.put(pages, self.inner.put(pages)).await
+    }
+
+    async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
+        let (call, span) = self.meter.getting(slots);
+        let results = self.inner.get(slots).instrument(span).await;
+        self.meter.got(call, &results);
+        results
+    }
+
+    async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
+        self.meter.exists(keys, self.inner.exists(keys)).await
+    }
+
+    async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
+        self.meter.remove(keys, self.inner.remove(keys)).await
+    }
+
+    async fn clear(&self) -> Result<(), TierError> {
+        self.meter.clear(self.inner.clear()).await
+    }
+}
+
+/// The counters a hierarchy and its tiers keep, as they were when scraped.
+#[derive(Debug)]
+struct Snapshot {
+    hierarchy: String,
+    stats: HierarchyStats,
+}
+
+type LevelValue = fn(&crate::LevelStats) -> u64;
+
+impl Collector for Snapshot {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), fmt::Error> {
+        let per_tier: [(&str, &str, Shape, LevelValue); 10] = [
+            (
+                "tier_hits",
+                "Reads that found their page",
+                Shape::Counter,
+                |l| l.stats.hits,
+            ),
+            ("tier_misses", "Reads that did not", Shape::Counter, |l| {
+                l.stats.misses
+            }),
+            ("tier_stored_pages", "Pages stored", Shape::Counter, |l| {
+                l.stats.puts
+            }),
+            (
+                "tier_removed_pages",
+                "Pages removed on request",
+                Shape::Counter,
+                |l| l.stats.removes,
+            ),
+            (
+                "tier_read_bytes",
+                "Bytes returned by hits",
+                Shape::Counter,
+                |l| l.stats.bytes_read,
+            ),
+            ("tier_written_bytes", "Bytes stored", Shape::Counter, |l| {
+                l.stats.bytes_written
+            }),
+            (
+                "tier_errors",
+                "Per-page or per-call failures",
+                Shape::Counter,
+                |l| l.stats.errors,
+            ),
+            (
+                "tier_evictions",
+                "Pages the tier let go on its own (capacity, expiry)",
+                Shape::Counter,
+                |l| l.stats.evictions,
+            ),
+            (
+                "tier_served_pages",
+                "Pages this tier served for the hierarchy",
+                Shape::Counter,
+                |l| l.served,
+            ),
+            (
+                "tier_resident_bytes",
+                "Bytes the tier holds now, where it tracks them",
+                Shape::Gauge,
+                |l| l.stats.resident_bytes.unwrap_or(0),
+            ),
+        ];
+        for (name, help, kind, value) in per_tier {
+            let mut family = encoder.encode_descriptor(name, help, None, kind.metric_type())?;
+            for level in &self.stats.levels {
+                if kind == Shape::Gauge && level.stats.resident_bytes.is_none() {
+                    continue;
+                }
+                let labels = TierLabels {
+                    hierarchy: self.hierarchy.clone(),
+                    tier: level.info.name.clone(),
+                    kind: level.info.kind.clone(),
+                };
+                let metric = family.encode_family(&labels)?;
+                encode_value(kind, value(level), metric)?;
+            }
+        }
+        let s = &self.stats;
+        let whole: [(&str, &str, Shape, u64); 11] = [
+            (
+                "hierarchy_promotions",
+                "Pages copied up after a lower hit",
+                Shape::Counter,
+                s.promotions,
+            ),
+            (
+                "hierarchy_copied_down",
+                "Pages the background queue wrote below",
+                Shape::Counter,
+                s.copied_down,
+            ),
+            (
+                "hierarchy_demotions",
+                "Evicted pages demoted one tier down",
+                Shape::Counter,
+                s.demotions,
+            ),
+            (
+                "hierarchy_demotions_dropped",
+                "Evicted pages not carried down (queue full)",
+                Shape::Counter,
+                s.demotions_dropped,
+            ),
+            (
+                "hierarchy_not_admitted",
+                "Pages not written below (requested fewer than admit_after times)",
+                Shape::Counter,
+                s.not_admitted,
+            ),
+            (
+                "hierarchy_served_in_flight",
+                "Reads served from pages on their way down",
+                Shape::Counter,
+                s.served_in_flight,
+            ),
+            (
+                "hierarchy_moved_bytes",
+                "Bytes moved between tiers",
+                Shape::Counter,
+                s.bytes_moved,
+            ),
+            (
+                "hierarchy_lower_errors",
+                "Failures of lower tiers",
+                Shape::Counter,
+                s.lower_errors,
+            ),
+            (
+                "hierarchy_queue_pages",
+                "Pages waiting in the background queue",
+                Shape::Gauge,
+                s.queue_depth as u64,
+            ),
+            (
+                "hierarchy_queue_bytes",
+                "Bytes of pages in motion (queued, held in memory)",
+                Shape::Gauge,
+                s.queue_bytes,
+            ),
+            (
+                "hierarchy_stale_below_keys",
+                "Keys only the top tier serves after a failed copy down",
+                Shape::Gauge,
+                s.stale_below as u64,
+            ),
+        ];
+        let labels = HierarchyLabels {
+            hierarchy: self.hierarchy.clone(),
+        };
+        for (name, help, kind, value) in whole {
+            let mut family = encoder.encode_descriptor(name, help, None, kind.metric_type())?;
+            encode_value(kind, value, family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// How a snapshot value is exposed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Counter,
+    Gauge,
+}
+
+impl Shape {
+    fn metric_type(self) -> MetricType {
+        match self {
+            Shape::Counter => MetricType::Counter,
+            Shape::Gauge => MetricType::Gauge,
+        }
+    }
+}
+
+fn encode_value(
+    kind: Shape,
+    value: u64,
+    metric: prometheus_client::encoding::MetricEncoder<'_>,
+) -> Result<(), fmt::Error> {
+    if kind == Shape::Gauge {
+        ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX)).encode(metric)
+    } else {
+        ConstCounter::new(value).encode(metric)
+    }
+}
+
+/// The exposition of one hierarchy: its live call families and a snapshot of its counters.
+pub(crate) fn encode(families: &CallFamilies, stats: HierarchyStats) -> String {
+    let mut registry = Registry::with_prefix("kvtier");
+    families.register(&mut registry);
+    registry.register_collector(Box::new(Snapshot {
+        hierarchy: families.hierarchy.clone(),
+        stats,
+    }));
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+    out
+}
+
+/// Serves `text()` over HTTP on `addr` (`GET /metrics`, Prometheus' default path, or `/`)
+/// until the returned task is aborted. Returns the bound address (`addr` may ask for port 0)
+/// and the task. Must run inside a tokio runtime.
+pub async fn serve_metrics(
+    addr: SocketAddr,
+    text: impl Fn() -> String + Send + Sync + 'static,
+) -> Result<(SocketAddr, JoinHandle<()>), TierError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| TierError::config("metrics_addr", format!("cannot listen on {addr}: {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| TierError::config("metrics_addr", format!("{addr}: {e}")))?;
+    let text = Arc::new(text);
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                continue;
+            };
+            let text = Arc::clone(&text);
+            tokio::spawn(async move {
+                // A scrape is one small request; a client that sends nothing in 5 s is let go.
+                let mut head = vec![0u8; 8192];
+                let mut len = 0;
+                let read = tokio::time::timeout(Duration::from_secs(5), async {
+                    while len < head.len() {
+                        let n = socket.read(&mut head[len..]).await?;
+                        if n == 0 {
+                            break;
+                        }
+                        len += n;
+                        if head[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+                            break;
+                        }
+                    }
+                    Ok::<(), std::io::Error>(())
+                })
+                .await;
+                if !matches!(read, Ok(Ok(()))) {
+                    return;
+                }
+                let request = String::from_utf8_lossy(&head[..len]);
+                let path = request.split_whitespace().nth(1).unwrap_or("");
+                let (status, body) = match path {
+                    "/metrics" | "/" => ("200 OK", text()),
+                    _ => ("404 Not Found", "not found: try /metrics\n".to_owned()),
+                };
+                let response = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: application/openmetrics-text; \
+                     version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: \
+                     close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    socket.write_all(response.as_bytes()),
+                )
+                .await;
+            });
+        }
+    });
+    Ok((bound, task))
+}
