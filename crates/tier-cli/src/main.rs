@@ -486,6 +486,9 @@ fn machine_memory() -> Option<u64> {
 }
 
 #[cfg(test)]
+mod config_property;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
