@@ -1,6 +1,6 @@
 use std::hash::Hash;
 
-use crate::{hash_of, Lru, Policy, Prefix, Set};
+use crate::{hash_of, Lru, Policy, Prefix};
 
 /// Most keys each miniature simulation holds; past it the sample rate halves.
 const SAMPLED_KEYS: usize = 16384;
@@ -27,50 +27,54 @@ pub struct Auto<K> {
     held: usize,
     /// A key is sampled when its hash is below this; halves as the sample grows.
     threshold: u64,
-    sims: [Miniature<K>; 2],
+    lru_sim: Miniature<Lru<K>>,
+    prefix_sim: Miniature<Prefix<K>>,
     /// Sampled requests since the simulations' hits were last halved.
     since_decay: usize,
 }
 
+/// What a miniature simulation asks of its policy beyond ordering: which keys it holds.
+pub(crate) trait Held<K>: Policy<K> {
+    /// Whether `key` is held.
+    fn holds(&self, key: &K) -> bool;
+    /// How many keys are held.
+    fn count(&self) -> usize;
+    /// The keys held (for a change of sample rate, rare).
+    fn held_keys(&self) -> Vec<K>;
+}
+
 /// A small cache of sampled keys under one policy, counting its hits.
-struct Miniature<K> {
-    policy: Box<dyn Policy<K>>,
-    held: Set<K>,
+struct Miniature<P> {
+    policy: P,
     hits: u64,
 }
 
-impl<K: Clone + Eq + Hash + Send + 'static> Miniature<K> {
-    fn new(policy: Box<dyn Policy<K>>) -> Self {
-        Miniature {
-            policy,
-            held: Set::default(),
-            hits: 0,
-        }
+impl<P> Miniature<P> {
+    fn new(policy: P) -> Self {
+        Miniature { policy, hits: 0 }
     }
 
-    fn request(&mut self, key: &K, after: Option<&K>, room: usize) {
-        if self.held.contains(key) {
+    fn request<K>(&mut self, key: &K, after: Option<&K>, room: usize)
+    where
+        P: Held<K>,
+    {
+        if self.policy.holds(key) {
             self.hits += 1;
             self.policy.touch(key, after);
             return;
         }
-        self.held.insert(key.clone());
         self.policy.insert(key, 1, after);
         self.shrink(room);
     }
 
-    fn shrink(&mut self, room: usize) {
-        while self.held.len() > room.max(1) {
-            match self.policy.victim(&mut |_| false) {
-                Some(v) => self.held.remove(&v),
-                None => break,
-            };
-        }
-    }
-
-    fn forget(&mut self, key: &K) {
-        if self.held.remove(key) {
-            self.policy.remove(key);
+    fn shrink<K>(&mut self, room: usize)
+    where
+        P: Held<K>,
+    {
+        while self.policy.count() > room.max(1) {
+            if self.policy.victim(&mut |_| false).is_none() {
+                break;
+            }
         }
     }
 }
@@ -83,10 +87,8 @@ impl<K: Clone + Eq + Hash + Send + 'static> Default for Auto<K> {
             prefix_leads: false,
             held: 0,
             threshold: u64::MAX,
-            sims: [
-                Miniature::new(Box::new(Lru::default())),
-                Miniature::new(Box::new(Prefix::default())),
-            ],
+            lru_sim: Miniature::new(Lru::default()),
+            prefix_sim: Miniature::new(Prefix::default()),
             since_decay: 0,
         }
     }
@@ -115,20 +117,24 @@ impl<K: Clone + Eq + Hash + Send + 'static> Auto<K> {
         }
         let after = after.filter(|a| self.sampled(a));
         let room = self.room();
-        for sim in &mut self.sims {
-            sim.request(key, after, room);
-        }
-        if self.sims.iter().any(|s| s.held.len() > SAMPLED_KEYS) {
+        self.lru_sim.request(key, after, room);
+        self.prefix_sim.request(key, after, room);
+        if self
+            .lru_sim
+            .policy
+            .count()
+            .max(self.prefix_sim.policy.count())
+            > SAMPLED_KEYS
+        {
             self.halve_rate();
         }
         self.since_decay += 1;
         if self.since_decay >= 8 * SAMPLED_KEYS {
             self.since_decay = 0;
-            for sim in &mut self.sims {
-                sim.hits /= 2;
-            }
+            self.lru_sim.hits /= 2;
+            self.prefix_sim.hits /= 2;
         }
-        let [lru, prefix] = &self.sims;
+        let (lru, prefix) = (&self.lru_sim, &self.prefix_sim);
         // A margin, so the leader does not flap on noise: LRU unless prefix is clearly ahead.
         self.prefix_leads = if self.prefix_leads {
             prefix.hits * 50 >= lru.hits * 49
@@ -141,18 +147,16 @@ impl<K: Clone + Eq + Hash + Send + 'static> Auto<K> {
         self.threshold /= 2;
         let threshold = self.threshold;
         let room = self.room();
-        for sim in &mut self.sims {
-            let above: Vec<K> = sim
-                .held
-                .iter()
-                .filter(|k| hash_of(*k) > threshold)
-                .cloned()
-                .collect();
-            for k in &above {
-                sim.forget(k);
+        fn drop_above<K: Hash, P: Held<K>>(sim: &mut Miniature<P>, threshold: u64, room: usize) {
+            for k in sim.policy.held_keys() {
+                if hash_of(&k) > threshold {
+                    sim.policy.remove(&k);
+                }
             }
             sim.shrink(room);
         }
+        drop_above(&mut self.lru_sim, threshold, room);
+        drop_above(&mut self.prefix_sim, threshold, room);
     }
 }
 
@@ -176,9 +180,8 @@ impl<K: Clone + Eq + Hash + Send + 'static> Policy<K> for Auto<K> {
         self.lru.remove(key);
         self.prefix.remove(key);
         self.held -= before - self.lru.len();
-        for sim in &mut self.sims {
-            sim.forget(key);
-        }
+        self.lru_sim.policy.remove(key);
+        self.prefix_sim.policy.remove(key);
     }
 
     fn victim(&mut self, keep: &mut dyn FnMut(&K) -> bool) -> Option<K> {

@@ -27,7 +27,6 @@ pub use sieve::Sieve;
 /// The maps the policies keep per key: hashbrown's fast hasher, not SipHash (a policy hashes a
 /// key several times per call).
 type Map<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-type Set<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
 /// A hash of `key` that is the same in every process (a fixed seed), for sampling.
 fn hash_of<K: Hash>(key: &K) -> u64 {

@@ -31,6 +31,18 @@ impl<K: Clone + Eq + Hash + Send> Lru<K> {
     }
 }
 
+impl<K: Clone + Eq + Hash + Send> crate::auto::Held<K> for Lru<K> {
+    fn holds(&self, key: &K) -> bool {
+        self.order.contains(key)
+    }
+    fn count(&self) -> usize {
+        self.order.len()
+    }
+    fn held_keys(&self) -> Vec<K> {
+        self.order.iter().cloned().collect()
+    }
+}
+
 impl<K: Clone + Eq + Hash + Send> Policy<K> for Lru<K> {
     fn insert(&mut self, key: &K, _weight: u64, _after: Option<&K>) {
         if !self.order.to_back(key) {

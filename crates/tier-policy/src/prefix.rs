@@ -119,6 +119,18 @@ impl<K: Clone + Eq + Hash + Send> Prefix<K> {
     }
 }
 
+impl<K: Clone + Eq + Hash + Send> crate::auto::Held<K> for Prefix<K> {
+    fn holds(&self, key: &K) -> bool {
+        self.entries.contains_key(key)
+    }
+    fn count(&self) -> usize {
+        self.entries.len()
+    }
+    fn held_keys(&self) -> Vec<K> {
+        self.entries.keys().cloned().collect()
+    }
+}
+
 impl<K: Clone + Eq + Hash + Send> Policy<K> for Prefix<K> {
     fn insert(&mut self, key: &K, _weight: u64, after: Option<&K>) {
         if self.entries.contains_key(key) {
