@@ -50,12 +50,17 @@ pub struct Settings {
     /// Rounds (kvtier and baseline interleaved); medians are reported.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// Keep starting rounds until this many seconds have passed (at least `--rounds` run).
+    #[arg(long)]
+    pub duration: Option<f64>,
 }
 
 /// One operation's figures: medians over rounds for rates, all batches for latencies.
 #[derive(Debug, Serialize)]
 pub struct OpReport {
     pub op: Op,
+    /// Rounds the medians are of.
+    pub rounds: usize,
     pub pages_per_s: f64,
     /// Page bytes moved per second (puts and gets).
     pub gb_per_s: Option<f64>,
@@ -349,7 +354,11 @@ async fn run_tier(
     Ok(done.into_iter().map(|d| d.0).collect())
 }
 
-/// Runs the benchmark: `rounds` rounds, each every op on kvtier then on the baseline.
+/// Most rounds a `--duration` runs (the latencies of every batch are kept).
+const MAX_ROUNDS: usize = 10_000;
+
+/// Runs the benchmark: `rounds` rounds (or more, until `duration`), each every op on kvtier
+/// then on the baseline.
 pub async fn bench(
     registry: &Registry,
     config: &HierarchyConfig,
@@ -364,7 +373,14 @@ pub async fn bench(
     let mut base_rates: Vec<Vec<f64>> = vec![Vec::new(); s.ops.len()];
     let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); s.ops.len()];
     let mut latencies: Vec<Vec<Duration>> = vec![Vec::new(); s.ops.len()];
-    for round in 0..s.rounds {
+    let started = Instant::now();
+    let more_time = |round: usize| {
+        s.duration
+            .is_some_and(|d| started.elapsed() < Duration::from_secs_f64(d))
+            && round < MAX_ROUNDS
+    };
+    let mut round = 0;
+    while round < s.rounds || more_time(round) {
         let names: Vec<String> = (0..s.pages)
             .map(|i| format!("bench-{round}-{i:08}"))
             .collect();
@@ -397,7 +413,8 @@ pub async fn bench(
                 b.run(Op::Remove, s, &names, &data, &mut bufs).await?;
             }
         }
-        progress(round + 1);
+        round += 1;
+        progress(round);
     }
     h.close().await.map_err(|e| e.to_string())?;
     Ok(s.ops
@@ -407,6 +424,7 @@ pub async fn bench(
             let pages_per_s = median(rates[n].clone());
             OpReport {
                 op,
+                rounds: rates[n].len(),
                 pages_per_s,
                 gb_per_s: matches!(op, Op::Put | Op::Get)
                     .then(|| pages_per_s * s.page_bytes as f64 / 1e9),
@@ -426,7 +444,11 @@ pub async fn bench(
 pub fn render(reports: &[OpReport], s: &Settings) -> String {
     let mut out = format!(
         "{} pages of {} bytes, batch {}, {} batch(es) in flight, medians of {} interleaved round(s)\n",
-        s.pages, s.page_bytes, s.batch, s.concurrency, s.rounds
+        s.pages,
+        s.page_bytes,
+        s.batch,
+        s.concurrency,
+        reports.first().map_or(s.rounds, |r| r.rounds)
     );
     out += &format!(
         "{:<7} {:>11} {:>8} {:>10} {:>10} {:>10} {:>10} {:>7} | {:>11} {:>7}  baseline\n",
@@ -468,15 +490,39 @@ pub fn render(reports: &[OpReport], s: &Settings) -> String {
 mod tests {
     use super::*;
 
-    async fn run(config: &str) -> Vec<OpReport> {
-        let settings = Settings {
+    fn settings() -> Settings {
+        Settings {
             page_bytes: 4096,
             batch: 8,
             pages: 64,
             concurrency: 2,
             ops: vec![Op::Put, Op::Get, Op::Exists, Op::Remove],
             rounds: 2,
+            duration: None,
+        }
+    }
+
+    /// With `--duration`, rounds go on until the time has passed: more than `--rounds`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_duration_runs_rounds_until_it_has_passed() {
+        let settings = Settings {
+            rounds: 1,
+            duration: Some(0.3),
+            ..settings()
         };
+        let config =
+            HierarchyConfig::from_toml("[[tiers]]\nkind = \"mem\"\ncapacity = \"16MiB\"\n")
+                .unwrap();
+        let started = Instant::now();
+        let reports = bench(&crate::registry(), &config, &settings, |_| {})
+            .await
+            .unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        assert!(reports.iter().all(|r| r.rounds > 1), "{reports:?}");
+    }
+
+    async fn run(config: &str) -> Vec<OpReport> {
+        let settings = settings();
         let config = HierarchyConfig::from_toml(config).unwrap();
         let reports = bench(&crate::registry(), &config, &settings, |_| {})
             .await

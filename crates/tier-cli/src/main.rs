@@ -227,7 +227,13 @@ async fn run(cli: Cli) -> Result<(), String> {
             }
             print!(
                 "{}",
-                replay::render(&hierarchy, &requests, &report, page_bytes)
+                replay::render(
+                    &hierarchy,
+                    &requests,
+                    &report,
+                    page_bytes,
+                    replay::top_policy(&config)
+                )
             );
             if let Some(path) = plot {
                 std::fs::write(
@@ -271,6 +277,13 @@ async fn run_bench(
             return Err(format!("{name} must be at least {least}"));
         }
     }
+    if let Some(d) = s.duration {
+        if !(d > 0.0 && d <= 86_400.0) {
+            return Err(format!(
+                "--duration {d}: a number of seconds above 0, at most a day"
+            ));
+        }
+    }
     if s.concurrency > 1024 {
         return Err(format!("--concurrency {}: at most 1024", s.concurrency));
     }
@@ -303,13 +316,13 @@ async fn run_bench(
     let rounds = s.rounds;
     let reports = bench::bench(&registry(), &config, &s, |done| {
         if terminal {
-            eprint!("\rbench: round {done}/{rounds}");
-            if done == rounds {
-                eprintln!();
-            }
+            eprint!("\rbench: round {done} (at least {rounds})");
         }
     })
     .await?;
+    if terminal {
+        eprintln!();
+    }
     print!("{}", bench::render(&reports, &s));
     write_json(json, &reports)
 }
@@ -659,6 +672,7 @@ mod tests {
             &trace[..5],
             &replay::replay(&h, &[], 1024, |_| {}).await.unwrap(),
             1024,
+            None,
         );
         let failed = replay::failed_tiers(&h);
         assert_eq!(failed.len(), 1, "{failed:?}\n{text}");

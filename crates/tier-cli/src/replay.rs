@@ -247,6 +247,7 @@ pub fn render(
     trace: &[Request],
     report: &Report,
     page_bytes: usize,
+    top_policy: Option<tier_policy::PolicyKind>,
 ) -> String {
     let mut out = String::new();
     let stats = hierarchy.hierarchy_stats();
@@ -349,8 +350,29 @@ pub fn render(
             100.0 * bound.value(),
             100.0 * all.value()
         );
+        if let Some((kind, own)) = top_policy.and_then(|k| Some((k, sim::policy(trace, pages, k)?)))
+        {
+            out += &format!(
+                "top tier's own policy ({kind}) simulated alone at that size: {:.2}%\n",
+                100.0 * own.value()
+            );
+        }
     }
     out
+}
+
+/// The eviction policy of a config's top tier, as its kind resolves it: the one named, else
+/// `lru` for a DRAM tier with an expiry, else the default.
+pub fn top_policy(config: &tier_core::config::HierarchyConfig) -> Option<tier_policy::PolicyKind> {
+    let top = config.tiers.first()?;
+    match top.params.get("policy") {
+        Some(serde_json::Value::String(name)) => name.parse().ok(),
+        Some(_) => None,
+        None if top.kind == "mem" && ["ttl", "tti"].iter().any(|f| top.params.contains_key(*f)) => {
+            Some(tier_policy::PolicyKind::Lru)
+        }
+        None => Some(tier_policy::PolicyKind::default()),
+    }
 }
 
 /// The replay as an SVG picture (drawn with plotters): left, the cumulative prefix-hit ratio

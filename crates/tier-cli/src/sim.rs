@@ -209,6 +209,39 @@ pub fn belady_blocks_curve(trace: &[Request], capacity: usize, curve: &mut Curve
     r
 }
 
+/// `kind`'s own implementation (kvtier's tier-policy) with room for `capacity` blocks, fed the
+/// way a replay feeds a tier: each request reads its cached leading run (touches, linked in
+/// order), then stores the rest (inserts, linked in order). `None` for TinyLFU (moka's).
+pub fn policy(trace: &[Request], capacity: usize, kind: tier_policy::PolicyKind) -> Option<Ratio> {
+    let mut policy = kind.build::<u64>()?;
+    let mut held = std::collections::HashSet::new();
+    let mut r = Ratio::default();
+    for req in trace {
+        let reused = req
+            .hash_ids
+            .iter()
+            .take_while(|id| held.contains(*id))
+            .count();
+        r.requested += req.hash_ids.len() as u64;
+        r.reused += reused as u64;
+        let (read, stored) = req.hash_ids.split_at(reused);
+        for (i, id) in read.iter().enumerate() {
+            policy.touch(id, i.checked_sub(1).map(|p| &read[p]));
+        }
+        for (i, id) in stored.iter().enumerate() {
+            policy.insert(id, 1, i.checked_sub(1).map(|p| &stored[p]));
+            held.insert(*id);
+            while held.len() > capacity {
+                match policy.victim(&mut |_| false) {
+                    Some(v) => held.remove(&v),
+                    None => break,
+                };
+            }
+        }
+    }
+    Some(r)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,6 +249,21 @@ mod tests {
     fn req(ids: &[u64]) -> Request {
         Request {
             hash_ids: ids.to_vec(),
+        }
+    }
+
+    /// The policy simulation of LRU is the LRU simulation.
+    #[test]
+    fn the_lru_policy_simulates_as_lru() {
+        let trace = crate::trace::generated(400);
+        for capacity in [10, 100, 1000] {
+            let own = policy(&trace, capacity, tier_policy::PolicyKind::Lru).unwrap();
+            let lru = lru(&trace, capacity);
+            assert_eq!(
+                (own.reused, own.requested),
+                (lru.reused, lru.requested),
+                "{capacity}"
+            );
         }
     }
 
