@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tier_core::{
@@ -26,7 +26,7 @@ pub enum Fault {
     /// `exists` counts every present key instead of the leading run.
     CountsAllInExists,
     /// A put writes from a task of its own that outlives the call: a put dropped before it
-    /// returned still lands, later, over whatever was put meanwhile.
+    /// returned still lands, 10 ms after it would have, over whatever was put meanwhile.
     LandsAfterDrop,
     /// A shorter rewrite keeps the old page's tail: the page keeps its old length.
     KeepsStaleTail,
@@ -126,11 +126,34 @@ impl StorageTier for BrokenTier {
             pages.iter().map(Page::to_shared).collect::<Vec<_>>(),
         );
         let n = pages.len();
+        // Set if this call is dropped before its writer answers: the writer then lands late,
+        // after a newer put of the same key (deterministically, not by timer order).
+        struct Abandoned {
+            flag: Arc<AtomicBool>,
+            armed: bool,
+        }
+        impl Drop for Abandoned {
+            fn drop(&mut self) {
+                if self.armed {
+                    self.flag.store(true, Ordering::SeqCst);
+                }
+            }
+        }
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let mut guard = Abandoned {
+            flag: Arc::clone(&abandoned),
+            armed: true,
+        };
         let writer = tokio::spawn(async move {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            if abandoned.load(Ordering::SeqCst) {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
             inner.put(&pages).await
         });
-        writer.await.unwrap_or_else(|e| {
+        let results = writer.await;
+        guard.armed = false;
+        results.unwrap_or_else(|e| {
             (0..n)
                 .map(|_| Err(TierError::Unavailable(format!("writer task: {e}"))))
                 .collect()
