@@ -166,12 +166,6 @@ pub(crate) struct CallMeter {
     warned: Mutex<Warned>,
 }
 
-/// A `get` being measured: its start and each slot's key and length.
-pub(crate) struct GetCall {
-    started: Instant,
-    slots: Vec<(PageKey, u64)>,
-}
-
 /// What one call did, for [`CallMeter::record`].
 struct Outcome<'a> {
     pages: usize,
@@ -272,34 +266,26 @@ impl CallMeter {
         results
     }
 
-    /// Starts measuring a `get` of `slots`: what [`CallMeter::got`] needs after the call, and
-    /// the call's span.
-    pub(crate) fn getting(&self, slots: &[ReadSlot<'_>]) -> (GetCall, tracing::Span) {
-        let call = GetCall {
-            started: Instant::now(),
-            slots: slots
-                .iter()
-                .map(|s| (s.key.clone(), s.buf.len() as u64))
-                .collect(),
-        };
-        let span = self.span("get", slots.len());
-        (call, span)
+    /// Starts measuring a `get` of `pages` slots: its start and its span.
+    pub(crate) fn getting(&self, pages: usize) -> (Instant, tracing::Span) {
+        (Instant::now(), self.span("get", pages))
     }
 
-    /// Records a `get` started by [`CallMeter::getting`].
-    pub(crate) fn got(&self, call: GetCall, results: &[GetResult]) {
-        let mut outcome = Outcome::new(call.slots.len());
-        for ((key, len), r) in call.slots.iter().zip(results) {
+    /// Records a `get` started at `started` by [`CallMeter::getting`], from its slots (the
+    /// call hands them back) and results.
+    pub(crate) fn got(&self, started: Instant, slots: &[ReadSlot<'_>], results: &[GetResult]) {
+        let mut outcome = Outcome::new(slots.len());
+        for (slot, r) in slots.iter().zip(results) {
             match r {
                 Ok(Lookup::Hit) => {
                     outcome.hits += 1;
-                    outcome.bytes += len;
+                    outcome.bytes += slot.buf.len() as u64;
                 }
                 Ok(Lookup::Miss) => outcome.misses += 1,
-                Err(e) => outcome.errors.push((Some(key), e)),
+                Err(e) => outcome.errors.push((Some(&slot.key), e)),
             }
         }
-        self.record("get", call.started.elapsed(), outcome);
+        self.record("get", started.elapsed(), outcome);
     }
 
     /// Runs an `exists` of `keys` and records it.
@@ -387,9 +373,9 @@ impl StorageTier for Metered {
     }
 
     async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
-        let (call, span) = self.meter.getting(slots);
+        let (started, span) = self.meter.getting(slots.len());
         let results = self.inner.get(slots).instrument(span).await;
-        self.meter.got(call, &results);
+        self.meter.got(started, slots, &results);
         results
     }
 

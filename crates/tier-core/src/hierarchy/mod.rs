@@ -378,9 +378,9 @@ impl StorageTier for Hierarchy {
     }
 
     async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
-        let (call, span) = self.meter.getting(slots);
+        let (started, span) = self.meter.getting(slots.len());
         let results = self.get_unmetered(slots).instrument(span).await;
-        self.meter.got(call, &results);
+        self.meter.got(started, slots, &results);
         results
     }
 
