@@ -6,18 +6,22 @@ use std::time::Duration;
 
 use tier_core::{PageBuf, ReadSlot, TierError};
 
-use crate::nixl::Backend;
+use crate::nixl::{Backend, Unsettled};
 
 /// Why an attempt at moving some items failed.
 pub enum Failure {
     /// One item failed before the transfer (e.g. its file would not open).
     Item(usize, TierError),
-    /// The registration or transfer failed as a whole.
+    /// The registration or transfer failed as a whole, and nothing of it is in flight.
     Batch(String),
-    /// The transfer did not complete in time (it was released: nothing is in flight).
-    TimedOut,
-    /// A transfer timed out and NIXL would not release it.
-    Poisoned,
+    /// The transfer may still touch the batch's memory (see [`Finished::Unsettled`]).
+    ///
+    /// [`Finished::Unsettled`]: crate::nixl::Finished::Unsettled
+    Unsettled(Unsettled),
+    /// A write of files failed while others of its writes may still be landing: those only
+    /// read the batch's memory, so it may be reused, but the files must never be committed,
+    /// and no retry may write them again.
+    Abandoned(String),
 }
 
 /// Outcome of a batch: per-item results, and whether memory the batch used must be given up
@@ -25,7 +29,8 @@ pub enum Failure {
 pub struct BatchOutcome {
     /// One result per item, in order.
     pub results: Vec<Result<(), TierError>>,
-    /// True if the batch's DRAM (and its registrations) must never be reused or freed.
+    /// True if the batch's DRAM (and its registrations) must never be reused or freed: a
+    /// transfer of it is unsettled.
     pub poisoned: bool,
 }
 
@@ -74,14 +79,24 @@ fn isolate(
             results[which[0]] = Err(item_error(which[0], message));
             false
         }
-        Err(failure @ (Failure::TimedOut | Failure::Poisoned)) => {
+        Err(Failure::Abandoned(message)) => {
             for &i in which {
-                results[i] = Err(TierError::Timeout {
-                    op: "NIXL transfer",
-                    after: timeout,
+                results[i] = Err(item_error(i, message.clone()));
+            }
+            false
+        }
+        // No retry: the memory a retry would use may still be in use.
+        Err(Failure::Unsettled(why)) => {
+            for &i in which {
+                results[i] = Err(match &why {
+                    Unsettled::TimedOut => TierError::Timeout {
+                        op: "NIXL transfer",
+                        after: timeout,
+                    },
+                    Unsettled::Failed(e) => item_error(i, format!("transfer: {e}")),
                 });
             }
-            matches!(failure, Failure::Poisoned)
+            true
         }
         Err(_) => {
             let mut poisoned = false;

@@ -438,3 +438,35 @@ async fn hostile_keys_stay_single_objects_under_the_prefix() {
         );
     }
 }
+
+/// Every NIXL OBJ backend initialises the AWS SDK and shuts it down when it is destroyed; the
+/// SDK counts those, so the last backend dropped shuts it down for the process. Tiers opened
+/// and dropped while others move pages, as the suites do, must never see a shut-down SDK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiers_opened_and_dropped_while_others_move_pages() {
+    let f = Arc::new(ObjFactory::new());
+    let mut tasks = Vec::new();
+    for task in 0..3usize {
+        let f = Arc::clone(&f);
+        tasks.push(tokio::spawn(async move {
+            for round in 0..8usize {
+                let mut config = f.config();
+                config.lanes = 2;
+                let tier = NixlObjTier::open(config).await.unwrap();
+                let first = task * 1000 + round * 8;
+                for r in tier.put(&pages(first..first + 8, 256 << 10)).await {
+                    r.unwrap();
+                }
+                for i in first..first + 8 {
+                    let (r, buf) = read(&tier, i, 256 << 10).await;
+                    assert_eq!(r.unwrap(), Lookup::Hit, "page {i}");
+                    content::verify(&key(i), 1, &buf).unwrap();
+                }
+                drop(tier);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}

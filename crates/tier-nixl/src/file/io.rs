@@ -14,7 +14,7 @@ use std::time::Duration;
 use tier_core::{PageKey, TierError};
 
 use crate::batch::{move_isolating, BatchOutcome, Failure};
-use crate::nixl::{next_dev_id, Backend, Desc, Finished, MemKind, Registration, XferOp};
+use crate::nixl::{next_dev_id, Backend, Desc, Finished, MemKind, Registration, Unsettled, XferOp};
 use crate::staging::align_up;
 use crate::{FileEngine, READ_ATTEMPTS};
 
@@ -271,15 +271,22 @@ impl FileIo {
             .backend
             .post(op, &local, MemKind::File, &remote)
             .map_err(|e| Failure::Batch(format!("{}: posting the transfer: {e}", op_name(op))))?;
-        match transfer.finish(self.timeout, borrowed) {
+        // Writes only read memory: a caller's pages need no waiting for (see Abandoned).
+        match transfer.finish(self.timeout, borrowed && op == XferOp::Read) {
             Finished::Done => Ok(()),
             Finished::Failed(e) => Err(Failure::Batch(format!("{}: transfer: {e}", op_name(op)))),
-            Finished::TimedOut => Err(Failure::TimedOut),
-            Finished::Poisoned => {
-                // NIXL still owns the transfer: keep the registration and fds alive for good.
+            Finished::Unsettled(Unsettled::Failed(e)) if op == XferOp::Write => {
+                // Its other writes land in temp files that are removed, never renamed in.
+                Err(Failure::Abandoned(format!(
+                    "{}: transfer: {e}",
+                    op_name(op)
+                )))
+            }
+            Finished::Unsettled(why) => {
+                // I/O may still be running: keep the registration and fds alive for good.
                 std::mem::forget(registration);
                 std::mem::forget(files);
-                Err(Failure::Poisoned)
+                Err(Failure::Unsettled(why))
             }
         }
     }

@@ -409,6 +409,7 @@ impl Backend {
         remote_kind: MemKind,
         remote: &[Desc<'_>],
     ) -> Result<Transfer, NixlError> {
+        let local_len = local.len();
         let local = XferList::new(MemKind::Dram, local)?;
         let remote = XferList::new(remote_kind, remote)?;
         let mut req = ptr::null_mut();
@@ -433,6 +434,7 @@ impl Backend {
         let transfer = Transfer {
             backend: Arc::clone(self),
             req,
+            descs: local_len,
         };
         // SAFETY: live request.
         let status = unsafe { sys::nixl_capi_post_xfer_req(self.agent.raw, req, self.opt) };
@@ -540,6 +542,8 @@ impl Drop for Registration {
 pub struct Transfer {
     backend: Arc<Backend>,
     req: sys::xfer_req_t,
+    /// How many descriptors it moves: a failure of one of several says nothing of the others.
+    descs: usize,
 }
 
 // SAFETY: used only through the thread-synchronised agent.
@@ -613,50 +617,83 @@ impl Transfer {
     }
 }
 
-/// How a transfer ended once [`Transfer::finish`] has released it.
+/// How a transfer ended once [`Transfer::finish`] has waited for it.
 #[derive(Debug)]
 pub enum Finished {
-    /// All bytes moved.
+    /// All bytes moved; nothing is in flight.
     Done,
-    /// The backend reported an error.
+    /// The backend reported an error and nothing of the transfer is in flight (it moved one
+    /// descriptor, the one that failed).
     Failed(NixlError),
-    /// It did not complete in time; it was released, nothing is in flight.
+    /// Parts of the transfer may still read or write its memory: it timed out (neither the
+    /// POSIX nor the OBJ plugin cancels an I/O it has started), or one of several descriptors
+    /// failed (both plugins report the first failure while the others are still running). The
+    /// memory, registrations and files it uses must never be freed or reused.
+    Unsettled(Unsettled),
+}
+
+/// Why a transfer is [`Finished::Unsettled`].
+#[derive(Debug)]
+pub enum Unsettled {
+    /// It did not complete within its bound.
     TimedOut,
-    /// It did not complete in time and NIXL would not release it. The request is leaked: the
-    /// memory and registrations it uses must never be freed or reused.
-    Poisoned,
+    /// One of its descriptors failed; the others may still be moving.
+    Failed(NixlError),
 }
 
 impl Transfer {
     /// Waits (bounded by `timeout`) and releases the request.
     ///
-    /// `borrowed` says the local memory belongs to a caller who frees it on return: a transfer
-    /// NIXL will not release is then waited for (ten more timeouts) and, as the only
-    /// memory-safe way left, the process aborts if it still will not finish.
+    /// `borrowed` says the local memory belongs to a caller who frees it on return, so it
+    /// cannot be given up: an unsettled transfer is then waited for, up to ten more timeouts
+    /// (a failed one, whose other descriptors NIXL no longer reports, for one more timeout:
+    /// local I/O that has not landed by then is not coming), and it is reported as failed or
+    /// timed out. A request NIXL will not release even then still owns the memory: the process
+    /// aborts, as the only memory-safe way left.
     pub fn finish(mut self, timeout: Duration, borrowed: bool) -> Finished {
         let completion = self.wait(timeout);
-        let mut released = self.release();
-        if !released && borrowed {
+        let settled = match &completion {
+            Completion::Done => true,
+            Completion::Failed(_) => self.descs <= 1,
+            Completion::TimedOut => false,
+        };
+        if settled && self.release() {
+            // Settled: done, or the failure of its only descriptor.
+            return match completion {
+                Completion::Failed(e) => Finished::Failed(e),
+                _ => Finished::Done,
+            };
+        }
+        if !borrowed {
+            // The memory is ours to give up: the request keeps it, for good.
+            std::mem::forget(self);
+            return Finished::Unsettled(match completion {
+                Completion::Failed(e) => Unsettled::Failed(e),
+                _ => Unsettled::TimedOut,
+            });
+        }
+        let mut completion = completion;
+        if let Completion::Failed(_) = completion {
+            std::thread::sleep(timeout);
+        } else {
             for _ in 0..10 {
-                self.wait(timeout);
-                if self.release() {
-                    released = true;
+                completion = self.wait(timeout);
+                if completion != Completion::TimedOut {
                     break;
                 }
             }
-            if !released {
-                eprintln!("kvtier: NIXL will not release a transfer into caller memory; aborting rather than corrupting it");
-                std::process::abort();
-            }
         }
-        if !released {
-            std::mem::forget(self);
-            return Finished::Poisoned;
+        if !self.release() {
+            eprintln!("kvtier: NIXL will not release a transfer into caller memory; aborting rather than corrupting it");
+            std::process::abort();
         }
         match completion {
             Completion::Done => Finished::Done,
             Completion::Failed(e) => Finished::Failed(e),
-            Completion::TimedOut => Finished::TimedOut,
+            Completion::TimedOut => {
+                eprintln!("kvtier: a NIXL transfer into caller memory did not finish in eleven timeouts; aborting rather than corrupting it");
+                std::process::abort();
+            }
         }
     }
 }
