@@ -19,8 +19,8 @@ pub use nixl::{live_registrations, live_transfers};
 pub use obj::{NixlObjConfig, NixlObjTier, RequestChecksum};
 
 /// Reads of a page file replaced while it was read (checked by the file's identity),
-/// before it is answered as a miss.
-const READ_ATTEMPTS: usize = 3;
+/// before it is answered as a miss; attempt `n` waits `2^n` ms for the writer first.
+const READ_ATTEMPTS: u32 = 6;
 
 /// What `kvtier probe` reports about the NIXL runtime.
 #[derive(Debug, Clone)]

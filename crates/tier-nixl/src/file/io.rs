@@ -323,8 +323,9 @@ impl FileIo {
     pub fn read_all(&self, items: &[Xfer], borrowed: bool) -> BatchReads {
         let mut reads = self.read_once(items, borrowed);
         // A page replaced by a put while it was read is read again (the new file), a few
-        // times, before it is answered as a miss.
-        for _ in 0..READ_ATTEMPTS - 1 {
+        // times, each after a growing pause (puts of one key can follow each other closely),
+        // before it is answered as a miss.
+        for attempt in 1..READ_ATTEMPTS {
             if reads.poisoned {
                 break;
             }
@@ -334,6 +335,7 @@ impl FileIo {
             if again.is_empty() {
                 break;
             }
+            std::thread::sleep(Duration::from_millis(1 << attempt));
             let retry: Vec<Xfer> = again.iter().map(|&i| items[i].clone()).collect();
             let second = self.read_once(&retry, borrowed);
             reads.poisoned |= second.poisoned;
