@@ -130,6 +130,8 @@ fn tier(g: &mut Gen, dir: &std::path::Path, n: usize) -> String {
             t += &field(g, "path_mode", &modes);
             let direct = one_of(&["\"off\"", "\"preferred\""], &["\"always\""]);
             t += &field(g, "direct_io", &direct);
+            let durability = one_of(&["\"process\"", "\"power\""], &["\"disk\""]);
+            t += &field(g, "durability", &durability);
         }
         "object" => {
             t += "[[tiers]]\nkind = \"object\"\n";

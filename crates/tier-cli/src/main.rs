@@ -811,6 +811,7 @@ mod tests {
             ("[[tiers]]\nkind = \"nixl-file\"\ndirs = [\"/x\"]\nstaging_buffers = 100000\n".into(), "staging_buffers"),
             ("[[tiers]]\nkind = \"nixl-file\"\ndirs = [\"/x\"]\ncapacity = 0\n".into(), "capacity"),
             ("[[tiers]]\nkind = \"nixl-file\"\ndirs = [\"/x\"]\npolicy = \"tinylfu\"\n".into(), "tinylfu is moka's"),
+            ("[[tiers]]\nkind = \"nixl-file\"\ndirs = [\"/x\"]\ndurability = \"disk\"\n".into(), "unknown variant `disk`, expected `process` or `power`"),
             ("[[tiers]]\nkind = \"object\"\nstore = \"s3\"\nprefix = \"p\"\nbucket = \"b\"\n".into(), "access_key"),
             (format!("[[tiers]]\nkind = \"object\"\nstore = \"s3\"\nprefix = \"../up\"\naccess_key = \"k\"\nsecret_key = \"s\"\n{s3}"), "prefix"),
             ("[[tiers]]\nkind = \"object\"\nstore = \"memory\"\nprefix = \"p\"\nconcurrency = 0\n".into(), "concurrency"),

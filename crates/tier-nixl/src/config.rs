@@ -10,7 +10,7 @@
 //! plugin_params = { use_uring = "true" }
 //! path_mode = "auto"            # auto, on or off
 //! direct_io = "off"             # off, required or preferred
-//! sync_writes = false
+//! durability = "process"        # process (survives kill -9) or power (fsync, slower)
 //! staging_bytes = "16MiB"
 //! staging_buffers = 2
 //! transfer_timeout = "30s"
@@ -48,8 +48,8 @@ use tier_core::config::{ByteSize, OpenFuture, Registry, Seconds, TierContext, Ti
 use tier_core::{EvictionListener, TierError};
 
 use crate::{
-    DirectIo, FileEngine, FilePlugin, NixlFileConfig, NixlFileTier, NixlObjConfig, NixlObjTier,
-    PathModeChoice, RequestChecksum,
+    DirectIo, Durability, FileEngine, FilePlugin, NixlFileConfig, NixlFileTier, NixlObjConfig,
+    NixlObjTier, PathModeChoice, RequestChecksum,
 };
 
 #[derive(Debug, Deserialize)]
@@ -68,7 +68,7 @@ struct FileParams {
     #[serde(default)]
     direct_io: DirectName,
     #[serde(default)]
-    sync_writes: bool,
+    durability: Durability,
     staging_bytes: Option<ByteSize>,
     staging_buffers: Option<usize>,
     transfer_timeout: Option<Seconds>,
@@ -149,7 +149,7 @@ fn to_config(name: &str, p: FileParams) -> NixlFileConfig {
         DirectName::Required => DirectIo::Required,
         DirectName::Preferred => DirectIo::Preferred,
     };
-    c.sync_writes = p.sync_writes;
+    c.durability = p.durability;
     c.reader = p.access == Access::Reader;
     c.engine = match p.engine {
         EngineName::Nixl => FileEngine::Nixl,

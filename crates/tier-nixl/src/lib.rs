@@ -12,8 +12,8 @@ pub mod runtime;
 mod staging;
 
 pub use file::{
-    DirectIo, FileEngine, FileMode, FilePlugin, NixlFileConfig, NixlFileTier, PathModeChoice,
-    BUCKETS,
+    DirectIo, Durability, FileEngine, FileMode, FilePlugin, NixlFileConfig, NixlFileTier,
+    PathModeChoice, BUCKETS,
 };
 pub use nixl::{live_registrations, live_transfers};
 pub use obj::{NixlObjConfig, NixlObjTier, RequestChecksum};

@@ -126,6 +126,43 @@ pub struct FileIo {
     pub sync: bool,
 }
 
+/// Syncs the folder of every page renamed into place, once per folder, so the renames
+/// survive a power loss (the files' bytes were written with `O_DSYNC`). A folder that will
+/// not sync fails its pages: written and readable, but not acknowledged as durable.
+pub fn sync_folders(items: &[Xfer], finals: &[PathBuf], results: &mut [Result<(), TierError>]) {
+    // Per folder: the error its sync gave, as (kind, OS code), since an io::Error is not Clone.
+    type Synced = Option<(std::io::ErrorKind, Option<i32>)>;
+    let mut synced: Vec<(&Path, Synced)> = Vec::new();
+    for ((item, path), result) in items.iter().zip(finals).zip(results.iter_mut()) {
+        let Some(folder) = path.parent() else {
+            continue;
+        };
+        if result.is_err() {
+            continue;
+        }
+        let outcome = match synced.iter().find(|(f, _)| *f == folder) {
+            Some((_, outcome)) => *outcome,
+            None => {
+                let outcome = File::open(folder)
+                    .and_then(|dir| dir.sync_all())
+                    .err()
+                    .map(|e| (e.kind(), e.raw_os_error()));
+                synced.push((folder, outcome));
+                outcome
+            }
+        };
+        if let Some((kind, code)) = outcome {
+            let error = code.map_or_else(|| kind.into(), std::io::Error::from_raw_os_error);
+            *result = Err(TierError::io(
+                "sync the page's folder",
+                Some(&item.key),
+                Some(folder.to_path_buf()),
+                error,
+            ));
+        }
+    }
+}
+
 /// Staging offsets of consecutive pages, each slot aligned for direct I/O.
 pub fn slots(lens: impl IntoIterator<Item = usize>) -> (Vec<usize>, usize) {
     let mut offsets = Vec::new();

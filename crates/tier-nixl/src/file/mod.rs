@@ -77,6 +77,20 @@ pub enum PathModeChoice {
     Off,
 }
 
+/// What a page acknowledged by `put` survives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// The process's death (kill -9): a page is written to a temp file and renamed into
+    /// place, so a file under a page's name is always whole. A power loss may lose recent
+    /// pages, or leave a renamed file whose bytes never reached the disk.
+    #[default]
+    Process,
+    /// A power loss as well: page files are written synchronously (`O_DSYNC`) and the folder
+    /// is synced after the rename, before `put` answers.
+    Power,
+}
+
 /// What moves page bytes between memory and files.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum FileEngine {
@@ -120,8 +134,8 @@ pub struct NixlFileConfig {
     pub direct_io: DirectIo,
     /// What moves the bytes (NIXL, or the tier's own syscalls).
     pub engine: FileEngine,
-    /// Request synchronous writes (durable on return, slower).
-    pub sync_writes: bool,
+    /// What an acknowledged page survives.
+    pub durability: Durability,
     /// Byte capacity; pages the policy chooses are evicted beyond it. `None`: unbounded.
     pub capacity_bytes: Option<u64>,
     /// Which pages go first when the capacity is reached (any but TinyLFU, which is moka's).
@@ -154,7 +168,7 @@ impl NixlFileConfig {
             path_mode: PathModeChoice::Auto,
             direct_io: DirectIo::Off,
             engine: FileEngine::Nixl,
-            sync_writes: false,
+            durability: Durability::Process,
             capacity_bytes: None,
             policy: PolicyKind::default(),
             staging_bytes: 16 << 20,
@@ -358,7 +372,7 @@ impl Shared {
                 engine: config.engine,
                 mode,
                 timeout: config.transfer_timeout,
-                sync: config.sync_writes,
+                sync: config.durability == Durability::Power,
             })
             .collect();
         let shared = Self {
@@ -475,6 +489,10 @@ impl Shared {
                     Err(_) => self.stats.errors(1),
                 }
             }
+        }
+        if self.config.durability == Durability::Power {
+            // Outside the index lock: readers need not wait for the disk.
+            io::sync_folders(&xfers, &finals, &mut outcome.results);
         }
         self.enforce_capacity();
         outcome.results

@@ -16,6 +16,7 @@ pub struct FileFactory {
     direct: tier_nixl::DirectIo,
     engine: tier_nixl::FileEngine,
     policy: tier_policy::PolicyKind,
+    durability: tier_nixl::Durability,
     bounded: std::sync::atomic::AtomicUsize,
 }
 
@@ -32,6 +33,7 @@ impl FileFactory {
             direct: tier_nixl::DirectIo::Off,
             engine: tier_nixl::FileEngine::Nixl,
             policy: tier_policy::PolicyKind::Lru,
+            durability: tier_nixl::Durability::Process,
             bounded: Default::default(),
         }
     }
@@ -50,6 +52,13 @@ impl FileFactory {
         self
     }
 
+    /// Acknowledges pages as durable as `durability` says.
+    #[allow(dead_code)]
+    pub fn durability(mut self, durability: tier_nixl::Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
     /// Moves bytes with the tier's own syscalls instead of NIXL.
     #[allow(dead_code)]
     pub fn syscalls(mut self) -> Self {
@@ -63,6 +72,7 @@ impl FileFactory {
         config.direct_io = self.direct;
         config.engine = self.engine;
         config.policy = self.policy;
+        config.durability = self.durability;
         config
     }
 
