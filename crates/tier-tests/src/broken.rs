@@ -40,6 +40,14 @@ pub enum Fault {
     IgnoresCapacity,
     /// Says it is persistent, but every open starts empty.
     ForgetsOnReopen,
+    /// `remove` answers as if it removed a present page, and keeps it.
+    IgnoresRemove,
+    /// `clear` answers Ok and keeps every page.
+    IgnoresClear,
+    /// A page of more than 1 MiB reads back with its last 4 KiB zeroed: a read cut short.
+    TearsLargePages,
+    /// A page of several regions is stored with its regions in reverse order.
+    ReversesRegions,
 }
 
 /// A correct [`ModelTier`] with one [`Fault`].
@@ -76,6 +84,10 @@ impl BrokenTier {
                 continue;
             }
             let mut bytes = page.data.to_bytes().to_vec();
+            if self.fault == Fault::ReversesRegions {
+                let regions: Vec<&[u8]> = page.data.regions().collect();
+                bytes = regions.into_iter().rev().flatten().copied().collect();
+            }
             if self.fault == Fault::KeepsStaleTail {
                 if let Some(old) = self.inner.peek(&page.key) {
                     if old.len() > bytes.len() {
@@ -116,7 +128,10 @@ impl StorageTier for BrokenTier {
     async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
         match self.fault {
             Fault::LandsAfterDrop => {}
-            Fault::KeepsStaleTail | Fault::KeepsFirstDuplicate | Fault::AcceptsEmptyPages => {
+            Fault::KeepsStaleTail
+            | Fault::KeepsFirstDuplicate
+            | Fault::AcceptsEmptyPages
+            | Fault::ReversesRegions => {
                 return self.put_wrongly(pages).await
             }
             _ => return self.inner.put(pages).await,
@@ -182,6 +197,12 @@ impl StorageTier for BrokenTier {
                     bytes[mid] ^= 0x10;
                     slot.buf.fill_from(&bytes);
                 }
+                (Fault::TearsLargePages, Ok(Lookup::Hit)) if slot.buf.len() > 1 << 20 => {
+                    let mut bytes = slot.buf.to_vec();
+                    let cut = bytes.len() - 4096;
+                    bytes[cut..].fill(0);
+                    slot.buf.fill_from(&bytes);
+                }
                 _ => {}
             }
         }
@@ -200,10 +221,16 @@ impl StorageTier for BrokenTier {
     }
 
     async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
+        if self.fault == Fault::IgnoresRemove {
+            return keys.iter().map(|k| Ok(self.inner.peek(k).is_some())).collect();
+        }
         self.inner.remove(keys).await
     }
 
     async fn clear(&self) -> Result<(), TierError> {
+        if self.fault == Fault::IgnoresClear {
+            return Ok(());
+        }
         self.inner.clear().await
     }
 }

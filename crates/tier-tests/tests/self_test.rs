@@ -25,6 +25,10 @@ tier_tests::conformance_suite!(ModelFactory::default());
 #[case::miscounts(Fault::MiscountsPuts, "stats_count", "stats.puts moved by 6, want 3")]
 #[case::ignores_capacity(Fault::IgnoresCapacity, "capacity_bound", "over its capacity")]
 #[case::forgets_on_reopen(Fault::ForgetsOnReopen, "persistence", "reads as a miss")]
+#[case::ignores_remove(Fault::IgnoresRemove, "remove", "should be absent but reads as a hit")]
+#[case::ignores_clear(Fault::IgnoresClear, "clear", "should be absent but reads as a hit")]
+#[case::tears_large_pages(Fault::TearsLargePages, "integrity_page_sizes", "2097152 bytes): 4070 bytes differ")]
+#[case::reverses_regions(Fault::ReversesRegions, "integrity_regions", "read into regions at other boundaries")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suite_rejects_broken_tier(#[case] fault: Fault, #[case] case: &str, #[case] says: &str) {
     let failure = suite::run(case, &BrokenFactory(fault))
@@ -50,6 +54,10 @@ async fn suite_rejects_broken_tier(#[case] fault: Fault, #[case] case: &str, #[c
 #[case(Fault::MiscountsPuts)]
 #[case(Fault::IgnoresCapacity)]
 #[case(Fault::ForgetsOnReopen)]
+#[case(Fault::IgnoresRemove)]
+#[case(Fault::IgnoresClear)]
+#[case(Fault::TearsLargePages)]
+#[case(Fault::ReversesRegions)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
     // The suite's fd-leak case counts the process's descriptors: under `cargo test` this runs
@@ -96,6 +104,11 @@ async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
             Fault::MiscountsPuts => &["stats_count"],
             Fault::IgnoresCapacity => &["capacity_bound"],
             Fault::ForgetsOnReopen => &["persistence"],
+            // Cases that remove to clean up see the page stay too; its stats count no remove.
+            Fault::IgnoresRemove => &["remove", "hostile_keys", "histories", "stats_count"],
+            Fault::IgnoresClear => &["clear", "histories"],
+            Fault::TearsLargePages => &["integrity_page_sizes"],
+            Fault::ReversesRegions => &["integrity_regions"],
         };
         assert!(
             expected.contains(name),
