@@ -379,3 +379,25 @@ async fn write_back_loses_no_page_to_big_batches_or_promotions() {
     assert_eq!(h.hierarchy_stats().demotions_dropped, 0);
     h.close().await.unwrap();
 }
+
+/// The suite's cases reach below the 1 MiB top: it evicts, lower levels serve, pages are
+/// promoted, and copied down (write-through) or demoted (write-back).
+#[rstest::rstest]
+#[case(WritePolicy::WriteThrough)]
+#[case(WritePolicy::WriteBack)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_suite_moves_pages_between_levels(#[case] write: WritePolicy) {
+    let factory = tier_tests::movement::Recording::new(move || dram_over_dram(1 << 20, write));
+    let m = factory
+        .run(&["integrity_batches", "integrity_page_sizes", "overwrite"])
+        .await
+        .unwrap();
+    eprintln!("{write:?}: {m:?}");
+    assert!(m.top_evictions > 0, "{m:?}");
+    assert!(m.served_below > 0, "{m:?}");
+    assert!(m.promotions > 0, "{m:?}");
+    match write {
+        WritePolicy::WriteThrough => assert!(m.copied_down > 0, "{m:?}"),
+        WritePolicy::WriteBack => assert!(m.demotions > 0, "{m:?}"),
+    }
+}

@@ -84,3 +84,29 @@ async fn write_back_demotes_evicted_pages_into_files() {
     }
     h.close().await.unwrap();
 }
+
+/// The suite's cases reach the files below the 1 MiB DRAM top: it evicts, the file tier
+/// serves, pages are promoted and copied down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_suite_moves_pages_between_levels() {
+    let files = common::FileFactory::new(PathModeChoice::On);
+    let file = files.open().await.unwrap();
+    let factory = tier_tests::movement::Recording::new(move || {
+        let dram: DynTier = Arc::new(MemTier::builder(1 << 20).build()?);
+        Hierarchy::new(
+            "dram/nixl-file",
+            vec![dram, Arc::clone(&file)],
+            HierarchyPolicy::default(),
+            None,
+        )
+    });
+    let m = factory
+        .run(&["integrity_batches", "integrity_page_sizes", "overwrite"])
+        .await
+        .unwrap();
+    eprintln!("{m:?}");
+    assert!(m.top_evictions > 0, "{m:?}");
+    assert!(m.served_below > 0, "{m:?}");
+    assert!(m.promotions > 0, "{m:?}");
+    assert!(m.copied_down > 0, "{m:?}");
+}

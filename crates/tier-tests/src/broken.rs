@@ -131,9 +131,7 @@ impl StorageTier for BrokenTier {
             Fault::KeepsStaleTail
             | Fault::KeepsFirstDuplicate
             | Fault::AcceptsEmptyPages
-            | Fault::ReversesRegions => {
-                return self.put_wrongly(pages).await
-            }
+            | Fault::ReversesRegions => return self.put_wrongly(pages).await,
             _ => return self.inner.put(pages).await,
         }
         let (inner, pages) = (
@@ -222,7 +220,10 @@ impl StorageTier for BrokenTier {
 
     async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
         if self.fault == Fault::IgnoresRemove {
-            return keys.iter().map(|k| Ok(self.inner.peek(k).is_some())).collect();
+            return keys
+                .iter()
+                .map(|k| Ok(self.inner.peek(k).is_some()))
+                .collect();
         }
         self.inner.remove(keys).await
     }

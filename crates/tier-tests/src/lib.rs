@@ -25,6 +25,7 @@ pub mod faulty;
 pub mod fd;
 pub mod history;
 pub mod model;
+pub mod movement;
 pub mod rng;
 pub mod s3;
 pub mod s3_faults;

@@ -27,8 +27,16 @@ tier_tests::conformance_suite!(ModelFactory::default());
 #[case::forgets_on_reopen(Fault::ForgetsOnReopen, "persistence", "reads as a miss")]
 #[case::ignores_remove(Fault::IgnoresRemove, "remove", "should be absent but reads as a hit")]
 #[case::ignores_clear(Fault::IgnoresClear, "clear", "should be absent but reads as a hit")]
-#[case::tears_large_pages(Fault::TearsLargePages, "integrity_page_sizes", "2097152 bytes): 4070 bytes differ")]
-#[case::reverses_regions(Fault::ReversesRegions, "integrity_regions", "read into regions at other boundaries")]
+#[case::tears_large_pages(
+    Fault::TearsLargePages,
+    "integrity_page_sizes",
+    "2097152 bytes): 4070 bytes differ"
+)]
+#[case::reverses_regions(
+    Fault::ReversesRegions,
+    "integrity_regions",
+    "read into regions at other boundaries"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suite_rejects_broken_tier(#[case] fault: Fault, #[case] case: &str, #[case] says: &str) {
     let failure = suite::run(case, &BrokenFactory(fault))
