@@ -11,6 +11,7 @@
 //! path_mode = "auto"            # auto, on or off
 //! direct_io = "off"             # off, required or preferred
 //! durability = "process"        # process (survives kill -9) or power (fsync, slower)
+//! page_checksum = "crc32c"      # crc32c (verified on every read) or off
 //! staging_bytes = "16MiB"
 //! staging_buffers = 2
 //! transfer_timeout = "30s"
@@ -49,7 +50,7 @@ use tier_core::{EvictionListener, TierError};
 
 use crate::{
     DirectIo, Durability, FileEngine, FilePlugin, NixlFileConfig, NixlFileTier, NixlObjConfig,
-    NixlObjTier, PathModeChoice, RequestChecksum,
+    NixlObjTier, PageChecksum, PathModeChoice, RequestChecksum,
 };
 
 #[derive(Debug, Deserialize)]
@@ -69,6 +70,8 @@ struct FileParams {
     direct_io: DirectName,
     #[serde(default)]
     durability: Durability,
+    #[serde(default)]
+    page_checksum: PageChecksum,
     staging_bytes: Option<ByteSize>,
     staging_buffers: Option<usize>,
     transfer_timeout: Option<Seconds>,
@@ -150,6 +153,7 @@ fn to_config(name: &str, p: FileParams) -> NixlFileConfig {
         DirectName::Preferred => DirectIo::Preferred,
     };
     c.durability = p.durability;
+    c.page_checksum = p.page_checksum;
     c.reader = p.access == Access::Reader;
     c.engine = match p.engine {
         EngineName::Nixl => FileEngine::Nixl,

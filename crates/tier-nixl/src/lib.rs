@@ -13,7 +13,7 @@ mod staging;
 
 pub use file::{
     DirectIo, Durability, FileEngine, FileMode, FilePlugin, NixlFileConfig, NixlFileTier,
-    PathModeChoice, BUCKETS,
+    PageChecksum, PathModeChoice, BUCKETS,
 };
 pub use nixl::{live_registrations, live_transfers};
 pub use obj::{NixlObjConfig, NixlObjTier, RequestChecksum};

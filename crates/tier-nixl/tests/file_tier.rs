@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use rstest::rstest;
 use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
 use tier_nixl::runtime::{self, RuntimeSource};
-use tier_nixl::{DirectIo, FileMode, NixlFileConfig, NixlFileTier, PathModeChoice, BUCKETS};
+use tier_nixl::{
+    DirectIo, FileMode, NixlFileConfig, NixlFileTier, PageChecksum, PathModeChoice, BUCKETS,
+};
 use tier_tests::{content, fd};
 
 fn key(i: usize) -> PageKey {
@@ -368,12 +370,76 @@ async fn files_hold_the_page_bytes_and_reads_come_from_disk() {
                 p.key
             );
         }
-        // Change a file on disk (same length): the tier returns the new bytes.
+        // A file changed on disk (same length, in place) no longer matches its checksum: a
+        // miss and a counted error, never a hit, and the file is gone.
         let changed = content::page(&key(5), 99, 16384);
+        let path = tier.page_path(&key(5)).unwrap();
+        std::fs::write(&path, &changed).unwrap();
+        let errors = tier.stats().errors;
+        let (r, _) = get_one(&tier, &key(5), 16384).await;
+        assert_eq!(r.unwrap(), Lookup::Miss, "{mode:?}");
+        assert_eq!(tier.stats().errors, errors + 1, "{mode:?}");
+        assert!(!path.exists(), "{mode:?}");
+        assert_eq!(tier.exists(&[key(5)]).await.unwrap(), 0);
+        // A zeroed page (a write lost to a power loss) is a miss too.
+        std::fs::write(tier.page_path(&key(6)).unwrap(), vec![0u8; 16384]).unwrap();
+        assert_eq!(
+            get_one(&tier, &key(6), 16384).await.0.unwrap(),
+            Lookup::Miss
+        );
+        drop(tier);
+        // Without checksums the tier returns whatever the file holds: its bytes are read.
+        let mut config = NixlFileConfig::new([tmp.path().join(format!("{mode:?}-off"))]);
+        config.path_mode = mode;
+        config.page_checksum = PageChecksum::Off;
+        let tier = NixlFileTier::open(config).await.unwrap();
+        put_ok(&tier, &pages[..8]).await;
         std::fs::write(tier.page_path(&key(5)).unwrap(), &changed).unwrap();
         let (r, buf) = get_one(&tier, &key(5), 16384).await;
         assert_eq!(r.unwrap(), Lookup::Hit);
         assert_eq!(buf, changed, "{mode:?} read must come from the file");
+    }
+}
+
+/// Every read is checked against the page's checksum, also with direct I/O (staged reads) and
+/// the syscall engine; a file without one (written by hand, or by an older kvtier) is a miss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torn_and_foreign_page_files_are_misses_on_every_read_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let engines = [
+        (tier_nixl::FileEngine::Nixl, DirectIo::Off),
+        (tier_nixl::FileEngine::Nixl, DirectIo::Required),
+        (tier_nixl::FileEngine::Syscalls, DirectIo::Off),
+        (tier_nixl::FileEngine::Syscalls, DirectIo::Required),
+    ];
+    for (n, (engine, direct)) in engines.into_iter().enumerate() {
+        let mut config = direct_config(&tmp.path().join(format!("e{n}")), direct);
+        config.engine = engine;
+        let tier = NixlFileTier::open(config).await.unwrap();
+        let pages: Vec<Page<'static>> = (0..4).map(|i| page(i, 1, 65536)).collect();
+        put_ok(&tier, &pages).await;
+        // One byte flipped in place.
+        let path = tier.page_path(&key(1)).unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[40_000] ^= 4;
+        std::fs::write(&path, &bytes).unwrap();
+        // A file put in place by hand: no checksum at all.
+        let other = tier.page_path(&key(2)).unwrap();
+        std::fs::remove_file(&other).unwrap();
+        std::fs::write(&other, pages[2].data.to_bytes()).unwrap();
+        for i in 0..4 {
+            let (r, buf) = get_one(&tier, &key(i), 65536).await;
+            let want = if i == 1 || i == 2 {
+                Lookup::Miss
+            } else {
+                Lookup::Hit
+            };
+            assert_eq!(r.unwrap(), want, "{engine:?} {direct:?} page {i}");
+            if want == Lookup::Hit {
+                content::verify(&key(i), 1, &buf).unwrap();
+            }
+        }
+        assert_eq!(tier.stats().errors, 2, "{engine:?} {direct:?}");
     }
 }
 
@@ -448,8 +514,20 @@ impl Drop for Mount {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_io_without_fs_support_is_an_error_when_required_and_buffered_when_preferred() {
-    // ramfs has no O_DIRECT.
+    // ramfs has no O_DIRECT, and no extended attributes: checksums must be turned off there.
     let ramfs = Mount::new("ramfs", "mode=0755");
+    match NixlFileTier::open(NixlFileConfig::new([ramfs.0.path().join("sum")])).await {
+        Err(TierError::Config { field, message }) => {
+            assert_eq!(field, "page_checksum");
+            assert!(message.contains("page_checksum = \"off\""), "{message}");
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    let direct_config = |dir: &Path, choice| {
+        let mut config = direct_config(dir, choice);
+        config.page_checksum = PageChecksum::Off;
+        config
+    };
     match NixlFileTier::open(direct_config(
         &ramfs.0.path().join("req"),
         DirectIo::Required,

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use tier_core::{PageKey, TierError};
 
+use super::checksum;
 use crate::batch::{move_isolating, BatchOutcome, Failure};
 use crate::nixl::{next_dev_id, Backend, Desc, Finished, MemKind, Registration, Unsettled, XferOp};
 use crate::staging::align_up;
@@ -124,6 +125,8 @@ pub struct FileIo {
     pub timeout: Duration,
     /// Ask for synchronous writes (`O_DSYNC` / path-mode `sync`).
     pub sync: bool,
+    /// Read each page file's recorded checksum with its bytes.
+    pub checksums: bool,
 }
 
 /// Syncs the folder of every page renamed into place, once per folder, so the renames
@@ -376,26 +379,35 @@ impl FileIo {
             let retry: Vec<Xfer> = again.iter().map(|&i| items[i].clone()).collect();
             let second = self.read_once(&retry, borrowed);
             reads.poisoned |= second.poisoned;
-            for (i, r) in again.into_iter().zip(second.results) {
+            for ((i, r), crc) in again.into_iter().zip(second.results).zip(second.recorded) {
                 reads.results[i] = r;
+                reads.recorded[i] = crc;
             }
         }
         reads
     }
 
     fn read_once(&self, items: &[Xfer], borrowed: bool) -> BatchReads {
-        let watch = self.engine == FileEngine::Nixl;
+        // A checksum is read by path: the file's identity before and after proves it is the
+        // one whose bytes were read.
+        let watch = self.engine == FileEngine::Nixl || self.checksums;
         let before: Vec<Option<FileId>> = items
             .iter()
             .map(|i| if watch { file_id(&i.path) } else { None })
             .collect();
         let outcome = self.transfer_all(XferOp::Read, items, borrowed);
+        let mut recorded = vec![None; items.len()];
         let results = outcome
             .results
             .into_iter()
             .zip(items)
             .zip(before)
-            .map(|((r, item), before)| {
+            .zip(recorded.iter_mut())
+            .map(|(((r, item), before), recorded)| {
+                if self.checksums && r.is_ok() {
+                    // Read before the identity check that vouches for it; none is a miss.
+                    *recorded = checksum::recorded(&item.path).ok().flatten();
+                }
                 if !watch {
                     // The file the syscalls opened was checked; one that was not there to
                     // open is a miss, even if a put renamed a new one in since.
@@ -428,6 +440,7 @@ impl FileIo {
             .collect();
         BatchReads {
             results,
+            recorded,
             poisoned: outcome.poisoned,
         }
     }
@@ -437,6 +450,8 @@ impl FileIo {
 pub struct BatchReads {
     /// Per item: hit (`true`), miss (`false`), or the error.
     pub results: Vec<Result<bool, TierError>>,
+    /// Per item: the checksum its file records (with checksums on, for hits).
+    pub recorded: Vec<Option<u32>>,
     /// True if the batch's DRAM must never be reused or freed.
     pub poisoned: bool,
 }

@@ -10,6 +10,7 @@
 //! - **Ownership**: one process owns the storage folders (an exclusive `flock` on a lock file in
 //!   each); its in-memory index answers `exists` without touching the disk.
 
+mod checksum;
 mod index;
 mod io;
 mod layout;
@@ -27,6 +28,7 @@ use tier_core::{
     RemoveResult, StatsRecorder, StorageTier, TierError, TierInfo, TierStats, WriteOrder,
 };
 
+pub use checksum::PageChecksum;
 pub use io::{probe_path_mode, FileMode};
 pub use layout::{route_hash, BUCKETS};
 
@@ -136,6 +138,8 @@ pub struct NixlFileConfig {
     pub engine: FileEngine,
     /// What an acknowledged page survives.
     pub durability: Durability,
+    /// Whether each page carries a checksum, verified on every read.
+    pub page_checksum: PageChecksum,
     /// Byte capacity; pages the policy chooses are evicted beyond it. `None`: unbounded.
     pub capacity_bytes: Option<u64>,
     /// Which pages go first when the capacity is reached (any but TinyLFU, which is moka's).
@@ -169,6 +173,7 @@ impl NixlFileConfig {
             direct_io: DirectIo::Off,
             engine: FileEngine::Nixl,
             durability: Durability::Process,
+            page_checksum: PageChecksum::Crc32c,
             capacity_bytes: None,
             policy: PolicyKind::default(),
             staging_bytes: 16 << 20,
@@ -311,6 +316,20 @@ impl Shared {
                 .iter()
                 .map(|d| lock_folder(&d.join(LOCK_FILE)))
                 .collect::<Result<Vec<_>, _>>()?;
+            if config.page_checksum == PageChecksum::Crc32c {
+                for dir in layout.dirs() {
+                    checksum::supported(dir).map_err(|e| {
+                        TierError::config(
+                            "page_checksum",
+                            format!(
+                                "{} cannot keep a page's checksum in an extended attribute ({e}); \
+                                 set page_checksum = \"off\" to store pages without one",
+                                dir.display()
+                            ),
+                        )
+                    })?;
+                }
+            }
             let scan = layout.scan()?;
             let mut found = scan.pages;
             found.sort_by_key(|(_, _, mtime)| *mtime);
@@ -373,6 +392,7 @@ impl Shared {
                 mode,
                 timeout: config.transfer_timeout,
                 sync: config.durability == Durability::Power,
+                checksums: config.page_checksum == PageChecksum::Crc32c,
             })
             .collect();
         let shared = Self {
@@ -473,6 +493,20 @@ impl Shared {
         if outcome.poisoned {
             // NIXL may still read these bytes: never free them (lent pages are never poisoned).
             std::mem::forget(pages.iter().map(|p| p.data.clone()).collect::<Vec<_>>());
+        } else if self.config.page_checksum == PageChecksum::Crc32c {
+            // On the temp file, before the rename: a page file never lacks its checksum.
+            for ((page, xfer), result) in pages.iter().zip(&xfers).zip(&mut outcome.results) {
+                if result.is_ok() {
+                    if let Err(e) = checksum::stamp(&xfer.path, checksum::of(page.data.regions())) {
+                        *result = Err(TierError::io(
+                            "record the page's checksum",
+                            Some(&page.key),
+                            Some(xfer.path.clone()),
+                            e,
+                        ));
+                    }
+                }
+            }
         }
         {
             // Files and entries change together: renamed in under the lock that inserts them.
@@ -603,7 +637,48 @@ impl Shared {
         let xfers = read_xfers(reads, |i| ranges[i].clone());
         let outcome = io.read_all(&xfers, true);
         drop(registration);
-        outcome.results
+        let mut results = outcome.results;
+        self.verify(reads, &outcome.recorded, &mut results, |i| {
+            checksum::of(bufs[i].regions())
+        });
+        results
+    }
+
+    /// Turns each hit whose bytes (checksummed by `crc_of`) do not match the checksum its file
+    /// records, or whose file records none, into a miss: counted as an error, logged, and the
+    /// page forgotten and its file removed, unless a newer put has replaced it meanwhile.
+    fn verify(
+        &self,
+        reads: &[PlannedRead],
+        recorded: &[Option<u32>],
+        results: &mut [Result<bool, TierError>],
+        crc_of: impl Fn(usize) -> u32,
+    ) {
+        if self.config.page_checksum == PageChecksum::Off {
+            return;
+        }
+        for (i, (read, result)) in reads.iter().zip(results.iter_mut()).enumerate() {
+            if !matches!(result, Ok(true)) {
+                continue;
+            }
+            let crc = crc_of(i);
+            if recorded[i] == Some(crc) {
+                continue;
+            }
+            *result = Ok(false);
+            self.stats.errors(1);
+            tracing::warn!(
+                tier = %self.config.name, key = %read.key, path = %read.path.display(),
+                recorded = ?recorded[i], read = crc,
+                "page bytes do not match their checksum: answered as a miss, file removed"
+            );
+            if !self.config.reader {
+                let mut index = self.index();
+                if index.remove_if(&read.key, read.generation) {
+                    let _ = fs::remove_file(&read.path);
+                }
+            }
+        }
     }
 
     /// Reads a chunk into a staging lease (blocking thread), for direct I/O.
@@ -620,11 +695,15 @@ impl Shared {
         let base = lease.buf().addr();
         let xfers = read_xfers(reads, |i| vec![(base + offsets[i], reads[i].len)]);
         let outcome = self.lane(0).read_all(&xfers, false);
-        let results = outcome.results;
+        let mut results = outcome.results;
         if outcome.poisoned {
             lease.leak();
             return (None, offsets, results);
         }
+        let bytes = lease.bytes();
+        self.verify(reads, &outcome.recorded, &mut results, |i| {
+            checksum::of([&bytes[offsets[i]..offsets[i] + reads[i].len]])
+        });
         (Some(lease), offsets, results)
     }
 
