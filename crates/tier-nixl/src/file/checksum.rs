@@ -28,7 +28,7 @@ pub enum PageChecksum {
 pub fn of<'a>(regions: impl IntoIterator<Item = &'a [u8]>) -> u32 {
     regions
         .into_iter()
-        .fold(0, |crc, region| crc32c::crc32c_append(crc, region))
+        .fold(0, crc32c::crc32c_append)
 }
 
 /// Records `crc` as the checksum of the file at `path`.
