@@ -26,9 +26,7 @@ pub enum PageChecksum {
 /// The CRC-32C of the concatenation of `regions`.
 /// (`crc32c` picks the CPU's CRC32 instruction at run time: 3.4 µs per 64 KiB here.)
 pub fn of<'a>(regions: impl IntoIterator<Item = &'a [u8]>) -> u32 {
-    regions
-        .into_iter()
-        .fold(0, crc32c::crc32c_append)
+    regions.into_iter().fold(0, crc32c::crc32c_append)
 }
 
 /// Records `crc` as the checksum of the file at `path`.
