@@ -627,8 +627,9 @@ pub enum Finished {
     Failed(NixlError),
     /// Parts of the transfer may still read or write its memory: it timed out (neither the
     /// POSIX nor the OBJ plugin cancels an I/O it has started), or one of several descriptors
-    /// failed (both plugins report the first failure while the others are still running). The
-    /// memory, registrations and files it uses must never be freed or reused.
+    /// failed (the POSIX plugin reports the first failed I/O while the others still run; the
+    /// OBJ plugin's contract promises no more). The memory, registrations and files it uses
+    /// must never be freed or reused.
     Unsettled(Unsettled),
 }
 
@@ -647,9 +648,9 @@ impl Transfer {
     /// `borrowed` says the local memory belongs to a caller who frees it on return, so it
     /// cannot be given up: an unsettled transfer is then waited for, up to ten more timeouts
     /// (a failed one, whose other descriptors NIXL no longer reports, for one more timeout:
-    /// local I/O that has not landed by then is not coming), and it is reported as failed or
-    /// timed out. A request NIXL will not release even then still owns the memory: the process
-    /// aborts, as the only memory-safe way left.
+    /// local I/O that has not landed by then is not coming), and reported as done or failed.
+    /// One still running after that, or a request NIXL will not release, still owns the
+    /// memory: the process aborts, as the only memory-safe way left.
     pub fn finish(mut self, timeout: Duration, borrowed: bool) -> Finished {
         let completion = self.wait(timeout);
         let settled = match &completion {
