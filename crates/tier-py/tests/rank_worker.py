@@ -3,8 +3,9 @@ shared config through SGLang's factory and runs steps given on the command line.
 
     python rank_worker.py RANK TP_SIZE MLA TIERS_JSON SYNC_DIR STEP...
 
-Steps: write:SEED, read:SEED (every byte), present, absent, clear, barrier:NAME (waits, bounded, until
-every rank reached it), write_forever:SEED (until killed). Exits 0 when every step passed."""
+Steps: write:SEED, read:SEED (every byte), present, absent, clear, flush (the store's background
+writes landed), barrier:NAME (waits, bounded, until every rank reached it), write_forever:SEED (until
+killed). Exits 0 when every step passed."""
 
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ def main():
             assert b.batch_exists(keys()) == 0, f"rank {rank}: sees pages it should not"
         elif op == "clear":
             b.clear()
+        elif op == "flush":
+            # Lower tiers are written in the background: other processes see them after this.
+            b.store.flush()
         elif op == "barrier":
             (sync / f"{arg}.{rank}").touch()
             deadline = time.monotonic() + 120

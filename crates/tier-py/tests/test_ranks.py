@@ -27,9 +27,10 @@ def start(rank, tp, mla, tiers, sync, *steps):
 
 
 def finish(procs):
-    for p in procs:
-        out, _ = p.communicate(timeout=300)
-        assert p.returncode == 0, f"rank process failed ({p.returncode}):\n{out[-3000:]}"
+    # Every rank's output on a failure: the first rank to fail explains the others' timeouts.
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    failed = [(rank, p.returncode, out) for rank, (p, out) in enumerate(zip(procs, outs)) if p.returncode != 0]
+    assert not failed, "\n".join(f"rank {rank} failed ({code}):\n{out[-2000:]}" for rank, code, out in failed)
 
 
 @pytest.mark.parametrize("kind", ["nixl-file-path", "object"])
@@ -50,7 +51,9 @@ def test_mla_rank0_writes_every_rank_reads(tmp):
     tiers = [{"kind": "mem", "capacity": "64MiB"}] + tier_configs("nixl-file-path", tmp)
     sync = tmp / "sync"
     sync.mkdir()
-    procs = [start(0, 3, True, tiers, sync, "barrier:open", "write:7", "barrier:written",
+    # The writer's DRAM tier copies pages to the files in the background: it flushes before
+    # telling the readers (without it a reader raced the copy and missed, once in CI).
+    procs = [start(0, 3, True, tiers, sync, "barrier:open", "write:7", "flush", "barrier:written",
                    "barrier:cleared", "read:7")]
     for rank in (1, 2):
         # Readers open before the writer writes, and see its pages as they appear.
