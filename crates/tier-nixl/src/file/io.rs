@@ -322,6 +322,12 @@ impl FileIo {
                     op_name(op)
                 )))
             }
+            Finished::Unsettled(Unsettled::Failed(e)) if self.checksums => {
+                // A page file replaced mid-read fails a batch read (a short read): its pages
+                // are read again one by one. A late read of the failed batch that lands on a
+                // retried page fails that page's checksum: a miss, never a hit.
+                Err(Failure::Batch(format!("{}: transfer: {e}", op_name(op))))
+            }
             Finished::Unsettled(why) => {
                 // I/O may still be running: keep the registration and fds alive for good.
                 std::mem::forget(registration);
