@@ -26,8 +26,6 @@ use tier_core::{
 use tier_object::{ObjectId, ObjectTier, ObjectTierConfig, S3Settings};
 
 use crate::batch::{marked_bufs, run_blocking, send_pages, BatchOutcome};
-#[cfg(test)]
-use crate::nixl::Unsettled;
 use crate::nixl::{next_dev_id, Agent, Backend, Desc, Finished, MemKind, XferOp};
 
 /// How the S3 SDK inside NIXL checksums requests (`req_checksum`).
@@ -703,6 +701,7 @@ impl StorageTier for NixlObjTier {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nixl::Unsettled;
     use tier_tests::s3::S3Server;
 
     fn backend(server: &S3Server) -> Arc<Backend> {
