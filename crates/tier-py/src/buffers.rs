@@ -1,7 +1,7 @@
 //! Turning Python page objects into memory regions, without copying.
 //!
 //! A page is given as one region or a list of regions; a region is either an object with the
-//! buffer protocol and format `B` (bytes, bytearray, `memoryview(x).cast("B")`, a `uint8`
+//! buffer protocol and format `B` or `b` (bytes, bytearray, `memoryview(x).cast("B")`, a `uint8`
 //! numpy array) or a raw `(address, length)` pair for memory the caller owns (an engine's host
 //! pool). Buffer objects are held (and so kept alive) until the call that uses them returns.
 
@@ -20,7 +20,43 @@ pub struct Lent {
     /// Per page, its regions.
     pub pages: Vec<Regions>,
     /// Held until the call returns.
-    guards: Vec<PyBuffer<u8>>,
+    guards: Vec<Export>,
+}
+
+/// A buffer export of bytes, unsigned (`B`) or signed (`b`, as vLLM's KV views are).
+enum Export {
+    Unsigned(PyBuffer<u8>),
+    Signed(PyBuffer<i8>),
+}
+
+impl Export {
+    fn get(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
+        match PyBuffer::<u8>::get(obj) {
+            Ok(buf) => Ok(Export::Unsigned(buf)),
+            Err(e) => PyBuffer::<i8>::get(obj).map(Export::Signed).map_err(|_| e),
+        }
+    }
+
+    fn region(&self) -> (usize, usize) {
+        match self {
+            Export::Unsigned(b) => (b.buf_ptr() as usize, b.len_bytes()),
+            Export::Signed(b) => (b.buf_ptr() as usize, b.len_bytes()),
+        }
+    }
+
+    fn is_c_contiguous(&self) -> bool {
+        match self {
+            Export::Unsigned(b) => b.is_c_contiguous(),
+            Export::Signed(b) => b.is_c_contiguous(),
+        }
+    }
+
+    fn readonly(&self) -> bool {
+        match self {
+            Export::Unsigned(b) => b.readonly(),
+            Export::Signed(b) => b.readonly(),
+        }
+    }
 }
 
 impl Lent {
@@ -123,12 +159,12 @@ impl Lent {
             })?;
             return raw_region(py, key, addr, len);
         }
-        let buf = PyBuffer::<u8>::get(obj).map_err(|e| {
+        let buf = Export::get(obj).map_err(|e| {
             buffer_error(
                 py,
                 Some(key),
                 format!(
-                    "expected a buffer of bytes (format 'B'), a list of them, or (address, length): {e}"
+                    "expected a buffer of bytes (format 'B' or 'b'), a list of them, or (address, length): {e}"
                 ),
             )
         })?;
@@ -146,7 +182,7 @@ impl Lent {
                 "the buffer is read-only; get_into needs a writable one".into(),
             ));
         }
-        let region = (buf.buf_ptr() as usize, buf.len_bytes());
+        let region = buf.region();
         self.guards.push(buf);
         Ok(region)
     }

@@ -2,6 +2,7 @@
 //! Python package around it (`python/kvtier`) adds config loading and engine adapters.
 
 mod buffers;
+mod completions;
 mod errors;
 mod store;
 
@@ -16,6 +17,7 @@ fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
         .filter(log::LevelFilter::Info)
         .install();
     m.add_class::<store::Store>()?;
+    m.add_class::<completions::CompletionQueue>()?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

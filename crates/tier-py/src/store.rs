@@ -13,10 +13,11 @@ use tier_core::{
 use tokio::task::JoinHandle;
 
 use crate::buffers::Lent;
+use crate::completions::CompletionQueue;
 use crate::errors::to_py;
 
 /// The one runtime of the process, shared by every store and adapter.
-fn runtime() -> &'static tokio::runtime::Runtime {
+pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RUNTIME.get_or_init(|| {
         tokio::runtime::Builder::new_multi_thread()
@@ -36,7 +37,7 @@ fn registry() -> Registry {
     registry
 }
 
-fn keys(py: Python<'_>, keys: &[String]) -> PyResult<Vec<PageKey>> {
+pub(crate) fn keys(py: Python<'_>, keys: &[String]) -> PyResult<Vec<PageKey>> {
     keys.iter()
         .map(|k| PageKey::new(k.as_str()).map_err(|e| to_py(py, &e)))
         .collect()
@@ -139,7 +140,7 @@ impl Store {
     }
 }
 
-fn py_bool(py: Python<'_>, b: bool) -> PyObject {
+pub(crate) fn py_bool(py: Python<'_>, b: bool) -> PyObject {
     PyBool::new(py, b).to_owned().into_any().unbind()
 }
 
@@ -329,6 +330,13 @@ impl Store {
             previous.abort();
         }
         Ok((bound.ip().to_string(), bound.port()))
+    }
+
+    /// A queue of non-blocking calls on this store, with its own eventfd; at most
+    /// `max_pending` calls running or awaiting `drain` at once (beyond: `Unavailable`).
+    #[pyo3(signature = (max_pending = 4096))]
+    fn completion_queue(&self, py: Python<'_>, max_pending: usize) -> PyResult<CompletionQueue> {
+        CompletionQueue::new(py, Arc::clone(&self.hierarchy), max_pending)
     }
 
     /// Largest page every tier takes, in bytes (`None`: no limit).

@@ -67,6 +67,7 @@ from ._kvtier import Store as _Store  # noqa: E402
 
 __all__ = [
     "Store",
+    "CompletionQueue",
     "KvtierError",
     "ConfigError",
     "InvalidKey",
@@ -186,6 +187,12 @@ class Store:
         store is dropped; returns the bound ``(host, port)`` (port 0 picks a free one)."""
         return self._store.serve_metrics(addr)
 
+    def completion_queue(self, max_pending: int = 4096) -> "CompletionQueue":
+        """A queue of non-blocking calls on this store (for engines whose threads must not
+        wait): each ``submit_*`` returns an id at once, its completion is announced on
+        :meth:`CompletionQueue.event_fd` and taken with :meth:`CompletionQueue.drain`."""
+        return CompletionQueue(self._store.completion_queue(max_pending))
+
     @property
     def max_page_bytes(self) -> "int | None":
         """Largest page every tier takes (``None``: no limit)."""
@@ -201,3 +208,59 @@ class Store:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class CompletionQueue:
+    """Non-blocking calls on a :class:`Store`, completed in kvtier's runtime.
+
+    Each ``submit_*`` returns an id at once (or raises at once on bad input, or when
+    ``max_pending`` calls are running or undrained). A finished call makes :meth:`event_fd`
+    readable; :meth:`drain` takes every finished call as ``(id, per-key results)``, results as
+    in :class:`Store`'s blocking calls (:meth:`submit_exists` answers per key whether it is in
+    the leading run of present keys). The buffers a call uses are held until it is drained.
+    """
+
+    def __init__(self, queue: Any):
+        self._queue = queue
+
+    def event_fd(self) -> int:
+        """An eventfd, readable while completions wait to be drained."""
+        return self._queue.event_fd()
+
+    def submit_put(self, keys: Sequence[str], pages: Sequence[Any]) -> int:
+        """Stores pages (as :meth:`Store.put` takes them)."""
+        return self._queue.submit_put(list(keys), [_page(p) for p in pages])
+
+    def submit_get_into(self, keys: Sequence[str], bufs: Sequence[Any]) -> int:
+        """Reads pages into writable buffers (as :meth:`Store.get_into` takes them)."""
+        return self._queue.submit_get_into(list(keys), [_page(b) for b in bufs])
+
+    def submit_put_regions(self, keys: Sequence[str], addresses: Sequence[int], lengths: Sequence[int]) -> int:
+        """Stores pages of raw host regions (as :meth:`Store.put_regions` takes them)."""
+        return self._queue.submit_put_regions(list(keys), list(addresses), list(lengths))
+
+    def submit_get_into_regions(self, keys: Sequence[str], addresses: Sequence[int], lengths: Sequence[int]) -> int:
+        """Reads pages into raw host regions (as :meth:`Store.get_into_regions` takes them)."""
+        return self._queue.submit_get_into_regions(list(keys), list(addresses), list(lengths))
+
+    def submit_exists(self, keys: Iterable[str]) -> int:
+        """Checks presence; per key ``True`` when it is in the leading run of present keys."""
+        return self._queue.submit_exists(list(keys))
+
+    def submit_remove(self, keys: Iterable[str]) -> int:
+        """Removes pages; per key ``True`` (was present) or ``False``."""
+        return self._queue.submit_remove(list(keys))
+
+    def drain(self) -> list:
+        """Every finished call as ``(id, per-key results)``, in completion order."""
+        return self._queue.drain()
+
+    @property
+    def pending(self) -> int:
+        """Calls submitted and not yet drained."""
+        return self._queue.pending
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Refuses new calls and waits up to ``timeout`` seconds for the running ones."""
+        self._queue.close(timeout)
+

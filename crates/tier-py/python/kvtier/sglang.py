@@ -19,11 +19,9 @@ data path never raises: a failure is ``False`` or a shorter prefix, logged at a 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import threading
-import tomllib
 import time
 from typing import Any, List, Optional
 
@@ -31,48 +29,12 @@ import torch
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
-from . import ConfigError, Store
+from . import Store
+from ._engine import RateLimitedLog, load_config
 
 logger = logging.getLogger(__name__)
 
 ZERO_COPY_LAYOUTS = ("page_first", "page_first_direct")
-
-
-def _load_config(extra: dict) -> dict:
-    """The hierarchy config: from ``extra["config"]`` (a TOML or JSON path) or inline from
-    ``extra["tiers"]`` and ``extra["hierarchy"]``."""
-    path = extra.get("config")
-    if path:
-        try:
-            text = open(path, encoding="utf-8").read()
-        except OSError as e:
-            raise ConfigError(f"cannot read kvtier config {path}: {e}") from None
-        try:
-            return json.loads(text) if str(path).endswith(".json") else tomllib.loads(text)
-        except ValueError as e:
-            raise ConfigError(f"kvtier config {path}: {e}") from None
-    if extra.get("tiers"):
-        return {"tiers": extra["tiers"], "hierarchy": extra.get("hierarchy", {})}
-    raise ConfigError('kvtier needs extra_config["config"] (a TOML or JSON path) or extra_config["tiers"]')
-
-
-class _RateLimitedLog:
-    """Logs the first few failures of each kind, then one in a while with a count."""
-
-    def __init__(self, burst: int = 5, every_s: float = 10.0):
-        self.burst, self.every_s = burst, every_s
-        self.lock = threading.Lock()
-        self.seen: dict = {}
-
-    def warn(self, what: str, err: BaseException) -> None:
-        now = time.monotonic()
-        with self.lock:
-            count, last = self.seen.get(what, (0, 0.0))
-            count += 1
-            loud = count <= self.burst or now - last >= self.every_s
-            self.seen[what] = (count, now if loud else last)
-        if loud:
-            logger.warning("kvtier %s failed (%d so far): %s", what, count, err)
 
 
 class KvtierStorage(HiCacheStorage):
@@ -84,7 +46,7 @@ class KvtierStorage(HiCacheStorage):
         self.is_mla = bool(storage_config.is_mla_model)
         writer = getattr(storage_config, "is_storage_writer", None)
         self.is_writer = bool(writer) if writer is not None else (not self.is_mla or storage_config.tp_rank == 0)
-        self.store = Store(self._rank_config(_load_config(extra)))
+        self.store = Store(self._rank_config(load_config(extra)))
         # Prometheus metrics of this rank's store, at the port given plus the rank.
         self.metrics_addr = None
         if extra.get("metrics_addr"):
@@ -95,7 +57,7 @@ class KvtierStorage(HiCacheStorage):
         self.mem_pool_host = None
         self.zero_copy = False
         self.prefix = self._namespace(None)
-        self.log = _RateLimitedLog()
+        self.log = RateLimitedLog(logger)
         self._lock = threading.Lock()
         self._prefetch_pgs: List[int] = []
         self._backup_pgs: List[int] = []

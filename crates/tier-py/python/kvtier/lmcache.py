@@ -1,0 +1,117 @@
+"""kvtier as an LMCache L2 storage plugin (LMCache's multi-process ``native_plugin`` adapter).
+
+LMCache loads it by module path::
+
+    --l2-adapter '{"type": "native_plugin", "module_path": "kvtier.lmcache",
+        "class_name": "KvtierL2Connector",
+        "adapter_params": {"config": "/etc/kvtier/hierarchy.toml"}}'
+
+``adapter_params`` holds ``config`` (a TOML or JSON path) or inline ``tiers`` (and optional
+``hierarchy``), and optionally ``max_pending`` (calls running or undrained at once, default
+4096). Submits never block: each starts a call in kvtier's runtime and returns its id; its
+completion makes :meth:`KvtierL2Connector.event_fd` readable. Page bytes move straight
+between LMCache's memory objects and storage. Failures are completions with ``ok`` false
+(logged at a bounded rate), never exceptions into LMCache.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, List, Optional, Sequence, Tuple
+
+from . import Store
+from ._engine import RateLimitedLog, load_config
+
+logger = logging.getLogger(__name__)
+
+Completion = Tuple[int, bool, str, Optional[List[bool]]]
+
+
+class KvtierL2Connector:
+    """A kvtier hierarchy as LMCache's native L2 connector: ``event_fd``, ``submit_batch_*``
+    (set, get, exists, delete), ``drain_completions`` and ``close``."""
+
+    def __init__(
+        self,
+        config: Optional[str] = None,
+        tiers: Optional[list] = None,
+        hierarchy: Optional[dict] = None,
+        max_pending: int = 4096,
+    ):
+        params = {"config": config, "tiers": tiers, "hierarchy": hierarchy or {}}
+        self.store = Store(load_config(params, "adapter_params"))
+        self.queue = self.store.completion_queue(max_pending)
+        self.log = RateLimitedLog(logger)
+        self._lock = threading.Lock()
+        # Submits refused at once complete as failures with ids of their own (negative, so
+        # they never meet the queue's).
+        self._refused: List[Completion] = []
+        self._next_refused = -1
+        self._closed = False
+
+    def event_fd(self) -> int:
+        """Readable while completions wait; :meth:`drain_completions` resets it."""
+        return self.queue.event_fd()
+
+    def _submit(self, what: str, call: Any, keys: Sequence[str], *args: Any) -> int:
+        try:
+            return call(list(keys), *args)
+        except Exception as e:
+            self.log.warn(what, e)
+            with self._lock:
+                fid = self._next_refused
+                self._next_refused -= 1
+                self._refused.append((fid, False, f"{type(e).__name__}: {e}", [False] * len(keys)))
+            os.eventfd_write(self.queue.event_fd(), 1)
+            return fid
+
+    def submit_batch_set(self, keys: List[str], memoryviews: Sequence[memoryview]) -> int:
+        """Stores each memoryview as the page of its key; per key ``True`` once stored."""
+        return self._submit("set", self.queue.submit_put, keys, list(memoryviews))
+
+    def submit_batch_get(self, keys: List[str], memoryviews: Sequence[memoryview]) -> int:
+        """Reads each key's page into its memoryview; per key ``True`` on a hit."""
+        return self._submit("get", self.queue.submit_get_into, keys, list(memoryviews))
+
+    def submit_batch_exists(self, keys: List[str]) -> int:
+        """Per key ``True`` when it is in the leading run of present keys (LMCache reuses a
+        prefix)."""
+        return self._submit("exists", self.queue.submit_exists, keys)
+
+    def submit_batch_delete(self, keys: List[str]) -> int:
+        """Removes pages; per key ``True`` when it was present."""
+        return self._submit("delete", self.queue.submit_remove, keys)
+
+    def drain_completions(self) -> List[Completion]:
+        """Every finished call as ``(future_id, ok, error, per-key results)``."""
+        with self._lock:
+            out, self._refused = self._refused, []
+        for fid, results in self.queue.drain():
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                self.log.warn("call", errors[0])
+            out.append(
+                (
+                    fid,
+                    not errors,
+                    f"{type(errors[0]).__name__}: {errors[0]}" if errors else "",
+                    [r is True or r is None for r in results],
+                )
+            )
+        return out
+
+    def close(self) -> None:
+        """Waits for running calls, then drains the store's queued copies."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.queue.close()
+        except Exception as e:
+            self.log.warn("close", e)
+        try:
+            self.store.close()
+        except Exception as e:
+            self.log.warn("close", e)

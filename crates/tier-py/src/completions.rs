@@ -1,0 +1,413 @@
+//! `kvtier.CompletionQueue`: calls that return at once with an id and complete in kvtier's
+//! runtime, for engines that must not block (LMCache's L2 plugins, vLLM's secondary tiers).
+//!
+//! A completion is announced on an eventfd (readable while completions wait to be drained)
+//! and taken with `drain`. The buffers a call reads or writes stay held by the queue until
+//! its completion is drained: the caller's memory cannot be released while kvtier uses it.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use tier_core::{Hierarchy, Lookup, Page, ReadSlot, StorageTier, TierError};
+
+use crate::buffers::Lent;
+use crate::errors::to_py;
+use crate::store::{py_bool, runtime};
+
+/// What one call came to, per key.
+enum Outcome {
+    Put(Vec<Result<(), TierError>>),
+    Get(Vec<Result<Lookup, TierError>>),
+    /// The leading run of present keys, of `of`.
+    Exists(Result<usize, TierError>, usize),
+    Remove(Vec<Result<bool, TierError>>),
+    /// The call's task ended before it finished (the runtime shut down).
+    Dropped(usize),
+}
+
+impl Outcome {
+    /// Per key: `None` (stored), `True`/`False` (hit or miss; present or not), or the
+    /// exception for that key.
+    fn to_py(&self, py: Python<'_>) -> Vec<PyObject> {
+        let err = |e: &TierError| to_py(py, e).into_value(py).into_any();
+        match self {
+            Outcome::Put(r) => r
+                .iter()
+                .map(|r| r.as_ref().map_or_else(err, |()| py.None()))
+                .collect(),
+            Outcome::Get(r) => r
+                .iter()
+                .map(|r| {
+                    r.as_ref()
+                        .map_or_else(err, |l| py_bool(py, *l == Lookup::Hit))
+                })
+                .collect(),
+            Outcome::Exists(Ok(n), of) => (0..*of).map(|i| py_bool(py, i < *n)).collect(),
+            Outcome::Exists(Err(e), of) => (0..*of).map(|_| err(e)).collect(),
+            Outcome::Remove(r) => r
+                .iter()
+                .map(|r| r.as_ref().map_or_else(err, |b| py_bool(py, *b)))
+                .collect(),
+            Outcome::Dropped(of) => {
+                let e = TierError::Unavailable(
+                    "kvtier's runtime stopped before the call finished".into(),
+                );
+                (0..*of).map(|_| err(&e)).collect()
+            }
+        }
+    }
+}
+
+/// A finished call, holding the buffers it used until it is drained.
+struct Done {
+    id: u64,
+    outcome: Outcome,
+    _lent: Lent,
+}
+
+#[derive(Default)]
+struct State {
+    next_id: u64,
+    running: usize,
+    done: Vec<Done>,
+    closed: bool,
+}
+
+struct Shared {
+    /// Readable while completions wait; `drain` resets it.
+    eventfd: OwnedFd,
+    state: Mutex<State>,
+    /// Signalled whenever a call finishes.
+    finished: Condvar,
+    max_pending: usize,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn finish(&self, id: u64, outcome: Outcome, lent: Lent) {
+        let mut state = self.lock();
+        state.running -= 1;
+        state.done.push(Done {
+            id,
+            outcome,
+            _lent: lent,
+        });
+        drop(state);
+        self.finished.notify_all();
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to an eventfd this struct owns. A full
+        // counter (EAGAIN) still reads as readable, so the result needs no handling.
+        unsafe { libc::write(self.eventfd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Empties the eventfd's counter (non-blocking).
+    fn reset(&self) {
+        let mut count: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from a non-blocking eventfd this struct owns.
+        unsafe { libc::read(self.eventfd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+    }
+
+    /// Waits, up to `timeout`, until no call runs; the number still running.
+    fn wait_idle(&self, timeout: Duration) -> usize {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.lock();
+        while state.running > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            state = self
+                .finished
+                .wait_timeout(state, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        state.running
+    }
+}
+
+/// A call running in the runtime: finishes as `Dropped` if its task ends without finishing,
+/// so the queue always learns of it and the buffers it holds are released by a drain.
+struct Ticket {
+    shared: Arc<Shared>,
+    id: u64,
+    keys: usize,
+    lent: Option<Lent>,
+}
+
+impl Ticket {
+    fn finish(mut self, outcome: Outcome) {
+        if let Some(lent) = self.lent.take() {
+            self.shared.finish(self.id, outcome, lent);
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Some(lent) = self.lent.take() {
+            self.shared
+                .finish(self.id, Outcome::Dropped(self.keys), lent);
+        }
+    }
+}
+
+/// Non-blocking calls on a store: each `submit_*` returns an id at once; its completion is
+/// announced on [`CompletionQueue::event_fd`] and taken with [`CompletionQueue::drain`].
+#[pyclass(module = "kvtier._kvtier", frozen)]
+pub struct CompletionQueue {
+    hierarchy: Arc<Hierarchy>,
+    shared: Arc<Shared>,
+}
+
+impl CompletionQueue {
+    pub fn new(py: Python<'_>, hierarchy: Arc<Hierarchy>, max_pending: usize) -> PyResult<Self> {
+        // SAFETY: eventfd takes no pointers; a non-negative result is a new fd we own.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(to_py(
+                py,
+                &TierError::Unavailable(format!("cannot create an eventfd: {e}")),
+            ));
+        }
+        Ok(Self {
+            hierarchy,
+            shared: Arc::new(Shared {
+                // SAFETY: `fd` is a fresh descriptor owned by nothing else.
+                eventfd: unsafe { OwnedFd::from_raw_fd(fd) },
+                state: Mutex::new(State::default()),
+                finished: Condvar::new(),
+                max_pending: max_pending.max(1),
+            }),
+        })
+    }
+
+    /// Takes an id for a call of `keys` keys, or refuses it (queue closed or full).
+    fn ticket(&self, py: Python<'_>, keys: usize, lent: Lent) -> PyResult<Ticket> {
+        let mut state = self.shared.lock();
+        let refuse = |why: String| to_py(py, &TierError::Unavailable(why));
+        if state.closed {
+            return Err(refuse("the completion queue is closed".into()));
+        }
+        if state.running + state.done.len() >= self.shared.max_pending {
+            let (running, done) = (state.running, state.done.len());
+            return Err(refuse(format!(
+                "{running} calls running and {done} completions not drained: at the queue's \
+                 max_pending of {}",
+                self.shared.max_pending
+            )));
+        }
+        state.next_id += 1;
+        state.running += 1;
+        Ok(Ticket {
+            shared: Arc::clone(&self.shared),
+            id: state.next_id,
+            keys,
+            lent: Some(lent),
+        })
+    }
+
+    fn submit_put_lent(&self, py: Python<'_>, keys: &[String], lent: Lent) -> PyResult<u64> {
+        let keys = crate::store::keys(py, keys)?;
+        let regions = lent.pages.clone();
+        let ticket = self.ticket(py, keys.len(), lent)?;
+        let id = ticket.id;
+        let hierarchy = Arc::clone(&self.hierarchy);
+        runtime().spawn(async move {
+            let results = {
+                let pages: Vec<Page<'_>> = keys
+                    .iter()
+                    .zip(&regions)
+                    .map(|(key, regions)| {
+                        Page::lent(
+                            key.clone(),
+                            regions.iter().map(|&(addr, len)| {
+                                // SAFETY: each region is a live buffer export held by the
+                                // ticket (released only after this block ends), or memory
+                                // the caller vouches for until the completion is drained.
+                                unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
+                            }),
+                        )
+                    })
+                    .collect();
+                hierarchy.put(&pages).await
+            };
+            ticket.finish(Outcome::Put(results));
+        });
+        Ok(id)
+    }
+
+    fn submit_get_lent(&self, py: Python<'_>, keys: &[String], lent: Lent) -> PyResult<u64> {
+        let keys = crate::store::keys(py, keys)?;
+        let regions = lent.pages.clone();
+        let ticket = self.ticket(py, keys.len(), lent)?;
+        let id = ticket.id;
+        let hierarchy = Arc::clone(&self.hierarchy);
+        runtime().spawn(async move {
+            let results = {
+                let mut slots: Vec<ReadSlot<'_>> = keys
+                    .iter()
+                    .zip(&regions)
+                    .map(|(key, regions)| {
+                        ReadSlot::regions(
+                            key.clone(),
+                            regions
+                                .iter()
+                                .map(|&(addr, len)| {
+                                    // SAFETY: writable, disjoint regions (checked by `Lent`)
+                                    // of live exports held by the ticket until this block
+                                    // ends, or caller-vouched raw memory.
+                                    unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
+                                })
+                                .collect(),
+                        )
+                    })
+                    .collect();
+                hierarchy.get(&mut slots).await
+            };
+            ticket.finish(Outcome::Get(results));
+        });
+        Ok(id)
+    }
+}
+
+#[pymethods]
+impl CompletionQueue {
+    /// The eventfd that is readable while completions wait to be drained.
+    fn event_fd(&self) -> i32 {
+        self.shared.eventfd.as_raw_fd()
+    }
+
+    /// Submits a put (pages as for `Store.put`); returns the call's id.
+    fn submit_put(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        pages: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        let lent = Lent::parse(py, &keys, &pages, false)?;
+        self.submit_put_lent(py, &keys, lent)
+    }
+
+    /// Submits a put of raw host regions (laid out as for `Store.put_regions`).
+    fn submit_put_regions(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        addresses: Vec<usize>,
+        lengths: Vec<usize>,
+    ) -> PyResult<u64> {
+        let lent = Lent::raw(py, &keys, addresses, lengths, false)?;
+        self.submit_put_lent(py, &keys, lent)
+    }
+
+    /// Submits a read into writable buffers (as for `Store.get_into`); returns the call's id.
+    fn submit_get_into(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        bufs: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        let lent = Lent::parse(py, &keys, &bufs, true)?;
+        self.submit_get_lent(py, &keys, lent)
+    }
+
+    /// Submits a read into raw host regions (laid out as for `Store.put_regions`).
+    fn submit_get_into_regions(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        addresses: Vec<usize>,
+        lengths: Vec<usize>,
+    ) -> PyResult<u64> {
+        let lent = Lent::raw(py, &keys, addresses, lengths, true)?;
+        self.submit_get_lent(py, &keys, lent)
+    }
+
+    /// Submits a presence check; its completion answers per key whether it belongs to the
+    /// leading run of present keys.
+    fn submit_exists(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<u64> {
+        let keys = crate::store::keys(py, &keys)?;
+        let ticket = self.ticket(py, keys.len(), Lent::default())?;
+        let id = ticket.id;
+        let hierarchy = Arc::clone(&self.hierarchy);
+        runtime().spawn(async move {
+            let n = hierarchy.exists(&keys).await;
+            ticket.finish(Outcome::Exists(n, keys.len()));
+        });
+        Ok(id)
+    }
+
+    /// Submits a removal; its completion answers per key whether the page was present.
+    fn submit_remove(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<u64> {
+        let keys = crate::store::keys(py, &keys)?;
+        let ticket = self.ticket(py, keys.len(), Lent::default())?;
+        let id = ticket.id;
+        let hierarchy = Arc::clone(&self.hierarchy);
+        runtime().spawn(async move {
+            let results = hierarchy.remove(&keys).await;
+            ticket.finish(Outcome::Remove(results));
+        });
+        Ok(id)
+    }
+
+    /// Takes every completion that has arrived, as `(id, per-key results)` in completion
+    /// order, and releases the buffers those calls held. Resets the eventfd first, so a
+    /// completion arriving meanwhile leaves it readable.
+    fn drain(&self, py: Python<'_>) -> Vec<(u64, Vec<PyObject>)> {
+        self.shared.reset();
+        let done = std::mem::take(&mut self.shared.lock().done);
+        done.into_iter()
+            .map(|d| (d.id, d.outcome.to_py(py)))
+            .collect()
+    }
+
+    /// Calls submitted and not yet drained.
+    #[getter]
+    fn pending(&self) -> usize {
+        let state = self.shared.lock();
+        state.running + state.done.len()
+    }
+
+    /// Refuses new calls and waits, up to `timeout` seconds, for the running ones; raises
+    /// `Unavailable` naming how many still run after that. Undrained completions stay
+    /// drainable.
+    #[pyo3(signature = (timeout = 60.0))]
+    fn close(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
+        if !timeout.is_finite() || timeout < 0.0 {
+            return Err(PyValueError::new_err(format!(
+                "timeout {timeout} is not a number of seconds"
+            )));
+        }
+        self.shared.lock().closed = true;
+        let shared = &self.shared;
+        let running = py.allow_threads(|| shared.wait_idle(Duration::from_secs_f64(timeout)));
+        if running > 0 {
+            return Err(to_py(
+                py,
+                &TierError::Unavailable(format!("{running} calls still running after {timeout} s")),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CompletionQueue {
+    /// Waits (bounded) for running calls, so the buffers they hold are released here, with
+    /// the interpreter alive, rather than by a runtime thread later.
+    fn drop(&mut self) {
+        self.shared.lock().closed = true;
+        Python::with_gil(|py| {
+            let shared = &self.shared;
+            py.allow_threads(|| shared.wait_idle(Duration::from_secs(60)));
+            drop(std::mem::take(&mut shared.lock().done));
+        });
+    }
+}
