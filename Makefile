@@ -2,6 +2,7 @@
 #   make run    the main job: `kvtier replay` on a built-in workload (DRAM over NIXL FILE)
 #   make test   every test, after installing what the tests need, beside a real S3 server
 VENV ?= $(or $(KVTIER_VENV),/opt/kvtier/venv)
+LMCACHE_VENV ?= $(or $(KVTIER_LMCACHE_VENV),/opt/kvtier/venv-lmcache)
 
 .PHONY: setup run test tests pytests wheel lint bench bench-sglang
 
@@ -29,10 +30,13 @@ wheel:
 	rm -f target/wheels/kvtier-*.whl
 	$(VENV)/bin/maturin build --release --quiet -m crates/tier-py/Cargo.toml -i $(VENV)/bin/python
 
-# The Python tests, on the wheel installed into the venv, on SGLang's real classes.
+# The Python tests, on the wheel installed into the venv, on SGLang's real classes; then
+# each engine's tests in that engine's venv, on its own code.
 pytests: wheel
 	$(VENV)/bin/pip install --quiet --force-reinstall --no-deps target/wheels/kvtier-*.whl
-	cd crates/tier-py/tests && $(VENV)/bin/python -m pytest -q -p no:warnings -p no:cacheprovider
+	cd crates/tier-py/tests && $(VENV)/bin/python -m pytest -q -p no:warnings -p no:cacheprovider --ignore=engines
+	$(LMCACHE_VENV)/bin/pip install --quiet --force-reinstall --no-deps target/wheels/kvtier-*.whl
+	cd crates/tier-py/tests && $(LMCACHE_VENV)/bin/python -m pytest -q -rA -p no:warnings -p no:cacheprovider engines/lmcache
 
 # kvtier's SGLang backend beside SGLang's own NIXL backend, on SGLang's host pool.
 bench-sglang: setup wheel

@@ -5,6 +5,8 @@
 #   scripts/setup.sh s3      s3s-fs, a real S3 server the object-storage tests start on loopback
 #   scripts/setup.sh py      the Python venv the kvtier wheel is tested in (torch, SGLang's classes,
 #                            nixl, maturin, pytest), at $KVTIER_VENV (default /opt/kvtier/venv)
+#   scripts/setup.sh lmcache LMCache's venv at $KVTIER_LMCACHE_VENV (default /opt/kvtier/venv-lmcache),
+#                            sharing torch with the venv above (its packages come after its own)
 #   scripts/setup.sh all     all of them
 set -euo pipefail
 
@@ -14,6 +16,8 @@ S3S_VERSION=0.14.1
 S3S_ROOT=${KVTIER_S3S_ROOT:-/opt/kvtier/s3s}
 VENV=${KVTIER_VENV:-/opt/kvtier/venv}
 SGLANG_VERSION=0.5.23
+LMCACHE_VENV=${KVTIER_LMCACHE_VENV:-/opt/kvtier/venv-lmcache}
+LMCACHE_VERSION=0.5.6
 
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -78,11 +82,36 @@ setup_py() {
   touch "$marker"
 }
 
+# An engine's venv on top of the base venv: its own packages first (the engine's pins), then
+# the base venv's through a .pth file, so torch is installed once and pip sees it installed.
+chain_venv() {
+  local venv=$1 site base
+  python3 -m venv "$venv"
+  site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  base=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  echo "$base" > "$site/zz-kvtier-base-venv.pth"
+}
+
+setup_lmcache() {
+  local marker="$LMCACHE_VENV/.installed-lmcache-$LMCACHE_VERSION"
+  if [ -f "$marker" ]; then
+    return
+  fi
+  setup_py
+  echo "setup: creating LMCache's venv $LMCACHE_VENV (lmcache $LMCACHE_VERSION over $VENV)"
+  chain_venv "$LMCACHE_VENV"
+  "$LMCACHE_VENV/bin/pip" install --quiet --upgrade pip
+  "$LMCACHE_VENV/bin/pip" install --quiet "lmcache==$LMCACHE_VERSION" pytest
+  "$LMCACHE_VENV/bin/python" -c "import lmcache.v1.distributed.storage_manager, torch"
+  touch "$marker"
+}
+
 case "${1:-all}" in
   build) setup_build ;;
   nixl) setup_nixl ;;
   s3) setup_s3 ;;
   py) setup_py ;;
-  all) setup_build; setup_nixl; setup_s3; setup_py ;;
-  *) echo "usage: $0 [build|nixl|s3|py|all]" >&2; exit 2 ;;
+  lmcache) setup_lmcache ;;
+  all) setup_build; setup_nixl; setup_s3; setup_py; setup_lmcache ;;
+  *) echo "usage: $0 [build|nixl|s3|py|lmcache|all]" >&2; exit 2 ;;
 esac
