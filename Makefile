@@ -3,6 +3,7 @@
 #   make test   every test, after installing what the tests need, beside a real S3 server
 VENV ?= $(or $(KVTIER_VENV),/opt/kvtier/venv)
 LMCACHE_VENV ?= $(or $(KVTIER_LMCACHE_VENV),/opt/kvtier/venv-lmcache)
+VLLM_VENV ?= $(or $(KVTIER_VLLM_VENV),/opt/kvtier/venv-vllm)
 
 .PHONY: setup run test tests pytests wheel lint bench bench-sglang
 
@@ -37,6 +38,8 @@ pytests: wheel
 	cd crates/tier-py/tests && $(VENV)/bin/python -m pytest -q -p no:warnings -p no:cacheprovider --ignore=engines
 	$(LMCACHE_VENV)/bin/pip install --quiet --force-reinstall --no-deps target/wheels/kvtier-*.whl
 	cd crates/tier-py/tests && $(LMCACHE_VENV)/bin/python -m pytest -q -rA -p no:warnings -p no:cacheprovider engines/lmcache
+	$(VLLM_VENV)/bin/pip install --quiet --force-reinstall --no-deps target/wheels/kvtier-*.whl
+	cd crates/tier-py/tests && $(VLLM_VENV)/bin/python -m pytest -q -rA -p no:warnings -p no:cacheprovider engines/vllm
 
 # kvtier's SGLang backend beside SGLang's own NIXL backend, on SGLang's host pool.
 bench-sglang: setup wheel

@@ -7,6 +7,8 @@
 #                            nixl, maturin, pytest), at $KVTIER_VENV (default /opt/kvtier/venv)
 #   scripts/setup.sh lmcache LMCache's venv at $KVTIER_LMCACHE_VENV (default /opt/kvtier/venv-lmcache),
 #                            sharing torch with the venv above (its packages come after its own)
+#   scripts/setup.sh vllm    vLLM's venv at $KVTIER_VLLM_VENV (default /opt/kvtier/venv-vllm), a venv
+#                            of its own: vLLM pins torch 2.14.0, the base venv has a newer one
 #   scripts/setup.sh all     all of them
 set -euo pipefail
 
@@ -18,6 +20,8 @@ VENV=${KVTIER_VENV:-/opt/kvtier/venv}
 SGLANG_VERSION=0.5.23
 LMCACHE_VENV=${KVTIER_LMCACHE_VENV:-/opt/kvtier/venv-lmcache}
 LMCACHE_VERSION=0.5.6
+VLLM_VENV=${KVTIER_VLLM_VENV:-/opt/kvtier/venv-vllm}
+VLLM_VERSION=0.33.0
 
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -106,12 +110,26 @@ setup_lmcache() {
   touch "$marker"
 }
 
+setup_vllm() {
+  local marker="$VLLM_VENV/.installed-vllm-$VLLM_VERSION"
+  if [ -f "$marker" ]; then
+    return
+  fi
+  echo "setup: creating vLLM's venv $VLLM_VENV (vllm $VLLM_VERSION and its torch; about 6 minutes)"
+  python3 -m venv "$VLLM_VENV"
+  "$VLLM_VENV/bin/pip" install --quiet --upgrade pip
+  "$VLLM_VENV/bin/pip" install --quiet "vllm==$VLLM_VERSION" pytest
+  "$VLLM_VENV/bin/python" -c "import vllm.v1.kv_offload.tiering.manager, torch"
+  touch "$marker"
+}
+
 case "${1:-all}" in
   build) setup_build ;;
   nixl) setup_nixl ;;
   s3) setup_s3 ;;
   py) setup_py ;;
   lmcache) setup_lmcache ;;
-  all) setup_build; setup_nixl; setup_s3; setup_py; setup_lmcache ;;
-  *) echo "usage: $0 [build|nixl|s3|py|lmcache|all]" >&2; exit 2 ;;
+  vllm) setup_vllm ;;
+  all) setup_build; setup_nixl; setup_s3; setup_py; setup_lmcache; setup_vllm ;;
+  *) echo "usage: $0 [build|nixl|s3|py|lmcache|vllm|all]" >&2; exit 2 ;;
 esac

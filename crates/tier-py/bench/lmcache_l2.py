@@ -1,0 +1,116 @@
+"""kvtier's LMCache L2 plugin beside LMCache's own file-system L2 adapters, through LMCache's
+L2 adapter interface (the calls its StorageManager makes): store a batch of chunks, then load
+them back into LMCache memory objects, every byte compared after each round. Rounds are
+interleaved (each backend in turn, fresh keys each round) and medians are quoted, with the
+ratio kvtier / LMCache.
+
+    python crates/tier-py/bench/lmcache_l2.py [--chunks 32] [--chunk-mib 2] [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from lmcache.v1.check.check_mode_test_l2_adapter import (
+    _create_l1_memory_desc,
+    _create_memory_obj,
+    _create_object_key,
+    _run_load_phase,
+    _run_store_phase,
+)
+from lmcache.v1.distributed.l2_adapters import create_l2_adapter
+from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config
+
+
+def adapter_specs(root: Path) -> dict:
+    kv = root / "kvtier"
+    return {
+        "lmcache fs": {"type": "fs", "base_path": str(root / "lmcache-fs")},
+        "lmcache fs_native": {"type": "fs_native", "base_path": str(root / "lmcache-fs-native")},
+        "kvtier nixl-file": {"type": "native_plugin", "module_path": "kvtier.lmcache",
+                             "class_name": "KvtierL2Connector",
+                             "adapter_params": {"tiers": [{"kind": "nixl-file", "dirs": [str(kv)],
+                                                           "capacity": "8GiB"}]}},
+    }
+
+
+def make_adapter(spec: dict, l1: torch.Tensor):
+    import argparse as ap
+
+    cfg = parse_args_to_l2_adapters_config(ap.Namespace(l2_adapter=[json.dumps(spec)]))
+    return create_l2_adapter(cfg.adapters[0], l1_memory_desc=_create_l1_memory_desc(l1))
+
+
+def one_round(adapter, l1, n, elems, tag):
+    flat = l1.view(-1)
+    keys = [_create_object_key("bench/model", f"{tag}-{i}") for i in range(n)]
+    src = [_create_memory_obj(raw_data=flat[i * elems:(i + 1) * elems], fill_value=float(i % 97 + 1),
+                              obj_size=elems, dtype=torch.float16) for i in range(n)]
+    dst = [_create_memory_obj(raw_data=flat[(n + i) * elems:(n + i + 1) * elems], fill_value=0.0,
+                              obj_size=elems, dtype=torch.float16) for i in range(n)]
+    t0 = time.perf_counter()
+    _, ok = _run_store_phase(adapter, keys, src)
+    t1 = time.perf_counter()
+    _, bitmap = _run_load_phase(adapter, keys, dst)
+    t2 = time.perf_counter()
+    assert ok, "store failed"
+    assert bitmap is not None and all(bitmap.test(i) for i in range(n)), "load missed"
+    assert all(torch.equal(d.tensor, s.tensor) for d, s in zip(dst, src)), "bytes differ"
+    adapter.submit_unlock(keys)
+    return t1 - t0, t2 - t1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chunks", type=int, default=32)
+    ap.add_argument("--chunk-mib", type=float, default=2.0)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--root", default=None, help="folder for the files (default: a temp folder)")
+    args = ap.parse_args()
+    root = Path(args.root or tempfile.mkdtemp(prefix="kvtier-lmcache-bench-"))
+    elems = int(args.chunk_mib * (1 << 20)) // 2
+    n = args.chunks
+    l1 = torch.empty(2 * n * elems, dtype=torch.float16)
+    adapters = {}
+    for name, spec in adapter_specs(root).items():
+        try:
+            adapters[name] = make_adapter(spec, l1)
+        except Exception as e:  # fs_native needs LMCache's native library
+            print(f"{name}: not available here ({type(e).__name__}: {e})")
+    times = {name: ([], []) for name in adapters}
+    try:
+        one_round(adapters["kvtier nixl-file"], l1, n, elems, "warm")
+        for r in range(args.rounds):
+            for name, adapter in adapters.items():
+                store, load = one_round(adapter, l1, n, elems, f"r{r}")
+                times[name][0].append(store)
+                times[name][1].append(load)
+    finally:
+        for adapter in adapters.values():
+            adapter.close()
+        if args.root is None:
+            shutil.rmtree(root, ignore_errors=True)
+    mib = n * elems * 2 / (1 << 20)
+    print(f"\n{n} chunks of {args.chunk_mib:g} MiB, {args.rounds} interleaved rounds, median MiB/s "
+          "(every byte compared each round)\n")
+    print(f"| backend | store MiB/s | load MiB/s |")
+    print(f"|---|---:|---:|")
+    med = {name: (mib / statistics.median(s), mib / statistics.median(l)) for name, (s, l) in times.items()}
+    for name, (s, l) in med.items():
+        print(f"| {name} | {s:,.0f} | {l:,.0f} |")
+    k = med["kvtier nixl-file"]
+    for name, (s, l) in med.items():
+        if name != "kvtier nixl-file":
+            print(f"kvtier / {name}: store {k[0] / s:.2f}x, load {k[1] / l:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

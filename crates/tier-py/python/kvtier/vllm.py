@@ -1,0 +1,237 @@
+"""kvtier as a vLLM secondary offloading tier (``TieringOffloadingSpec``).
+
+vLLM loads it by module path from ``kv_connector_extra_config``::
+
+    --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec",
+            "cpu_bytes_to_use": 8589934592,
+            "secondary_tiers": [{"type": "KvtierSecondaryTier", "module_path": "kvtier.vllm",
+                                 "config": "/etc/kvtier/hierarchy.toml"}]}}'
+
+The tier's entry holds ``config`` (a TOML or JSON path) or inline ``tiers`` (and optional
+``hierarchy``); optional ``namespace`` (default: derived from the model, dtype, chunk geometry
+and parallelism, so engines sharing a folder or bucket never read each other's chunks),
+``max_pending`` (calls in flight, default 4096) and ``drain_timeout`` (seconds
+:meth:`KvtierSecondaryTier.drain_jobs` waits at most, default 120).
+
+Every method returns at once: stores, loads and lookups run in kvtier's runtime, straight
+between vLLM's primary CPU chunks and storage, and finish through
+:meth:`KvtierSecondaryTier.get_finished_jobs`. A lookup answers ``RETRY`` until its presence
+check completes. Failures are failed jobs or misses, logged at a bounded rate, never
+exceptions into vLLM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import select
+import time
+from collections import OrderedDict
+from collections.abc import Collection, Iterable
+from typing import Any, ClassVar, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from vllm.v1.kv_offload.base import LookupResult, Medium, OffloadKey, ReqContext, RequestOffloadingContext
+from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
+
+from . import Store
+from ._engine import RateLimitedLog, load_config
+
+logger = logging.getLogger(__name__)
+
+# Lookup answers kept (newest last), each trusted for _ANSWER_TTL_S seconds: repeated lookups
+# of a step agree without a new check, and a chunk another engine stored is seen soon.
+_ANSWERS_KEPT = 65536
+_ANSWER_TTL_S = 2.0
+
+
+class KvtierSecondaryTier(SecondaryTierManager):
+    """A kvtier hierarchy as one of vLLM's secondary offloading tiers."""
+
+    medium: ClassVar[Medium] = Medium.STORAGE
+
+    def __init__(
+        self,
+        offloading_spec: Any,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        backpressure_detector: Any = None,
+        config: Optional[str] = None,
+        tiers: Optional[list] = None,
+        hierarchy: Optional[dict] = None,
+        namespace: Optional[str] = None,
+        max_pending: int = 4096,
+        drain_timeout: float = 120.0,
+        **unused: Any,
+    ):
+        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        if unused:
+            logger.warning("kvtier: ignoring unknown secondary tier options %s", sorted(unused))
+        params = {"config": config, "tiers": tiers, "hierarchy": hierarchy or {}}
+        self.store: Optional[Store] = Store(load_config(params, "the secondary tier's entry"))
+        self.queue: Any = self.store.completion_queue(max_pending)
+        self.log = RateLimitedLog(logger)
+        self.drain_timeout = float(drain_timeout)
+        self.namespace = namespace or self._default_namespace(offloading_spec)
+        # The primary tier's chunks: chunk i is `stride` bytes at base + i * stride. The view is
+        # held by this tier for its whole life, and no call runs past drain_jobs or shutdown.
+        self._stride = self.block_size_bytes
+        self._base = int(np.asarray(primary_kv_view).ctypes.data) if len(primary_kv_view) else 0
+        # queue id -> (job, is load, bytes)
+        self._jobs: Dict[int, Tuple[TransferJob, bool, int]] = {}
+        # queue id -> key, for presence checks in flight
+        self._checks: Dict[int, OffloadKey] = {}
+        self._checking: set = set()
+        self._answers: "OrderedDict[OffloadKey, Tuple[bool, float]]" = OrderedDict()
+        self._finished: List[JobResult] = []
+
+    @staticmethod
+    def _default_namespace(spec: Any) -> str:
+        c = getattr(spec, "config", None)
+        parts = ["vllm"]
+        if c is not None:
+            p = c.parallel
+            parts += [c.model.name, c.model.dtype, str(c.worker_kv_bytes_per_block),
+                      f"{c.cache.tokens_per_hash}x{c.cache.blocks_per_chunk}",
+                      f"tp{p.tp_size}pp{p.pp_size}pcp{p.pcp_size}dcp{p.dcp_size}",
+                      str(c.kv_cache_layout), str(c.canonical_layout)]
+        return "vllm" + hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
+
+    def _name(self, key: OffloadKey) -> str:
+        return f"{self.namespace}-{bytes(key).hex()}"
+
+    def _regions(self, chunk_ids: np.ndarray) -> Tuple[List[int], List[int]]:
+        ids = np.asarray(chunk_ids, dtype=np.int64).reshape(-1)
+        addresses = (self._base + ids * self._stride).tolist()
+        return addresses, [self._stride] * len(addresses)
+
+    # ------------------------------------------------------------ completions
+
+    def _take_completions(self) -> None:
+        for qid, results in self.queue.drain():
+            key = self._checks.pop(qid, None)
+            if key is not None:
+                self._checking.discard(key)
+                present = results[0] is True
+                if isinstance(results[0], BaseException):
+                    self.log.warn("lookup", results[0])
+                self._answer(key, present)
+                continue
+            entry = self._jobs.pop(qid, None)
+            if entry is None:
+                continue
+            job, is_load, nbytes = entry
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                self.log.warn("load" if is_load else "store", errors[0])
+            ok_keys = [k for k, r in zip(job.keys, results) if r is True or r is None]
+            for k in ok_keys:
+                self._answer(k, True)
+            if is_load:
+                for k, r in zip(job.keys, results):
+                    if r is not True:
+                        self._answer(k, False)
+            success = len(ok_keys) == len(results)
+            self._finished.append(JobResult(
+                job_id=job.job_id,
+                success=success,
+                successful_keys=None if success or not is_load else ok_keys,
+                transfer_time=time.monotonic() - job.submit_time,
+                transfer_bytes=nbytes if success else self._stride * len(ok_keys),
+            ))
+
+    def _answer(self, key: OffloadKey, present: bool) -> None:
+        self._answers[key] = (present, time.monotonic())
+        self._answers.move_to_end(key)
+        while len(self._answers) > _ANSWERS_KEPT:
+            self._answers.popitem(last=False)
+
+    # ------------------------------------------------------------ vLLM's interface
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        """``HIT`` or ``MISS`` once a presence check answered, ``RETRY`` while it runs."""
+        self._take_completions()
+        answer = self._answers.get(key)
+        if answer is not None:
+            present, when = answer
+            if time.monotonic() - when <= _ANSWER_TTL_S:
+                return LookupResult.HIT if present else LookupResult.MISS
+            del self._answers[key]
+        if key not in self._checking:
+            try:
+                self._checks[self.queue.submit_exists([self._name(key)])] = key
+                self._checking.add(key)
+            except Exception as e:
+                self.log.warn("lookup", e)
+                return LookupResult.MISS
+        return LookupResult.RETRY
+
+    def _submit(self, job: TransferJob, is_load: bool) -> None:
+        keys = list(job.keys)
+        names = [self._name(k) for k in keys]
+        try:
+            addresses, lengths = self._regions(job.chunk_ids)
+            if len(addresses) != len(keys):
+                raise ValueError(f"{len(keys)} keys but {len(addresses)} chunk ids")
+            if is_load:
+                qid = self.queue.submit_get_into_regions(names, addresses, lengths)
+            else:
+                qid = self.queue.submit_put_regions(names, addresses, lengths)
+        except Exception as e:
+            self.log.warn("load" if is_load else "store", e)
+            self._finished.append(JobResult(job_id=job.job_id, success=False,
+                                            successful_keys=[] if is_load else None))
+            return
+        self._jobs[qid] = (job, is_load, self._stride * len(keys))
+
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        """Copies the job's primary chunks into kvtier, in kvtier's runtime."""
+        self._submit(job_metadata, is_load=False)
+
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        """Reads the job's chunks from kvtier into its primary chunks, in kvtier's runtime."""
+        self._submit(job_metadata, is_load=True)
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        """Jobs finished since the last call."""
+        self._take_completions()
+        finished, self._finished = self._finished, []
+        return finished
+
+    def has_pending_work(self) -> bool:
+        return bool(self._jobs or self._checks)
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        return
+
+    def drain_jobs(self) -> None:
+        """Waits until every submitted job finished (at most ``drain_timeout`` seconds)."""
+        deadline = time.monotonic() + self.drain_timeout
+        poller = select.poll()
+        poller.register(self.queue.event_fd(), select.POLLIN)
+        self._take_completions()
+        while self._jobs:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                logger.error("kvtier: %d jobs still running after %.0f s", len(self._jobs), self.drain_timeout)
+                return
+            poller.poll(int(min(left, 1.0) * 1000) + 1)
+            self._take_completions()
+
+    def shutdown(self) -> None:
+        """Waits for running calls, closes the store and lets go of it (its folders' locks, its
+        connections) and of the primary tier's memory, which vLLM then unmaps."""
+        if self.store is None:
+            return
+        for close in (self.queue.close, self.store.close):
+            try:
+                close()
+            except Exception as e:
+                self.log.warn("shutdown", e)
+        self.queue = self.store = None
+        self._primary_kv_view = None
