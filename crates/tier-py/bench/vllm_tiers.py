@@ -1,0 +1,152 @@
+"""kvtier's vLLM secondary tier beside vLLM's own file-system tier (``fs``), both driven by
+vLLM's ``TieringOffloadingManager`` as its scheduler drives them: an engine stores chunks
+(cascade from the primary CPU tier, timed until drained), then a restarted engine loads them
+back (lookups and promotions, timed until every chunk is a HIT in its primary tier), every
+byte compared. Rounds are interleaved (each backend in turn, fresh chunks each round) and
+medians are quoted, with the ratio kvtier / vLLM.
+
+    python crates/tier-py/bench/vllm_tiers.py [--chunks 32] [--chunk-mib 2] [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def make_manager(secondary, chunk_bytes, chunks):
+    from vllm.v1.kv_offload.config import (
+        OffloadingCacheConfig,
+        OffloadingConfig,
+        OffloadingGroupConfig,
+        OffloadingModelConfig,
+        OffloadingParallelConfig,
+    )
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
+    config = OffloadingConfig(
+        groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("model.layers.0.attn",), group_id=0),),
+        worker_kv_bytes_per_block=chunk_bytes, enable_kv_cache_events=False,
+        extra_config={"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": chunks * chunk_bytes,
+                      "secondary_tiers": [secondary]},
+        engine_id=f"kvtier-bench-{time.monotonic_ns()}",
+        model=OffloadingModelConfig(name="bench/model", dtype="float16"),
+        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
+        parallel=OffloadingParallelConfig(
+            rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1, data_parallel_index=0,
+            data_parallel_size=1, data_parallel_rank_local=None, is_parallelism_agnostic=False),
+    )
+    return OffloadingSpecFactory.create_spec(config).get_manager()
+
+
+def store(secondary, keys, data, chunk_bytes):
+    from vllm.v1.kv_offload.base import ReqContext
+
+    m = make_manager(secondary, chunk_bytes, len(keys))
+    try:
+        primary = np.asarray(m.primary_tier.get_kv_memoryview())
+        req = ReqContext(req_id="w")
+        with m.lock:
+            m.on_new_request(req)
+            out = m.prepare_store(keys, req)
+            for k, chunk in zip(keys, out.store_spec.chunk_ids):
+                primary[chunk] = data[k]
+            t0 = time.perf_counter()
+            m.complete_store(keys, req)
+            m.on_request_finished(req)
+            m.reset_cache()  # waits for the tier's jobs
+            elapsed = time.perf_counter() - t0
+        return elapsed
+    finally:
+        primary = None
+        m.shutdown()
+
+
+def load(secondary, keys, data, chunk_bytes):
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext
+
+    m = make_manager(secondary, chunk_bytes, len(keys))
+    try:
+        primary = np.asarray(m.primary_tier.get_kv_memoryview())
+        req = ReqContext(req_id="r")
+        end = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
+        t0 = time.perf_counter()
+        with m.lock:
+            m.on_new_request(req)
+        deadline = time.monotonic() + 120
+        while True:
+            with m.lock:
+                results = [m.lookup(k, req) for k in keys]
+                if all(r is LookupResult.HIT for r in results):
+                    break
+                m.on_schedule_end(end)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not loaded: {[r.name for r in results]}")
+            time.sleep(0.0005)
+        elapsed = time.perf_counter() - t0
+        with m.lock:
+            spec = m.prepare_load(keys, req)
+        for k, chunk in zip(keys, spec.chunk_ids):
+            assert np.array_equal(primary[chunk], data[k]), "bytes differ"
+        with m.lock:
+            m.complete_load(keys, req)
+            m.on_request_finished(req)
+        return elapsed
+    finally:
+        primary = None
+        m.shutdown()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chunks", type=int, default=32)
+    ap.add_argument("--chunk-mib", type=float, default=2.0)
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args()
+    logging.disable(logging.WARNING)
+    from vllm.v1.kv_offload.base import make_offload_key
+
+    root = Path(tempfile.mkdtemp(prefix="kvtier-vllm-bench-"))
+    chunk_bytes = int(args.chunk_mib * (1 << 20))
+    backends = {
+        "vllm fs": {"type": "fs", "root_dir": str(root / "vllm-fs")},
+        "kvtier nixl-file": {"type": "KvtierSecondaryTier", "module_path": "kvtier.vllm",
+                             "tiers": [{"kind": "nixl-file", "dirs": [str(root / "kvtier")], "capacity": "16GiB"}]},
+    }
+    rng = np.random.default_rng(1)
+    times = {name: ([], []) for name in backends}
+    try:
+        for r in range(-1, args.rounds):  # round -1 warms up
+            for name, secondary in backends.items():
+                keys = [make_offload_key(rng.bytes(32), 0) for _ in range(args.chunks)]
+                data = {k: rng.integers(-128, 128, chunk_bytes, dtype=np.int8) for k in keys}
+                s = store(secondary, keys, data, chunk_bytes)
+                lo = load(secondary, keys, data, chunk_bytes)
+                if r >= 0:
+                    times[name][0].append(s)
+                    times[name][1].append(lo)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    mib = args.chunks * chunk_bytes / (1 << 20)
+    print(f"\n{args.chunks} chunks of {args.chunk_mib:g} MiB, {args.rounds} interleaved rounds, median MiB/s "
+          "(store: cascade until drained; load: a restarted engine's lookups until all HIT; bytes compared)\n")
+    print("| backend | store MiB/s | load MiB/s |")
+    print("|---|---:|---:|")
+    med = {n: (mib / statistics.median(s), mib / statistics.median(l)) for n, (s, l) in times.items()}
+    for n, (s, l) in med.items():
+        print(f"| {n} | {s:,.0f} | {l:,.0f} |")
+    k = med["kvtier nixl-file"]
+    for n, (s, l) in med.items():
+        if n != "kvtier nixl-file":
+            print(f"kvtier / {n}: store {k[0] / s:.2f}x, load {k[1] / l:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
