@@ -260,6 +260,9 @@ const MAX_STAGING: usize = 1 << 30;
 /// Most lanes (NIXL agents) one tier runs.
 pub(crate) const MAX_LANES: usize = 64;
 const LOCK_WAIT: Duration = Duration::from_secs(5);
+/// Bytes of buffered writes worth a thread of their own: the page cache takes a page's
+/// bytes at memory speed until the kernel throttles writers, then each writer waits its turn.
+const SPLIT_BYTES: usize = 8 << 20;
 
 impl NixlFileTier {
     /// Opens the tier: loads the NIXL runtime, creates the folders and all bucket folders,
@@ -996,7 +999,12 @@ impl StorageTier for NixlFileTier {
             };
             settle_writes(shared, &mut results, positions, outcome);
         }
-        let parts = (buffered.len() / 32).clamp(1, shared.config.staging_buffers);
+        // A part per 32 pages or per SPLIT_BYTES, whichever makes more, up to one per lane.
+        let bytes: usize = buffered.iter().map(|(_, w)| w.data.len()).sum();
+        let parts = (buffered.len() / 32)
+            .max(bytes / SPLIT_BYTES)
+            .clamp(1, shared.config.staging_buffers)
+            .min(buffered.len().max(1));
         let per_part = buffered.len().div_ceil(parts).max(1);
         let mut jobs: Vec<(Vec<usize>, Vec<PlannedWrite<'_>>)> = Vec::new();
         while !buffered.is_empty() {
