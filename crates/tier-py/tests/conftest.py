@@ -150,6 +150,40 @@ def s3(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture
+def silent_endpoint():
+    """An HTTP endpoint that accepts connections and never answers (storage that hangs)."""
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held, stop = [], threading.Event()
+
+    def accept():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    t.join(timeout=5)
+    for conn in held:
+        conn.close()
+    listener.close()
+
+
+def silent_object_tier(endpoint, timeout="3s"):
+    """An object tier on a server that never answers: every call fails after `timeout`."""
+    return {"kind": "object", "store": "s3", "prefix": "p", "bucket": "b", "endpoint": endpoint,
+            "access_key": "k", "secret_key": "s", "op_timeout": timeout}
+
+
 def s3_params(server, bucket):
     return {"endpoint": server.endpoint, "bucket": bucket, "access_key": ACCESS,
             "secret_key": SECRET, "region": "us-east-1"}

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 import kvtier
-from conftest import KINDS, tier_configs
+from conftest import KINDS, silent_object_tier, tier_configs
 
 
 def wait_readable(fd, timeout_s=30.0):
@@ -162,4 +162,15 @@ def test_many_threads_submit_while_one_drains(tmp):
                 buf = bytearray(8192)
                 assert store.get_into([f"t{t}-{i}"], [buf]) == [True]
                 assert bytes(buf) == page(t * 1000 + i, 8192)
+        q.close()
+
+
+def test_a_call_on_storage_that_never_answers_returns_at_once_and_completes_failed(silent_endpoint):
+    with kvtier.Store({"tiers": [silent_object_tier(silent_endpoint)]}) as store:
+        q = store.completion_queue()
+        fid = q.submit_put(["k"], [page(1)])
+        # The server never answers (its op_timeout is 3 s): the submit did not wait for it.
+        assert q.pending == 1 and not readable_now(q.event_fd()) and q.drain() == []
+        (got,) = drain_until(q, [fid]).values()
+        assert isinstance(got[0], kvtier.Unavailable), got
         q.close()

@@ -108,3 +108,40 @@ def test_store_clear_and_prefetch_through_lmcaches_storage_manager(kind, tmp, s3
         print(f"{kind}: LMCache StorageManager: {n} chunks stored, L1 cleared, {n} L2 hits, bytes equal")
     finally:
         sm.close()
+
+
+def test_failures_are_failed_completions_never_exceptions(silent_endpoint):
+    """Storage that never answers, and input kvtier refuses: every submit returns an id and
+    every call completes with ``ok`` false and the cause, nothing raises into LMCache."""
+    import select
+
+    from conftest import silent_object_tier
+    from kvtier.lmcache import KvtierL2Connector
+
+    c = KvtierL2Connector(tiers=[silent_object_tier(silent_endpoint)])
+    try:
+        buf = memoryview(bytearray(4096))
+        ids = {
+            "set": c.submit_batch_set(["m@00000000@0@aa"], [buf]),
+            "get": c.submit_batch_get(["m@00000000@0@aa"], [memoryview(bytearray(4096))]),
+            "exists": c.submit_batch_exists(["m@00000000@0@aa"]),
+            "bad key": c.submit_batch_set(["a key with spaces"], [buf]),
+            "read-only": c.submit_batch_get(["m@00000000@0@aa"], [memoryview(b"\0" * 4096)]),
+        }
+        assert len(set(ids.values())) == len(ids)
+        got = {}
+        poller = select.poll()
+        poller.register(c.event_fd(), select.POLLIN)
+        deadline = time.monotonic() + 60
+        while len(got) < len(ids) and time.monotonic() < deadline:
+            poller.poll(1000)
+            for fid, ok, error, per_key in c.drain_completions():
+                got[fid] = (ok, error, per_key)
+        by_name = {name: got[fid] for name, fid in ids.items()}
+        for name, (ok, error, per_key) in by_name.items():
+            assert ok is False and per_key == [False], (name, ok, error, per_key)
+        assert by_name["set"][1].startswith("Unavailable")
+        assert by_name["bad key"][1].startswith("InvalidKey")
+        assert by_name["read-only"][1].startswith("InvalidBuffer")
+    finally:
+        c.close()

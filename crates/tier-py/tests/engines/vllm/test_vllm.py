@@ -194,3 +194,70 @@ def test_a_restarted_engine_finds_what_the_last_one_stored(kind, tmp, s3):
     finally:
         primary = None
         second.shutdown()
+
+
+def standalone_tier(tiers, chunks=4):
+    """The tier alone, as vLLM's factory builds it, over a primary region of its own."""
+    from kvtier.vllm import KvtierSecondaryTier
+
+    region = bytearray(chunks * BLOCK_BYTES)
+    view = memoryview(region).cast("b", shape=[chunks, BLOCK_BYTES])
+    return KvtierSecondaryTier(None, view, "KvtierSecondaryTier", tiers=tiers), np.asarray(view)
+
+
+def finished(tier, job_ids, timeout=60.0):
+    got = {}
+    deadline = time.monotonic() + timeout
+    while set(job_ids) - got.keys():
+        assert time.monotonic() < deadline, f"jobs {set(job_ids) - got.keys()} never finished"
+        for r in tier.get_finished_jobs():
+            got[r.job_id] = r
+        time.sleep(0.005)
+    return got
+
+
+def test_a_load_reports_the_chunks_that_did_load(tmp):
+    from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+
+    tier, primary = standalone_tier(tier_configs("mem", tmp))
+    try:
+        req = ReqContext(req_id="r")
+        keys = [make_offload_key(bytes([i]) * 32, 0) for i in range(4)]
+        primary[0] = 7
+        primary[1] = -7
+        tier.submit_store(TransferJob(1, keys[:2], np.array([0, 1]), False, req))
+        assert finished(tier, [1])[1].success
+        primary[:] = 0
+        tier.submit_load(TransferJob(2, [keys[1], keys[3], keys[0]], np.array([2, 3, 0]), True, req))
+        r = finished(tier, [2])[2]
+        assert r.success is False and set(r.successful_keys) == {keys[0], keys[1]}
+        assert (primary[2] == -7).all() and (primary[0] == 7).all()
+    finally:
+        tier.shutdown()
+
+
+def test_failures_are_failed_jobs_and_misses_never_exceptions(silent_endpoint):
+    from conftest import silent_object_tier
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+
+    tier, _ = standalone_tier([silent_object_tier(silent_endpoint)])
+    try:
+        req = ReqContext(req_id="r")
+        key = make_offload_key(b"\x01" * 32, 0)
+        tier.submit_store(TransferJob(1, [key], np.array([0]), False, req))
+        tier.submit_load(TransferJob(2, [key], np.array([1]), True, req))
+        # A job vLLM should never send (more keys than chunks) fails as a job too.
+        tier.submit_store(TransferJob(3, [key, key], np.array([2]), False, req))
+        assert tier.lookup(key, req) is LookupResult.RETRY
+        jobs = finished(tier, [1, 2, 3])
+        assert [jobs[i].success for i in (1, 2, 3)] == [False, False, False]
+        deadline = time.monotonic() + 60
+        while (answer := tier.lookup(key, req)) is LookupResult.RETRY:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert answer is LookupResult.MISS
+        tier.drain_jobs()
+    finally:
+        tier.shutdown()
