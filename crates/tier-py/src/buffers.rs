@@ -8,6 +8,7 @@
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
+use tier_core::{Page, PageKey, ReadSlot};
 
 use crate::errors::buffer_error;
 
@@ -227,4 +228,49 @@ fn check_disjoint(py: Python<'_>, keys: &[String], pages: &[Regions]) -> PyResul
         }
     }
     Ok(())
+}
+
+/// Pages of `keys`, each over its regions, borrowing the memory.
+///
+/// # Safety
+///
+/// Every region must be readable memory that stays valid and unwritten for `'a`: a live
+/// buffer export held at least as long, or host memory the caller vouches for.
+pub unsafe fn lent_pages<'a>(keys: &[PageKey], regions: &[Regions]) -> Vec<Page<'a>> {
+    keys.iter()
+        .zip(regions)
+        .map(|(key, regions)| {
+            Page::lent(
+                key.clone(),
+                regions.iter().map(|&(addr, len)| {
+                    // SAFETY: the caller's contract above.
+                    unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
+                }),
+            )
+        })
+        .collect()
+}
+
+/// Read slots of `keys`, each filling its regions in order.
+///
+/// # Safety
+///
+/// Every region must be writable memory that stays valid for `'a`, disjoint from the others
+/// (as [`Lent`] checks), and touched by nothing else meanwhile.
+pub unsafe fn read_slots<'a>(keys: &[PageKey], regions: &[Regions]) -> Vec<ReadSlot<'a>> {
+    keys.iter()
+        .zip(regions)
+        .map(|(key, regions)| {
+            ReadSlot::regions(
+                key.clone(),
+                regions
+                    .iter()
+                    .map(|&(addr, len)| {
+                        // SAFETY: the caller's contract above.
+                        unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
+                    })
+                    .collect(),
+            )
+        })
+        .collect()
 }

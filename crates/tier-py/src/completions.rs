@@ -11,14 +11,19 @@ use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use tier_core::{Hierarchy, Lookup, Page, ReadSlot, StorageTier, TierError};
+use pyo3::types::PyBool;
+use tier_core::{Hierarchy, Lookup, StorageTier, TierError};
 
-use crate::buffers::Lent;
+use crate::buffers::{lent_pages, read_slots, Lent};
 use crate::errors::to_py;
-use crate::store::{py_bool, runtime};
+use crate::store::runtime;
+
+fn py_bool(py: Python<'_>, b: bool) -> PyObject {
+    PyBool::new(py, b).to_owned().into_any().unbind()
+}
 
 /// What one call came to, per key.
-enum Outcome {
+pub(crate) enum Outcome {
     Put(Vec<Result<(), TierError>>),
     Get(Vec<Result<Lookup, TierError>>),
     /// The leading run of present keys, of `of`.
@@ -31,7 +36,7 @@ enum Outcome {
 impl Outcome {
     /// Per key: `None` (stored), `True`/`False` (hit or miss; present or not), or the
     /// exception for that key.
-    fn to_py(&self, py: Python<'_>) -> Vec<PyObject> {
+    pub(crate) fn to_py(&self, py: Python<'_>) -> Vec<PyObject> {
         let err = |e: &TierError| to_py(py, e).into_value(py).into_any();
         match self {
             Outcome::Put(r) => r
@@ -214,65 +219,32 @@ impl CompletionQueue {
         })
     }
 
-    fn submit_put_lent(&self, py: Python<'_>, keys: &[String], lent: Lent) -> PyResult<u64> {
+    /// Starts a read into the regions (`read`), or a put of them.
+    fn submit_move(
+        &self,
+        py: Python<'_>,
+        keys: &[String],
+        lent: Lent,
+        read: bool,
+    ) -> PyResult<u64> {
         let keys = crate::store::keys(py, keys)?;
         let regions = lent.pages.clone();
         let ticket = self.ticket(py, keys.len(), lent)?;
         let id = ticket.id;
         let hierarchy = Arc::clone(&self.hierarchy);
         runtime().spawn(async move {
-            let results = {
-                let pages: Vec<Page<'_>> = keys
-                    .iter()
-                    .zip(&regions)
-                    .map(|(key, regions)| {
-                        Page::lent(
-                            key.clone(),
-                            regions.iter().map(|&(addr, len)| {
-                                // SAFETY: each region is a live buffer export held by the
-                                // ticket (released only after this block ends), or memory
-                                // the caller vouches for until the completion is drained.
-                                unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
-                            }),
-                        )
-                    })
-                    .collect();
-                hierarchy.put(&pages).await
+            // SAFETY (both arms): the regions are live buffer exports held by the ticket, which
+            // is finished (and so releases them) only after this block, or memory the caller
+            // vouches for until the completion is drained; a read's are writable and disjoint
+            // (checked by `Lent`).
+            let outcome = if read {
+                let mut slots = unsafe { read_slots(&keys, &regions) };
+                Outcome::Get(hierarchy.get(&mut slots).await)
+            } else {
+                let pages = unsafe { lent_pages(&keys, &regions) };
+                Outcome::Put(hierarchy.put(&pages).await)
             };
-            ticket.finish(Outcome::Put(results));
-        });
-        Ok(id)
-    }
-
-    fn submit_get_lent(&self, py: Python<'_>, keys: &[String], lent: Lent) -> PyResult<u64> {
-        let keys = crate::store::keys(py, keys)?;
-        let regions = lent.pages.clone();
-        let ticket = self.ticket(py, keys.len(), lent)?;
-        let id = ticket.id;
-        let hierarchy = Arc::clone(&self.hierarchy);
-        runtime().spawn(async move {
-            let results = {
-                let mut slots: Vec<ReadSlot<'_>> = keys
-                    .iter()
-                    .zip(&regions)
-                    .map(|(key, regions)| {
-                        ReadSlot::regions(
-                            key.clone(),
-                            regions
-                                .iter()
-                                .map(|&(addr, len)| {
-                                    // SAFETY: writable, disjoint regions (checked by `Lent`)
-                                    // of live exports held by the ticket until this block
-                                    // ends, or caller-vouched raw memory.
-                                    unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
-                                })
-                                .collect(),
-                        )
-                    })
-                    .collect();
-                hierarchy.get(&mut slots).await
-            };
-            ticket.finish(Outcome::Get(results));
+            ticket.finish(outcome);
         });
         Ok(id)
     }
@@ -293,7 +265,7 @@ impl CompletionQueue {
         pages: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
         let lent = Lent::parse(py, &keys, &pages, false)?;
-        self.submit_put_lent(py, &keys, lent)
+        self.submit_move(py, &keys, lent, false)
     }
 
     /// Submits a put of raw host regions (laid out as for `Store.put_regions`).
@@ -305,7 +277,7 @@ impl CompletionQueue {
         lengths: Vec<usize>,
     ) -> PyResult<u64> {
         let lent = Lent::raw(py, &keys, addresses, lengths, false)?;
-        self.submit_put_lent(py, &keys, lent)
+        self.submit_move(py, &keys, lent, false)
     }
 
     /// Submits a read into writable buffers (as for `Store.get_into`); returns the call's id.
@@ -316,7 +288,7 @@ impl CompletionQueue {
         bufs: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
         let lent = Lent::parse(py, &keys, &bufs, true)?;
-        self.submit_get_lent(py, &keys, lent)
+        self.submit_move(py, &keys, lent, true)
     }
 
     /// Submits a read into raw host regions (laid out as for `Store.put_regions`).
@@ -328,7 +300,7 @@ impl CompletionQueue {
         lengths: Vec<usize>,
     ) -> PyResult<u64> {
         let lent = Lent::raw(py, &keys, addresses, lengths, true)?;
-        self.submit_get_lent(py, &keys, lent)
+        self.submit_move(py, &keys, lent, true)
     }
 
     /// Submits a presence check; its completion answers per key whether it belongs to the

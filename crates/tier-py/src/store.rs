@@ -5,15 +5,13 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict};
+use pyo3::types::PyDict;
 use tier_core::config::{HierarchyConfig, Registry};
-use tier_core::{
-    serve_metrics, Hierarchy, Lookup, Page, PageKey, ReadSlot, StorageTier, TierError, TierStats,
-};
+use tier_core::{serve_metrics, Hierarchy, PageKey, StorageTier, TierError, TierStats};
 use tokio::task::JoinHandle;
 
-use crate::buffers::Lent;
-use crate::completions::CompletionQueue;
+use crate::buffers::{lent_pages, read_slots, Lent};
+use crate::completions::{CompletionQueue, Outcome};
 use crate::errors::to_py;
 
 /// The one runtime of the process, shared by every store and adapter.
@@ -68,64 +66,26 @@ impl Store {
         let page_keys = self::keys(py, keys)?;
         let hierarchy = &self.hierarchy;
         let results = py.allow_threads(|| {
-            let pages: Vec<Page<'_>> = page_keys
-                .iter()
-                .zip(&lent.pages)
-                .map(|(key, regions)| {
-                    Page::lent(
-                        key.clone(),
-                        regions.iter().map(|&(addr, len)| {
-                            // SAFETY: each region is a live buffer export held by `lent`, or
-                            // memory the caller vouches for (a raw pair), for this call.
-                            unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
-                        }),
-                    )
-                })
-                .collect();
+            // SAFETY: each region is a live buffer export held by `lent`, or memory the caller
+            // vouches for (a raw pair), for this call.
+            let pages = unsafe { lent_pages(&page_keys, &lent.pages) };
             runtime().block_on(hierarchy.put(&pages))
         });
         drop(lent);
-        Ok(results
-            .into_iter()
-            .map(|r| match r {
-                Ok(()) => py.None(),
-                Err(e) => to_py(py, &e).into_value(py).into_any(),
-            })
-            .collect())
+        Ok(Outcome::Put(results).to_py(py))
     }
 
     fn get_lent(&self, py: Python<'_>, keys: &[String], lent: Lent) -> PyResult<Vec<PyObject>> {
         let page_keys = self::keys(py, keys)?;
         let hierarchy = &self.hierarchy;
         let results = py.allow_threads(|| {
-            let mut slots: Vec<ReadSlot<'_>> = page_keys
-                .iter()
-                .zip(&lent.pages)
-                .map(|(key, regions)| {
-                    ReadSlot::regions(
-                        key.clone(),
-                        regions
-                            .iter()
-                            .map(|&(addr, len)| {
-                                // SAFETY: writable, disjoint regions (checked by `Lent`) of live
-                                // exports held by `lent`, or caller-vouched raw memory.
-                                unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
-                            })
-                            .collect(),
-                    )
-                })
-                .collect();
+            // SAFETY: writable, disjoint regions (checked by `Lent`) of live exports held by
+            // `lent`, or caller-vouched raw memory, for this call.
+            let mut slots = unsafe { read_slots(&page_keys, &lent.pages) };
             runtime().block_on(hierarchy.get(&mut slots))
         });
         drop(lent);
-        Ok(results
-            .into_iter()
-            .map(|r| match r {
-                Ok(Lookup::Hit) => py_bool(py, true),
-                Ok(Lookup::Miss) => py_bool(py, false),
-                Err(e) => to_py(py, &e).into_value(py).into_any(),
-            })
-            .collect())
+        Ok(Outcome::Get(results).to_py(py))
     }
 
     fn open(py: Python<'_>, config: Result<HierarchyConfig, TierError>) -> PyResult<Self> {
@@ -138,10 +98,6 @@ impl Store {
             metrics_server: Mutex::new(None),
         })
     }
-}
-
-pub(crate) fn py_bool(py: Python<'_>, b: bool) -> PyObject {
-    PyBool::new(py, b).to_owned().into_any().unbind()
 }
 
 fn stats_dict<'py>(py: Python<'py>, s: &TierStats) -> PyResult<Bound<'py, PyDict>> {
@@ -235,13 +191,7 @@ impl Store {
         let keys = self::keys(py, &keys)?;
         let hierarchy = &self.hierarchy;
         let results = py.allow_threads(|| runtime().block_on(hierarchy.remove(&keys)));
-        Ok(results
-            .into_iter()
-            .map(|r| match r {
-                Ok(b) => py_bool(py, b),
-                Err(e) => to_py(py, &e).into_value(py).into_any(),
-            })
-            .collect())
+        Ok(Outcome::Remove(results).to_py(py))
     }
 
     /// Removes every page the store's tiers hold (and nothing they do not own).

@@ -73,6 +73,36 @@ def step_until(manager, what, check, timeout=60.0):
         time.sleep(0.005)
 
 
+def load_and_compare(manager, primary, want, req):
+    """Loads chunks that lookups found (HIT) from the primary tier, as the worker would copy
+    them to GPU, and compares every byte."""
+    keys = list(want)
+    with manager.lock:
+        spec = manager.prepare_load(keys, req)
+    for k, chunk in zip(keys, spec.chunk_ids):
+        assert np.array_equal(primary[chunk], want[k]), k
+    with manager.lock:
+        manager.complete_load(keys, req)
+        manager.on_request_finished(req)
+
+
+def store_chunks(manager, primary, want):
+    """The scheduler stores chunks into the primary CPU tier (the worker's copy from GPU is a
+    write into the primary view); complete_store cascades them to the secondary tiers."""
+    from vllm.v1.kv_offload.base import ReqContext
+
+    keys = list(want)
+    req = ReqContext(req_id=f"writer-{time.monotonic_ns()}")
+    with manager.lock:
+        manager.on_new_request(req)
+        out = manager.prepare_store(keys, req)
+        assert list(out.keys_to_store) == keys
+        for k, chunk in zip(keys, out.store_spec.chunk_ids):
+            primary[chunk] = want[k]
+        manager.complete_store(keys, req)
+        manager.on_request_finished(req)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_store_cascade_reset_and_promotion_through_vllms_tiering_manager(kind, tmp, s3):
     from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
@@ -88,17 +118,7 @@ def test_store_cascade_reset_and_promotion_through_vllms_tiering_manager(kind, t
         rng = np.random.default_rng(5)
         want = {k: rng.integers(-128, 128, BLOCK_BYTES, dtype=np.int8) for k in keys}
 
-        # The scheduler stores chunks into the primary CPU tier (the worker's copy from GPU is
-        # this test's write into the primary view); complete_store cascades them to kvtier.
-        req = ReqContext(req_id="writer")
-        with manager.lock:
-            manager.on_new_request(req)
-            out = manager.prepare_store(keys, req)
-            assert list(out.keys_to_store) == keys
-            for k, chunk in zip(keys, out.store_spec.chunk_ids):
-                primary[chunk] = want[k]
-            manager.complete_store(keys, req)
-            manager.on_request_finished(req)
+        store_chunks(manager, primary, want)
 
         # reset_cache drains kvtier's jobs and empties the primary tier: kvtier holds the
         # only copy.
@@ -121,13 +141,7 @@ def test_store_cascade_reset_and_promotion_through_vllms_tiering_manager(kind, t
 
         step_until(manager, "every chunk promoted back (HIT)", lookups)
         assert LookupResult.HIT_PENDING in seen, seen
-        with manager.lock:
-            spec_out = manager.prepare_load(keys, reader)
-        for k, chunk in zip(keys, spec_out.chunk_ids):
-            assert np.array_equal(primary[chunk], want[k]), k
-        with manager.lock:
-            manager.complete_load(keys, reader)
-            manager.on_request_finished(reader)
+        load_and_compare(manager, primary, want, reader)
         print(f"{kind}: vLLM tiering: {n} chunks cascaded, primary reset, "
               f"lookups {sorted(r.name for r in seen)}, {n} loaded back, bytes equal")
     finally:
@@ -152,14 +166,8 @@ def test_a_restarted_engine_finds_what_the_last_one_stored(kind, tmp, s3):
     _, first = make_manager([kvtier_entry(tiers)])
     try:
         primary = primary_view(first)
-        req = ReqContext(req_id="first")
+        store_chunks(first, primary, want)
         with first.lock:
-            first.on_new_request(req)
-            out = first.prepare_store(keys, req)
-            for k, chunk in zip(keys, out.store_spec.chunk_ids):
-                primary[chunk] = want[k]
-            first.complete_store(keys, req)
-            first.on_request_finished(req)
             first.reset_cache()
     finally:
         primary = None
@@ -182,13 +190,7 @@ def test_a_restarted_engine_finds_what_the_last_one_stored(kind, tmp, s3):
         step_until(second, "every stored chunk promoted and the absent one a miss", lookups)
         assert seen[0] == [LookupResult.RETRY] * (n + 1), seen[0]
         assert any(LookupResult.HIT_PENDING in r for r in seen), seen
-        with second.lock:
-            spec_out = second.prepare_load(keys, reader)
-        for k, chunk in zip(keys, spec_out.chunk_ids):
-            assert np.array_equal(primary[chunk], want[k]), k
-        with second.lock:
-            second.complete_load(keys, reader)
-            second.on_request_finished(reader)
+        load_and_compare(second, primary, want, reader)
         print(f"{kind}: vLLM restart: lookups RETRY -> HIT_PENDING -> HIT over {len(seen)} steps, "
               f"{n} chunks loaded, bytes equal; never-stored chunk MISS")
     finally:
