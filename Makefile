@@ -5,7 +5,7 @@ VENV ?= $(or $(KVTIER_VENV),/opt/kvtier/venv)
 LMCACHE_VENV ?= $(or $(KVTIER_LMCACHE_VENV),/opt/kvtier/venv-lmcache)
 VLLM_VENV ?= $(or $(KVTIER_VLLM_VENV),/opt/kvtier/venv-vllm)
 
-.PHONY: setup run test tests pytests wheel lint bench bench-sglang
+.PHONY: setup run test tests pytests wheel lint bench bench-sglang bench-lmcache bench-vllm
 
 setup:
 	bash scripts/setup.sh all
@@ -45,6 +45,16 @@ pytests: wheel
 bench-sglang: setup wheel
 	$(VENV)/bin/pip install --quiet --force-reinstall --no-deps target/wheels/kvtier-*.whl
 	$(VENV)/bin/python crates/tier-py/bench/sglang_backends.py
+
+# kvtier beside LMCache's own file-system L2 adapters, and beside vLLM's own fs tier, each
+# through its engine's code path.
+bench-lmcache: setup wheel
+	$(LMCACHE_VENV)/bin/pip install --quiet --force-reinstall --no-deps target/wheels/kvtier-*.whl
+	$(LMCACHE_VENV)/bin/python crates/tier-py/bench/lmcache_l2.py
+
+bench-vllm: setup wheel
+	$(VLLM_VENV)/bin/pip install --quiet --force-reinstall --no-deps target/wheels/kvtier-*.whl
+	$(VLLM_VENV)/bin/python crates/tier-py/bench/vllm_tiers.py
 
 lint: setup
 	cargo fmt --all -- --check

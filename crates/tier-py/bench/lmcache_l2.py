@@ -30,7 +30,7 @@ from lmcache.v1.distributed.l2_adapters import create_l2_adapter
 from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config
 
 
-def adapter_specs(root: Path) -> dict:
+def adapter_specs(root: Path, tuning: dict) -> dict:
     kv = root / "kvtier"
     return {
         "lmcache fs": {"type": "fs", "base_path": str(root / "lmcache-fs")},
@@ -38,7 +38,7 @@ def adapter_specs(root: Path) -> dict:
         "kvtier nixl-file": {"type": "native_plugin", "module_path": "kvtier.lmcache",
                              "class_name": "KvtierL2Connector",
                              "adapter_params": {"tiers": [{"kind": "nixl-file", "dirs": [str(kv)],
-                                                           "capacity": "8GiB"}]}},
+                                                           "capacity": "8GiB", **tuning}]}},
     }
 
 
@@ -73,14 +73,17 @@ def main():
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--chunk-mib", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--lanes", type=int, default=None,
+                    help="kvtier's NIXL FILE lanes (staging_buffers; default: the tier's default, 2)")
     ap.add_argument("--root", default=None, help="folder for the files (default: a temp folder)")
     args = ap.parse_args()
+    tuning = {} if args.lanes is None else {"staging_buffers": args.lanes}
     root = Path(args.root or tempfile.mkdtemp(prefix="kvtier-lmcache-bench-"))
     elems = int(args.chunk_mib * (1 << 20)) // 2
     n = args.chunks
     l1 = torch.empty(2 * n * elems, dtype=torch.float16)
     adapters = {}
-    for name, spec in adapter_specs(root).items():
+    for name, spec in adapter_specs(root, tuning).items():
         try:
             adapters[name] = make_adapter(spec, l1)
         except Exception as e:  # fs_native needs LMCache's native library

@@ -109,16 +109,20 @@ def main():
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--chunk-mib", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--lanes", type=int, default=None,
+                    help="kvtier's NIXL FILE lanes (staging_buffers; default: the tier's default, 2)")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     from vllm.v1.kv_offload.base import make_offload_key
 
     root = Path(tempfile.mkdtemp(prefix="kvtier-vllm-bench-"))
     chunk_bytes = int(args.chunk_mib * (1 << 20))
+    tuning = {} if args.lanes is None else {"staging_buffers": args.lanes}
     backends = {
         "vllm fs": {"type": "fs", "root_dir": str(root / "vllm-fs")},
         "kvtier nixl-file": {"type": "KvtierSecondaryTier", "module_path": "kvtier.vllm",
-                             "tiers": [{"kind": "nixl-file", "dirs": [str(root / "kvtier")], "capacity": "16GiB"}]},
+                             "tiers": [{"kind": "nixl-file", "dirs": [str(root / "kvtier")], "capacity": "16GiB",
+                                        **tuning}]},
     }
     rng = np.random.default_rng(1)
     times = {name: ([], []) for name in backends}
