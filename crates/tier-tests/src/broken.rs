@@ -48,6 +48,17 @@ pub enum Fault {
     TearsLargePages,
     /// A page of several regions is stored with its regions in reverse order.
     ReversesRegions,
+    /// Every other read of a rewritten key serves the version before the latest (of the same
+    /// length): an older version after a newer put returned.
+    ServesOlderVersion,
+    /// A key holding `..` also leaves a file beside the tier's root: a write outside it.
+    WritesOutsideRoot,
+    /// Once its storage is broken, every call fails as it should, and leaks a descriptor.
+    LeaksFdOnFailure,
+}
+
+fn broken_storage() -> TierError {
+    TierError::Unavailable("storage broken".into())
 }
 
 /// A correct [`ModelTier`] with one [`Fault`].
@@ -58,6 +69,12 @@ pub struct BrokenTier {
     claimed_capacity: Option<u64>,
     hits_returned: AtomicU64,
     leaked: Mutex<Vec<File>>,
+    /// Per key, the version before the latest ([`Fault::ServesOlderVersion`]).
+    older: Mutex<std::collections::HashMap<PageKey, Vec<u8>>>,
+    /// Where the tier's files would live ([`Fault::WritesOutsideRoot`]).
+    root: Option<PathBuf>,
+    /// Set by [`TierFactory::break_storage`] ([`Fault::LeaksFdOnFailure`]).
+    storage_broken: AtomicBool,
 }
 
 impl BrokenTier {
@@ -69,7 +86,35 @@ impl BrokenTier {
             claimed_capacity: None,
             hits_returned: AtomicU64::new(0),
             leaked: Mutex::new(Vec::new()),
+            older: Mutex::default(),
+            root: None,
+            storage_broken: AtomicBool::new(false),
         }
+    }
+
+    /// Keeps a descriptor open for good (at most 64: enough for the fd-leak case to see, too
+    /// few to starve the test process).
+    fn leak_fd(&self) {
+        let mut leaked = self.leaked.lock().unwrap_or_else(|e| e.into_inner());
+        if leaked.len() < 64 {
+            if let Ok(f) = File::open("/dev/null") {
+                leaked.push(f);
+            }
+        }
+    }
+
+    /// With its storage broken ([`Fault::LeaksFdOnFailure`]): `true`, after leaking a
+    /// descriptor; every call then fails with [`broken_storage`].
+    fn failing(&self) -> bool {
+        if !self.storage_broken.load(Ordering::SeqCst) {
+            return false;
+        }
+        self.leak_fd();
+        true
+    }
+
+    fn older(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<PageKey, Vec<u8>>> {
+        self.older.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -126,6 +171,24 @@ impl StorageTier for BrokenTier {
     }
 
     async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
+        if self.failing() {
+            return pages.iter().map(|_| Err(broken_storage())).collect();
+        }
+        if self.fault == Fault::ServesOlderVersion {
+            let mut older = self.older();
+            for page in pages {
+                if let Some(current) = self.inner.peek(&page.key) {
+                    older.insert(page.key.clone(), current.to_vec());
+                }
+            }
+        }
+        if let (Fault::WritesOutsideRoot, Some(root)) = (self.fault, &self.root) {
+            if let Some(beside) = root.parent() {
+                for page in pages.iter().filter(|p| p.key.as_str().contains("..")) {
+                    let _ = std::fs::write(beside.join("escaped"), page.key.as_str());
+                }
+            }
+        }
         match self.fault {
             Fault::LandsAfterDrop => {}
             Fault::KeepsStaleTail
@@ -174,14 +237,11 @@ impl StorageTier for BrokenTier {
     }
 
     async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
+        if self.failing() {
+            return slots.iter().map(|_| Err(broken_storage())).collect();
+        }
         if self.fault == Fault::LeaksFd {
-            let mut leaked = self.leaked.lock().unwrap_or_else(|e| e.into_inner());
-            // Enough for the fd-leak case to see, too few to starve the test process.
-            if leaked.len() < 64 {
-                if let Ok(f) = File::open("/dev/null") {
-                    leaked.push(f);
-                }
-            }
+            self.leak_fd();
         }
         let mut results = self.inner.get(slots).await;
         for (slot, result) in slots.iter_mut().zip(results.iter_mut()) {
@@ -194,6 +254,15 @@ impl StorageTier for BrokenTier {
                     let mid = bytes.len() / 2;
                     bytes[mid] ^= 0x10;
                     slot.buf.fill_from(&bytes);
+                }
+                (Fault::ServesOlderVersion, Ok(Lookup::Hit))
+                    if self.hits_returned.fetch_add(1, Ordering::Relaxed) % 2 == 1 =>
+                {
+                    if let Some(old) = self.older().get(&slot.key) {
+                        if old.len() == slot.buf.len() {
+                            slot.buf.fill_from(old);
+                        }
+                    }
                 }
                 (Fault::TearsLargePages, Ok(Lookup::Hit)) if slot.buf.len() > 1 << 20 => {
                     let mut bytes = slot.buf.to_vec();
@@ -208,6 +277,9 @@ impl StorageTier for BrokenTier {
     }
 
     async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
+        if self.failing() {
+            return Err(broken_storage());
+        }
         if self.fault != Fault::CountsAllInExists {
             return self.inner.exists(keys).await;
         }
@@ -219,6 +291,10 @@ impl StorageTier for BrokenTier {
     }
 
     async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
+        if self.failing() {
+            return keys.iter().map(|_| Err(broken_storage())).collect();
+        }
+        self.older().retain(|k, _| !keys.contains(k));
         if self.fault == Fault::IgnoresRemove {
             return keys
                 .iter()
@@ -229,6 +305,10 @@ impl StorageTier for BrokenTier {
     }
 
     async fn clear(&self) -> Result<(), TierError> {
+        if self.failing() {
+            return Err(broken_storage());
+        }
+        self.older().clear();
         if self.fault == Fault::IgnoresClear {
             return Ok(());
         }
@@ -258,25 +338,77 @@ impl TierFactory for ModelFactory {
     }
 }
 
-/// Opens fresh [`BrokenTier`]s with one fault.
-pub struct BrokenFactory(pub Fault);
+/// Opens fresh [`BrokenTier`]s with one fault, each (for the faults about files) with a root
+/// folder of its own under a temp folder the factory removes when dropped.
+pub struct BrokenFactory {
+    fault: Fault,
+    base: PathBuf,
+    last: Mutex<Option<Arc<BrokenTier>>>,
+}
+
+impl BrokenFactory {
+    /// A factory of tiers with `fault`.
+    pub fn new(fault: Fault) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let base = std::env::temp_dir().join(format!(
+            "kvtier-broken-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        Self {
+            fault,
+            base,
+            last: Mutex::new(None),
+        }
+    }
+
+    fn tier(&self) -> Arc<BrokenTier> {
+        let mut tier = BrokenTier::new(self.fault);
+        tier.root = self.root();
+        if let Some(root) = &tier.root {
+            let _ = std::fs::create_dir_all(root);
+        }
+        let tier = Arc::new(tier);
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&tier));
+        tier
+    }
+}
+
+impl Drop for BrokenFactory {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
 
 #[async_trait]
 impl TierFactory for BrokenFactory {
     async fn open(&self) -> Result<DynTier, TierError> {
-        Ok(Arc::new(BrokenTier::new(self.0)))
+        Ok(self.tier())
     }
 
     async fn open_bounded(&self, capacity_bytes: u64) -> Option<Result<DynTier, TierError>> {
-        if self.0 != Fault::IgnoresCapacity {
+        if self.fault != Fault::IgnoresCapacity {
             return None;
         }
-        let mut tier = BrokenTier::new(self.0);
+        let mut tier = BrokenTier::new(self.fault);
         tier.claimed_capacity = Some(capacity_bytes);
         Some(Ok(Arc::new(tier)))
     }
 
     fn root(&self) -> Option<PathBuf> {
-        None
+        (self.fault == Fault::WritesOutsideRoot).then(|| self.base.join("tier").join("root"))
+    }
+
+    async fn break_storage(&self) -> Option<String> {
+        if self.fault != Fault::LeaksFdOnFailure {
+            return None;
+        }
+        let last = self
+            .last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        last.storage_broken.store(true, Ordering::SeqCst);
+        Some("breaking its storage".into())
     }
 }

@@ -37,9 +37,12 @@ tier_tests::conformance_suite!(ModelFactory::default());
     "integrity_regions",
     "read into regions at other boundaries"
 )]
+#[case::serves_older_version(Fault::ServesOlderVersion, "concurrent_writers", "a lost update")]
+#[case::writes_outside_root(Fault::WritesOutsideRoot, "hostile_keys", "outside the tier root")]
+#[case::leaks_fd_on_failure(Fault::LeaksFdOnFailure, "fd_leak", "after breaking its storage")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suite_rejects_broken_tier(#[case] fault: Fault, #[case] case: &str, #[case] says: &str) {
-    let failure = suite::run(case, &BrokenFactory(fault))
+    let failure = suite::run(case, &BrokenFactory::new(fault))
         .await
         .expect_err("the suite must reject a broken tier");
     assert_eq!(failure.case, case);
@@ -66,6 +69,9 @@ async fn suite_rejects_broken_tier(#[case] fault: Fault, #[case] case: &str, #[c
 #[case(Fault::IgnoresClear)]
 #[case(Fault::TearsLargePages)]
 #[case(Fault::ReversesRegions)]
+#[case(Fault::ServesOlderVersion)]
+#[case(Fault::WritesOutsideRoot)]
+#[case(Fault::LeaksFdOnFailure)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
     // The suite's fd-leak case counts the process's descriptors: under `cargo test` this runs
@@ -73,7 +79,7 @@ async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
     if !tier_tests::fd::in_own_process() {
         return;
     }
-    let verdicts = suite::run_all(&BrokenFactory(fault)).await;
+    let verdicts = suite::run_all(&BrokenFactory::new(fault)).await;
     let failed: Vec<(&str, String)> = verdicts
         .iter()
         .filter_map(|(name, v)| v.as_ref().err().map(|f| (*name, f.to_string())))
@@ -117,6 +123,10 @@ async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
             Fault::IgnoresClear => &["clear", "histories"],
             Fault::TearsLargePages => &["integrity_page_sizes"],
             Fault::ReversesRegions => &["integrity_regions"],
+            // Every case that rewrites a key and reads it back.
+            Fault::ServesOlderVersion => &["concurrent_writers", "overwrite", "histories"],
+            Fault::WritesOutsideRoot => &["hostile_keys"],
+            Fault::LeaksFdOnFailure => &["fd_leak"],
         };
         assert!(
             expected.contains(name),
