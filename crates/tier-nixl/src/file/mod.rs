@@ -262,7 +262,7 @@ pub(crate) const MAX_LANES: usize = 64;
 const LOCK_WAIT: Duration = Duration::from_secs(5);
 /// Bytes of buffered writes worth a thread of their own: the page cache takes a page's
 /// bytes at memory speed until the kernel throttles writers, then each writer waits its turn.
-const SPLIT_BYTES: usize = 8 << 20;
+const SPLIT_BYTES: usize = 4 << 20;
 
 impl NixlFileTier {
     /// Opens the tier: loads the NIXL runtime, creates the folders and all bucket folders,
