@@ -127,12 +127,14 @@ async fn expired_pages_are_handed_down_as_expired() {
 async fn idle_pages_expire_but_read_ones_stay() {
     let tier = MemTier::builder(1 << 20)
         .policy(PolicyKind::Tinylfu)
-        .time_to_idle(Duration::from_millis(150))
+        .time_to_idle(Duration::from_secs(2))
         .build()
         .unwrap();
     tier.put(&[page(1, 4096), page(2, 4096)]).await;
-    for _ in 0..4 {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    // Read every 100 ms for well over the idle time: a stall under 1.9 s cannot fail this.
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_millis(4500) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(tier.get_shared(&key(1)).await.is_some());
     }
     assert!(tier.get_shared(&key(1)).await.is_some());
