@@ -38,7 +38,7 @@ const CALL_BOUND: Duration = Duration::from_secs(60);
 /// The shape of one history.
 #[derive(Debug, Clone, Copy)]
 pub struct HistoryPlan {
-    /// Seed of every random choice (printed with any violation).
+    /// Seed of every random choice (printed, and with any violation; see [`crate::rng::seed`]).
     pub seed: u64,
     /// Concurrent tasks.
     pub tasks: usize,
@@ -56,7 +56,7 @@ pub struct HistoryPlan {
 impl Default for HistoryPlan {
     fn default() -> Self {
         Self {
-            seed: 0x6b76_7469_6572,
+            seed: crate::rng::seed(0x6b76_7469_6572),
             tasks: 4,
             ops: 120,
             keys: 6,

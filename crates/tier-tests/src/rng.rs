@@ -1,5 +1,21 @@
 //! [`Rng`]: a small seeded generator (splitmix64) for tests that must replay from a seed.
 
+/// The seed a random test runs with: `KVTIER_SEED` (decimal, or hex with `0x`) when set, to
+/// replay a printed seed or try others, else `default`. Printed either way, so every run can be
+/// replayed.
+pub fn seed(default: u64) -> u64 {
+    let chosen = std::env::var("KVTIER_SEED").ok().and_then(|v| {
+        let v = v.trim();
+        match v.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16).ok(),
+            None => v.parse().ok(),
+        }
+    });
+    let seed = chosen.unwrap_or(default);
+    eprintln!("random seed {seed:#x} (KVTIER_SEED={seed:#x} replays it)");
+    seed
+}
+
 /// splitmix64: every value follows from the seed.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);
