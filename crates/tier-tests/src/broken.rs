@@ -48,8 +48,8 @@ pub enum Fault {
     TearsLargePages,
     /// A page of several regions is stored with its regions in reverse order.
     ReversesRegions,
-    /// Every other read of a rewritten key serves the version before the latest (of the same
-    /// length): an older version after a newer put returned.
+    /// Every other read of a rewritten key serves its first version (when of the same length):
+    /// an older version after a newer put returned.
     ServesOlderVersion,
     /// A key holding `..` also leaves a file beside the tier's root: a write outside it.
     WritesOutsideRoot,
@@ -69,7 +69,7 @@ pub struct BrokenTier {
     claimed_capacity: Option<u64>,
     hits_returned: AtomicU64,
     leaked: Mutex<Vec<File>>,
-    /// Per key, the version before the latest ([`Fault::ServesOlderVersion`]).
+    /// Per rewritten key, its first version ([`Fault::ServesOlderVersion`]).
     older: Mutex<std::collections::HashMap<PageKey, Vec<u8>>>,
     /// Where the tier's files would live ([`Fault::WritesOutsideRoot`]).
     root: Option<PathBuf>,
@@ -178,7 +178,9 @@ impl StorageTier for BrokenTier {
             let mut older = self.older();
             for page in pages {
                 if let Some(current) = self.inner.peek(&page.key) {
-                    older.insert(page.key.clone(), current.to_vec());
+                    older
+                        .entry(page.key.clone())
+                        .or_insert_with(|| current.to_vec());
                 }
             }
         }

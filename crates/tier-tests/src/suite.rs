@@ -4,6 +4,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -761,10 +762,14 @@ pub async fn concurrent_writers(f: &dyn TierFactory) -> CaseResult {
     let mut versions = vec![0];
     versions.extend((0..WRITERS).flat_map(|w| (0..ROUNDS).map(move |r| 1 + w * 100 + r)));
     let versions = Arc::new(versions);
+    // Per writer, the rounds whose puts have returned: a read that begins after writer w's
+    // round r returned may see another writer's page or a later one of w's, never an older
+    // one of w's (w's puts run one after another), nor the initial version.
+    let acked: Arc<Vec<AtomicU64>> = Arc::new((0..WRITERS).map(|_| AtomicU64::new(0)).collect());
 
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..WRITERS {
-        let (tier, ks) = (tier.clone(), ks.clone());
+        let (tier, ks, acked) = (tier.clone(), ks.clone(), acked.clone());
         tasks.spawn(async move {
             for r in 0..ROUNDS {
                 let mut order = ks.clone();
@@ -772,24 +777,38 @@ pub async fn concurrent_writers(f: &dyn TierFactory) -> CaseResult {
                 order.rotate_left(shift);
                 let pages = versioned(&order, 1 + w * 100 + r, len);
                 put_all(&tier, &pages, 3).await?;
+                acked[w as usize].store(r + 1, Ordering::SeqCst);
                 tokio::task::yield_now().await;
             }
             Ok(())
         });
     }
     for _ in 0..2 {
-        let (tier, ks, versions) = (tier.clone(), ks.clone(), versions.clone());
+        let (tier, ks, versions, acked) =
+            (tier.clone(), ks.clone(), versions.clone(), acked.clone());
         tasks.spawn(async move {
             for _ in 0..(ROUNDS * 2) {
+                let done: Vec<u64> = acked.iter().map(|a| a.load(Ordering::SeqCst)).collect();
                 let want: Vec<(PageKey, usize)> = ks.iter().map(|k| (k.clone(), len)).collect();
                 let (bufs, results) = read(&tier, &want).await?;
                 for ((key, buf), result) in ks.iter().zip(&bufs).zip(results) {
                     match result {
-                        Ok(Lookup::Hit)
-                            if content::which_version(key, &versions, buf).is_some() => {}
-                        Ok(Lookup::Hit) => {
-                            return Err(format!("page {key} read back torn or mixed"))
-                        }
+                        Ok(Lookup::Hit) => match content::which_version(key, &versions, buf) {
+                            Some(0) if done.iter().any(|&d| d > 0) => {
+                                return Err(format!(
+                                    "page {key} read back its initial version after a writer's put of it returned (stale)"
+                                ))
+                            }
+                            Some(v) if v > 0 && (v - 1) % 100 + 1 < done[((v - 1) / 100) as usize] => {
+                                let (w, r) = ((v - 1) / 100, (v - 1) % 100);
+                                return Err(format!(
+                                    "page {key} read back writer {w}'s round {r} after its round {} had returned (stale)",
+                                    done[w as usize] - 1
+                                ));
+                            }
+                            Some(_) => {}
+                            None => return Err(format!("page {key} read back torn or mixed")),
+                        },
                         other => {
                             return Err(format!(
                                 "page {key} under concurrent writes gave {other:?}"
@@ -819,7 +838,7 @@ pub async fn concurrent_writers(f: &dyn TierFactory) -> CaseResult {
         }
         if content::which_version(key, &last, a).is_none() {
             return Err(format!(
-                "page {key} holds version {:?} after the writers finished, not one writer's last (a lost update)",
+                "page {key} holds version {:?} after the writers finished, not one writer's last (stale: a lost update)",
                 content::which_version(key, &versions, a)
             ));
         }

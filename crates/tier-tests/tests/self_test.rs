@@ -37,7 +37,7 @@ tier_tests::conformance_suite!(ModelFactory::default());
     "integrity_regions",
     "read into regions at other boundaries"
 )]
-#[case::serves_older_version(Fault::ServesOlderVersion, "concurrent_writers", "a lost update")]
+#[case::serves_older_version(Fault::ServesOlderVersion, "concurrent_writers", "stale")]
 #[case::writes_outside_root(Fault::WritesOutsideRoot, "hostile_keys", "outside the tier root")]
 #[case::leaks_fd_on_failure(Fault::LeaksFdOnFailure, "fd_leak", "after breaking its storage")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
