@@ -16,6 +16,7 @@ use tier_nixl::{NixlFileConfig, NixlFileTier};
 use tier_tests::content;
 use tier_tests::faulty::{Faults, FaultyTier};
 use tier_tests::fd::{open_fds, resident_bytes};
+use tier_tests::rng::{self, Rng};
 
 const PAGE: usize = 4096;
 const KEYS: u64 = 8192;
@@ -26,17 +27,6 @@ fn key(i: u64) -> PageKey {
         (i + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
     ))
     .unwrap()
-}
-
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)) % n
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -150,7 +140,7 @@ async fn soak(ops: u64) {
         None,
     )
     .unwrap();
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(rng::seed(7));
     let mut counts = [0u64; 4];
     let mut known = HashMap::with_capacity(KEYS as usize);
     // Warm up: caches, pools and the index reach their working size.
