@@ -1,15 +1,35 @@
 //! The whole conformance suite on the object_store tier: against a real S3 server (s3s-fs on
 //! loopback), a local folder, and memory.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use futures::TryStreamExt;
 use object_store::ObjectStore;
 use tier_core::TierError;
 use tier_object::{ObjectTier, ObjectTierConfig, PolicyKind, S3Settings};
 use tier_tests::s3::S3Server;
 use tier_tests::suite::DynTier;
 use tier_tests::TierFactory;
+
+/// Every name in `store` not under `prefix/`.
+pub async fn names_outside(
+    store: &dyn ObjectStore,
+    prefix: &str,
+) -> Result<BTreeSet<String>, String> {
+    let all: Vec<object_store::ObjectMeta> = store
+        .list(None)
+        .try_collect()
+        .await
+        .map_err(|e| format!("listing the store: {e}"))?;
+    let ours = format!("{prefix}/");
+    Ok(all
+        .into_iter()
+        .map(|m| m.location.to_string())
+        .filter(|name| !name.starts_with(&ours))
+        .collect())
+}
 
 /// Idle connections the S3 client keeps.
 const POOL: usize = 2;
@@ -88,6 +108,10 @@ impl TierFactory for StoreFactory {
         } else {
             0
         }
+    }
+
+    async fn names_outside(&self) -> Option<Result<BTreeSet<String>, String>> {
+        Some(names_outside(self.store.as_ref(), &self.prefix).await)
     }
 
     async fn open(&self) -> Result<DynTier, TierError> {

@@ -1,5 +1,6 @@
 //! The conformance cases, the [`TierFactory`] they open tiers from, and the runner.
 
+use std::cell::RefCell;
 use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -39,6 +40,14 @@ pub trait TierFactory: Send + Sync {
 
     /// The folder the tier's files must stay inside, if it keeps files.
     fn root(&self) -> Option<PathBuf> {
+        None
+    }
+
+    /// The names the tier's storage holds outside the place the tier owns, where the factory
+    /// can list them (an object tier: its bucket's names not under its prefix); `None` if it
+    /// cannot. The hostile-keys case compares them around its puts: a tier writes only under
+    /// its own prefix.
+    async fn names_outside(&self) -> Option<Result<BTreeSet<String>, String>> {
         None
     }
 
@@ -110,13 +119,34 @@ pub async fn run(name: &str, factory: &dyn TierFactory) -> Result<(), Failure> {
     } else {
         Guard::Shared(FD_LOCK.read().await)
     };
-    match tokio::time::timeout(CASE_TIMEOUT, run_case(factory)).await {
+    let checked = NOT_APPLICABLE.scope(RefCell::default(), async {
+        let result = tokio::time::timeout(CASE_TIMEOUT, run_case(factory)).await;
+        (result, NOT_APPLICABLE.with(|n| n.take()))
+    });
+    let (result, skipped) = checked.await;
+    for why in skipped {
+        // In the test's output (CI shows it for these cases): what this tier was not tested on.
+        println!("conformance case `{case}`: not applicable here: {why}");
+    }
+    match result {
         Ok(result) => result.map_err(|message| Failure { case, message }),
         Err(_) => Err(Failure {
             case,
             message: format!("did not finish within {CASE_TIMEOUT:?}"),
         }),
     }
+}
+
+tokio::task_local! {
+    /// The parts of the running case that did not apply to the tier, and why.
+    static NOT_APPLICABLE: RefCell<Vec<String>>;
+}
+
+/// Records that part of the running case does not apply to this tier (printed by name with
+/// the case's verdict), rather than passing silently.
+fn not_applicable(why: impl Into<String>) {
+    let why = why.into();
+    let _ = NOT_APPLICABLE.try_with(|n| n.borrow_mut().push(why));
 }
 
 /// Runs every case; returns each one's verdict.
@@ -894,7 +924,11 @@ pub async fn bad_input(f: &dyn TierFactory) -> CaseResult {
         .as_ref()
         .map_err(|e| format!("a good page beside an empty one failed: {e}"))?;
 
-    if let Some(limit) = tier.info().max_page_bytes.filter(|l| *l < 256 << 20) {
+    let limit = tier.info().max_page_bytes;
+    if limit.is_none() {
+        not_applicable("the tier has no page size limit: no page is over it");
+    }
+    if let Some(limit) = limit {
         let results = tier
             .put(&[
                 Page::new(ks[4].clone(), vec![1u8; limit + 1]),
@@ -951,7 +985,14 @@ pub async fn hostile_keys(f: &dyn TierFactory) -> CaseResult {
         .chain([long.as_str()])
         .map(|n| PageKey::new(n).map_err(|e| format!("suite bug: {e}")))
         .collect::<Result<_, _>>()?;
-    let watched = watched_dirs(f.root());
+    let root = f.root();
+    let outside = f.names_outside().await.transpose()?;
+    if root.is_none() && outside.is_none() {
+        not_applicable(
+            "no folder or bucket outside which writes could be watched (the factory gives neither)",
+        );
+    }
+    let watched = watched_dirs(root);
     let before = listings(&watched);
 
     let pages: Vec<Page<'static>> = ks
@@ -996,6 +1037,18 @@ pub async fn hostile_keys(f: &dyn TierFactory) -> CaseResult {
             "hostile keys changed folders outside the tier root: {before:?} -> {after:?}"
         ));
     }
+    if let Some(before) = outside {
+        let after = f
+            .names_outside()
+            .await
+            .ok_or("the factory stopped listing names")??;
+        if after != before {
+            return Err(format!(
+                "hostile keys wrote names outside the tier's prefix: {:?}",
+                after.difference(&before).collect::<Vec<_>>()
+            ));
+        }
+    }
     for r in tier.remove(&stored).await {
         r.map_err(|e| format!("removing a hostile key failed: {e}"))?;
     }
@@ -1031,6 +1084,14 @@ fn listings(dirs: &[PathBuf]) -> Vec<BTreeSet<String>> {
 pub async fn capacity_bound(f: &dyn TierFactory) -> CaseResult {
     const CAPACITY: u64 = 2 << 20;
     let Some(opened) = f.open_bounded(CAPACITY).await else {
+        // A tier that claims a capacity must give the means to test it.
+        let claimed = open(f).await?.info().capacity_bytes;
+        if let Some(capacity) = claimed {
+            return Err(format!(
+                "the tier reports a capacity of {capacity} bytes, but its factory opens no bounded tier to test it"
+            ));
+        }
+        not_applicable("the tier has no byte bound (its factory opens no bounded tier)");
         return Ok(());
     };
     let tier = opened.map_err(|e| format!("could not open a bounded tier: {e}"))?;
@@ -1081,6 +1142,7 @@ pub async fn capacity_bound(f: &dyn TierFactory) -> CaseResult {
 pub async fn persistence(f: &dyn TierFactory) -> CaseResult {
     let tier = open(f).await?;
     if !tier.info().persistent {
+        not_applicable("the tier is not persistent");
         return Ok(());
     }
     let len = page_len(&tier, 64 << 10);

@@ -182,6 +182,25 @@ impl TierFactory for ObjFactory {
         Ok(Arc::new(tier_nixl::NixlObjTier::open(self.config()).await?))
     }
 
+    async fn names_outside(&self) -> Option<Result<std::collections::BTreeSet<String>, String>> {
+        use futures::TryStreamExt;
+        let listed = async {
+            let store = self.config().s3.build().map_err(|e| e.to_string())?;
+            let all: Vec<object_store::ObjectMeta> = store
+                .list(None)
+                .try_collect()
+                .await
+                .map_err(|e| format!("listing the bucket: {e}"))?;
+            let ours = format!("{}/", self.prefix);
+            Ok(all
+                .into_iter()
+                .map(|m| m.location.to_string())
+                .filter(|name| !name.starts_with(&ours))
+                .collect())
+        };
+        Some(listed.await)
+    }
+
     /// A bounded tier under a prefix of its own (its catalog starts empty).
     async fn open_bounded(&self, capacity_bytes: u64) -> Option<Result<DynTier, TierError>> {
         static OPENED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
