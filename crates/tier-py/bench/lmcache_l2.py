@@ -1,7 +1,7 @@
 """kvtier's LMCache L2 plugin beside LMCache's own file-system L2 adapters, through LMCache's
 L2 adapter interface (the calls its StorageManager makes): store a batch of chunks, then load
-them back into LMCache memory objects, every byte compared after each round. Rounds are
-interleaved (each backend in turn, fresh keys each round) and medians are quoted, with the
+them back into LMCache memory objects, every byte compared after each round. Each store starts
+after `sync` (no dirty pages of earlier rounds waiting for the disk). Rounds are interleaved (each backend in turn, fresh keys each round) and medians are quoted, with the
 ratio kvtier / LMCache.
 
     python crates/tier-py/bench/lmcache_l2.py [--chunks 32] [--chunk-mib 2] [--rounds 7]
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -56,6 +57,7 @@ def one_round(adapter, l1, n, elems, tag):
                               obj_size=elems, dtype=torch.float16) for i in range(n)]
     dst = [_create_memory_obj(raw_data=flat[(n + i) * elems:(n + i + 1) * elems], fill_value=0.0,
                               obj_size=elems, dtype=torch.float16) for i in range(n)]
+    os.sync()  # every store starts with no dirty pages waiting for the disk
     t0 = time.perf_counter()
     _, ok = _run_store_phase(adapter, keys, src)
     t1 = time.perf_counter()
@@ -73,11 +75,15 @@ def main():
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--chunk-mib", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--direct-io", action="store_true",
+                    help="kvtier's NIXL FILE with direct_io = \"preferred\" (as vLLM's fs tier uses O_DIRECT)")
     ap.add_argument("--lanes", type=int, default=None,
                     help="kvtier's NIXL FILE lanes (staging_buffers; default: the tier's default, 2)")
     ap.add_argument("--root", default=None, help="folder for the files (default: a temp folder)")
     args = ap.parse_args()
     tuning = {} if args.lanes is None else {"staging_buffers": args.lanes}
+    if args.direct_io:
+        tuning["direct_io"] = "preferred"
     root = Path(args.root or tempfile.mkdtemp(prefix="kvtier-lmcache-bench-"))
     elems = int(args.chunk_mib * (1 << 20)) // 2
     n = args.chunks

@@ -2,7 +2,8 @@
 vLLM's ``TieringOffloadingManager`` as its scheduler drives them: an engine stores chunks
 (cascade from the primary CPU tier, timed until drained), then a restarted engine loads them
 back (lookups and promotions, timed until every chunk is a HIT in its primary tier), every
-byte compared. Rounds are interleaved (each backend in turn, fresh chunks each round) and
+byte compared. Each store starts after `sync` (no dirty pages of earlier rounds waiting for
+the disk). Rounds are interleaved (each backend in turn, fresh chunks each round) and
 medians are quoted, with the ratio kvtier / vLLM.
 
     python crates/tier-py/bench/vllm_tiers.py [--chunks 32] [--chunk-mib 2] [--rounds 7]
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import statistics
 import tempfile
@@ -58,6 +60,7 @@ def store(secondary, keys, data, chunk_bytes):
             out = m.prepare_store(keys, req)
             for k, chunk in zip(keys, out.store_spec.chunk_ids):
                 primary[chunk] = data[k]
+            os.sync()  # every store starts with no dirty pages waiting for the disk
             t0 = time.perf_counter()
             m.complete_store(keys, req)
             m.on_request_finished(req)
@@ -109,6 +112,8 @@ def main():
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--chunk-mib", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--direct-io", action="store_true",
+                    help="kvtier's NIXL FILE with direct_io = \"preferred\" (as vLLM's fs tier uses O_DIRECT)")
     ap.add_argument("--lanes", type=int, default=None,
                     help="kvtier's NIXL FILE lanes (staging_buffers; default: the tier's default, 2)")
     args = ap.parse_args()
@@ -118,6 +123,8 @@ def main():
     root = Path(tempfile.mkdtemp(prefix="kvtier-vllm-bench-"))
     chunk_bytes = int(args.chunk_mib * (1 << 20))
     tuning = {} if args.lanes is None else {"staging_buffers": args.lanes}
+    if args.direct_io:
+        tuning["direct_io"] = "preferred"
     backends = {
         "vllm fs": {"type": "fs", "root_dir": str(root / "vllm-fs")},
         "kvtier nixl-file": {"type": "KvtierSecondaryTier", "module_path": "kvtier.vllm",
