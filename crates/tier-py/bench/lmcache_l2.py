@@ -75,6 +75,8 @@ def main():
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--chunk-mib", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--page-checksum", choices=["crc32c", "off"], default=None,
+                    help="kvtier's NIXL FILE page checksum (default: the tier's, crc32c)")
     ap.add_argument("--direct-io", action="store_true",
                     help="kvtier's NIXL FILE with direct_io = \"preferred\" (as vLLM's fs tier uses O_DIRECT)")
     ap.add_argument("--lanes", type=int, default=None,
@@ -84,6 +86,8 @@ def main():
     tuning = {} if args.lanes is None else {"staging_buffers": args.lanes}
     if args.direct_io:
         tuning["direct_io"] = "preferred"
+    if args.page_checksum:
+        tuning["page_checksum"] = args.page_checksum
     root = Path(args.root or tempfile.mkdtemp(prefix="kvtier-lmcache-bench-"))
     elems = int(args.chunk_mib * (1 << 20)) // 2
     n = args.chunks

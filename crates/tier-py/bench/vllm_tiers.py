@@ -112,6 +112,8 @@ def main():
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--chunk-mib", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--page-checksum", choices=["crc32c", "off"], default=None,
+                    help="kvtier's NIXL FILE page checksum (default: the tier's, crc32c)")
     ap.add_argument("--direct-io", action="store_true",
                     help="kvtier's NIXL FILE with direct_io = \"preferred\" (as vLLM's fs tier uses O_DIRECT)")
     ap.add_argument("--lanes", type=int, default=None,
@@ -125,6 +127,8 @@ def main():
     tuning = {} if args.lanes is None else {"staging_buffers": args.lanes}
     if args.direct_io:
         tuning["direct_io"] = "preferred"
+    if args.page_checksum:
+        tuning["page_checksum"] = args.page_checksum
     backends = {
         "vllm fs": {"type": "fs", "root_dir": str(root / "vllm-fs")},
         "kvtier nixl-file": {"type": "KvtierSecondaryTier", "module_path": "kvtier.vllm",
