@@ -233,10 +233,13 @@ impl CompletionQueue {
         let id = ticket.id;
         let hierarchy = Arc::clone(&self.hierarchy);
         runtime().spawn(async move {
+            // The first local: were this task dropped at an await, the call's future and its
+            // slices over the regions go first, the ticket (holding the buffers) last.
+            let ticket = ticket;
             // SAFETY (both arms): the regions are live buffer exports held by the ticket, which
-            // is finished (and so releases them) only after this block, or memory the caller
-            // vouches for until the completion is drained; a read's are writable and disjoint
-            // (checked by `Lent`).
+            // releases them only after the slices are gone, or memory the caller vouches for
+            // until the completion is drained; a read's are writable and disjoint (checked by
+            // `Lent`).
             let outcome = if read {
                 let mut slots = unsafe { read_slots(&keys, &regions) };
                 Outcome::Get(hierarchy.get(&mut slots).await)
