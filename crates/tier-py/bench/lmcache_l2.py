@@ -30,6 +30,8 @@ from lmcache.v1.check.check_mode_test_l2_adapter import (
 from lmcache.v1.distributed.l2_adapters import create_l2_adapter
 from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config
 
+import engine_bench
+
 
 def adapter_specs(root: Path, tuning: dict) -> dict:
     kv = root / "kvtier"
@@ -44,9 +46,7 @@ def adapter_specs(root: Path, tuning: dict) -> dict:
 
 
 def make_adapter(spec: dict, l1: torch.Tensor):
-    import argparse as ap
-
-    cfg = parse_args_to_l2_adapters_config(ap.Namespace(l2_adapter=[json.dumps(spec)]))
+    cfg = parse_args_to_l2_adapters_config(argparse.Namespace(l2_adapter=[json.dumps(spec)]))
     return create_l2_adapter(cfg.adapters[0], l1_memory_desc=_create_l1_memory_desc(l1))
 
 
@@ -71,23 +71,10 @@ def one_round(adapter, l1, n, elems, tag):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--chunks", type=int, default=32)
-    ap.add_argument("--chunk-mib", type=float, default=2.0)
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--page-checksum", choices=["crc32c", "off"], default=None,
-                    help="kvtier's NIXL FILE page checksum (default: the tier's, crc32c)")
-    ap.add_argument("--direct-io", action="store_true",
-                    help="kvtier's NIXL FILE with direct_io = \"preferred\" (as vLLM's fs tier uses O_DIRECT)")
-    ap.add_argument("--lanes", type=int, default=None,
-                    help="kvtier's NIXL FILE lanes (staging_buffers; default: the tier's default, 2)")
+    ap = engine_bench.parser(__doc__)
     ap.add_argument("--root", default=None, help="folder for the files (default: a temp folder)")
     args = ap.parse_args()
-    tuning = {} if args.lanes is None else {"staging_buffers": args.lanes}
-    if args.direct_io:
-        tuning["direct_io"] = "preferred"
-    if args.page_checksum:
-        tuning["page_checksum"] = args.page_checksum
+    tuning = engine_bench.tier_tuning(args)
     root = Path(args.root or tempfile.mkdtemp(prefix="kvtier-lmcache-bench-"))
     elems = int(args.chunk_mib * (1 << 20)) // 2
     n = args.chunks

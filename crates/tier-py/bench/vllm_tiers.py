@@ -11,7 +11,6 @@ medians are quoted, with the ratio kvtier / vLLM.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import shutil
@@ -21,6 +20,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+import engine_bench
 
 
 def make_manager(secondary, chunk_bytes, chunks):
@@ -108,27 +109,14 @@ def load(secondary, keys, data, chunk_bytes):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--chunks", type=int, default=32)
-    ap.add_argument("--chunk-mib", type=float, default=2.0)
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--page-checksum", choices=["crc32c", "off"], default=None,
-                    help="kvtier's NIXL FILE page checksum (default: the tier's, crc32c)")
-    ap.add_argument("--direct-io", action="store_true",
-                    help="kvtier's NIXL FILE with direct_io = \"preferred\" (as vLLM's fs tier uses O_DIRECT)")
-    ap.add_argument("--lanes", type=int, default=None,
-                    help="kvtier's NIXL FILE lanes (staging_buffers; default: the tier's default, 2)")
+    ap = engine_bench.parser(__doc__)
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     from vllm.v1.kv_offload.base import make_offload_key
 
     root = Path(tempfile.mkdtemp(prefix="kvtier-vllm-bench-"))
     chunk_bytes = int(args.chunk_mib * (1 << 20))
-    tuning = {} if args.lanes is None else {"staging_buffers": args.lanes}
-    if args.direct_io:
-        tuning["direct_io"] = "preferred"
-    if args.page_checksum:
-        tuning["page_checksum"] = args.page_checksum
+    tuning = engine_bench.tier_tuning(args)
     backends = {
         "vllm fs": {"type": "fs", "root_dir": str(root / "vllm-fs")},
         "kvtier nixl-file": {"type": "KvtierSecondaryTier", "module_path": "kvtier.vllm",
