@@ -24,6 +24,11 @@ pub struct EvictedPage {
     pub cause: EvictionCause,
 }
 
-/// Receives evicted pages. Called synchronously from the evicting tier: it must be quick and
-/// must not block (push into a bounded queue and return).
+/// Receives evicted pages. Called synchronously from the evicting tier: it must be quick, must
+/// not block (push into a bounded queue and return) and must not call the tier.
+///
+/// A tier calls it no later than its own calls can miss the page: a `get`, `exists` or
+/// `remove` that does not find an evicted page returns only after the listener has returned
+/// for it. A hierarchy relies on that to find a page on its way down, and to count an
+/// eviction that races a remove as part of the remove rather than carry it down after.
 pub type EvictionListener = Arc<dyn Fn(EvictedPage) + Send + Sync>;

@@ -4,7 +4,9 @@
 //! Capacity is in bytes (each entry weighs its key plus its page) and holds whenever a `put`
 //! returns: with moka the tier runs its pending maintenance before answering, so evictions the
 //! batch caused have happened. Pages the tier evicts for room or expiry go to an optional
-//! [`EvictionListener`], which is how a hierarchy demotes them to the next tier down.
+//! [`EvictionListener`], which is how a hierarchy demotes them to the next tier down, before
+//! any call can miss them: moka removes a page from its map before it calls the listener, so
+//! a call that misses waits for the maintenance under way to finish.
 
 pub mod config;
 mod policy_map;
@@ -16,8 +18,9 @@ use moka::future::Cache;
 use moka::notification::RemovalCause;
 use moka::policy::EvictionPolicy as MokaPolicy;
 use tier_core::{
-    async_trait, Bytes, EvictedPage, EvictionCause, EvictionListener, GetResult, Page, PageKey,
-    PutResult, ReadSlot, RemoveResult, StatsRecorder, StorageTier, TierError, TierInfo, TierStats,
+    async_trait, Bytes, EvictedPage, EvictionCause, EvictionListener, GetResult, Lookup, Page,
+    PageKey, PutResult, ReadSlot, RemoveResult, StatsRecorder, StorageTier, TierError, TierInfo,
+    TierStats,
 };
 
 pub use tier_policy::PolicyKind;
@@ -108,7 +111,10 @@ impl MemTierBuilder {
                     Arc::clone(&stats),
                 ))
             }
-            None => Engine::Moka(self.moka(policy, Arc::clone(&stats))),
+            None => Engine::Moka {
+                settles: self.listener.is_some(),
+                cache: self.moka(policy, Arc::clone(&stats)),
+            },
         };
         Ok(MemTier {
             engine,
@@ -169,7 +175,12 @@ fn entry_weight(key: &PageKey, page_len: usize) -> u32 {
 
 /// Where the pages live: moka's cache, or a map this crate orders by a policy.
 enum Engine {
-    Moka(Cache<PageKey, Bytes>),
+    Moka {
+        cache: Cache<PageKey, Bytes>,
+        /// An eviction listener is set: a miss waits for evictions under way (see the
+        /// module documentation).
+        settles: bool,
+    },
     Map(PolicyMap),
 }
 
@@ -196,7 +207,7 @@ impl MemTier {
     /// A shared reference to a page's bytes, without copying them.
     pub async fn get_shared(&self, key: &PageKey) -> Option<Bytes> {
         let page = match &self.engine {
-            Engine::Moka(cache) => cache.get(key).await,
+            Engine::Moka { cache, .. } => cache.get(key).await,
             Engine::Map(map) => map.get(key, None),
         };
         match &page {
@@ -206,10 +217,23 @@ impl MemTier {
         page
     }
 
+    /// After a call missed a page: waits until every eviction moka has begun has reached the
+    /// listener (its maintenance runs under one lock, so taking it waits for the run under
+    /// way, and runs an interrupted one to its end).
+    async fn settle_evictions(&self) {
+        if let Engine::Moka {
+            cache,
+            settles: true,
+        } = &self.engine
+        {
+            cache.run_pending_tasks().await;
+        }
+    }
+
     /// Bytes held now (keys plus pages), after pending maintenance has run.
     pub async fn resident_bytes(&self) -> u64 {
         match &self.engine {
-            Engine::Moka(cache) => {
+            Engine::Moka { cache, .. } => {
                 cache.run_pending_tasks().await;
                 cache.weighted_size()
             }
@@ -226,7 +250,7 @@ impl StorageTier for MemTier {
 
     fn stats(&self) -> TierStats {
         let resident = match &self.engine {
-            Engine::Moka(cache) => cache.weighted_size(),
+            Engine::Moka { cache, .. } => cache.weighted_size(),
             Engine::Map(map) => map.bytes(),
         };
         self.stats.snapshot(Some(resident))
@@ -244,7 +268,7 @@ impl StorageTier for MemTier {
             // Kept past the call: one gathered copy of lent or multi-region pages, none else.
             let data = page.data.to_bytes();
             match &self.engine {
-                Engine::Moka(cache) => cache.insert(page.key.clone(), data).await,
+                Engine::Moka { cache, .. } => cache.insert(page.key.clone(), data).await,
                 Engine::Map(map) => map.insert(&page.key, data, after),
             }
             self.stats.put(page.data.len());
@@ -252,7 +276,7 @@ impl StorageTier for MemTier {
             after = Some(&page.key);
         }
         // Let the evictions this batch caused happen before answering, so the byte bound holds.
-        if let Engine::Moka(cache) = &self.engine {
+        if let Engine::Moka { cache, .. } = &self.engine {
             cache.run_pending_tasks().await;
         }
         results
@@ -263,30 +287,37 @@ impl StorageTier for MemTier {
         let mut after: Option<PageKey> = None;
         for slot in slots.iter_mut() {
             let page = match &self.engine {
-                Engine::Moka(cache) => cache.get(&slot.key).await,
+                Engine::Moka { cache, .. } => cache.get(&slot.key).await,
                 Engine::Map(map) => map.get(&slot.key, after.as_ref()),
             };
             after = Some(slot.key.clone());
             results.push(slot.answer(page.as_deref(), &self.stats));
         }
+        if results.iter().any(|r| matches!(r, Ok(Lookup::Miss))) {
+            self.settle_evictions().await;
+        }
         results
     }
 
     async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
-        Ok(match &self.engine {
-            Engine::Moka(cache) => keys
+        let run = match &self.engine {
+            Engine::Moka { cache, .. } => keys
                 .iter()
                 .take_while(|key| cache.contains_key(*key))
                 .count(),
             Engine::Map(map) => map.leading_run(keys),
-        })
+        };
+        if run < keys.len() {
+            self.settle_evictions().await;
+        }
+        Ok(run)
     }
 
     async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
         let mut results = Vec::with_capacity(keys.len());
         for key in keys {
             let present = match &self.engine {
-                Engine::Moka(cache) => cache.remove(key).await.is_some(),
+                Engine::Moka { cache, .. } => cache.remove(key).await.is_some(),
                 Engine::Map(map) => map.remove(key),
             };
             if present {
@@ -294,12 +325,15 @@ impl StorageTier for MemTier {
             }
             results.push(Ok(present));
         }
+        if results.iter().any(|r| matches!(r, Ok(false))) {
+            self.settle_evictions().await;
+        }
         results
     }
 
     async fn clear(&self) -> Result<(), TierError> {
         match &self.engine {
-            Engine::Moka(cache) => {
+            Engine::Moka { cache, .. } => {
                 cache.invalidate_all();
                 cache.run_pending_tasks().await;
             }

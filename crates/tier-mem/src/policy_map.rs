@@ -14,8 +14,9 @@ struct Held {
     bytes: u64,
 }
 
-/// Pages and their policy under one lock, never held across an await; evicted pages go to
-/// the listener after the lock is released.
+/// Pages and their policy under one lock, never held across an await. Evicted pages go to
+/// the listener before the lock is released, so no call misses a page whose eviction the
+/// listener has not seen yet.
 pub(crate) struct PolicyMap {
     held: Mutex<Held>,
     capacity: u64,
@@ -50,36 +51,30 @@ impl PolicyMap {
     /// Evicts until `data` fits, then stores it under `key` (after `after` in its batch).
     pub(crate) fn insert(&self, key: &PageKey, data: Bytes, after: Option<&PageKey>) {
         let weight = u64::from(entry_weight(key, data.len()));
-        let mut evicted = Vec::new();
-        {
-            let mut held = self.lock();
-            if let Some(old) = held.pages.remove(key) {
-                held.bytes -= u64::from(entry_weight(key, old.len()));
-            }
-            // Room first, then the page: a new page is never its own victim.
-            while held.bytes + weight > self.capacity {
-                let Some(victim) = held.policy.victim(&mut |k| k == key) else {
-                    break;
-                };
-                if let Some(data) = held.pages.remove(&victim) {
-                    held.bytes -= u64::from(entry_weight(&victim, data.len()));
-                    evicted.push(EvictedPage {
+        let mut held = self.lock();
+        if let Some(old) = held.pages.remove(key) {
+            held.bytes -= u64::from(entry_weight(key, old.len()));
+        }
+        // Room first, then the page: a new page is never its own victim.
+        while held.bytes + weight > self.capacity {
+            let Some(victim) = held.policy.victim(&mut |k| k == key) else {
+                break;
+            };
+            if let Some(data) = held.pages.remove(&victim) {
+                held.bytes -= u64::from(entry_weight(&victim, data.len()));
+                self.stats.eviction();
+                if let Some(listener) = &self.listener {
+                    listener(EvictedPage {
                         key: victim,
                         data,
                         cause: EvictionCause::Capacity,
                     });
                 }
             }
-            held.pages.insert(key.clone(), data);
-            held.bytes += weight;
-            held.policy.insert(key, weight, after);
         }
-        for page in evicted {
-            self.stats.eviction();
-            if let Some(listener) = &self.listener {
-                listener(page);
-            }
-        }
+        held.pages.insert(key.clone(), data);
+        held.bytes += weight;
+        held.policy.insert(key, weight, after);
     }
 
     /// The page under `key` (read after `after` in its batch), if held.

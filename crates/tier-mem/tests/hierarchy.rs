@@ -401,3 +401,93 @@ async fn the_suite_moves_pages_between_levels(#[case] write: WritePolicy) {
         WritePolicy::WriteBack => assert!(m.demotions > 0, "{m:?}"),
     }
 }
+
+/// What a call made while the top tier is evicting a page does.
+#[derive(Debug, Clone, Copy)]
+enum DuringEviction {
+    Read,
+    Check,
+    Remove,
+}
+
+/// moka takes an evicted page out of its map before it calls the listener, and this crate's
+/// map once called it after releasing its lock: a read in between missed a page on its way
+/// down (neither in the top, nor in motion, nor below), and a remove in between found nothing
+/// and finished before the listener, which then carried the removed page down. The listener
+/// here sleeps, so "in between" lasts 100 ms.
+#[rstest::rstest]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_being_evicted_is_neither_missed_nor_resurrected(
+    #[values(tier_mem::PolicyKind::Lru, tier_mem::PolicyKind::Sieve)] engine: tier_mem::PolicyKind,
+    #[values(DuringEviction::Read, DuringEviction::Check, DuringEviction::Remove)]
+    call: DuringEviction,
+) {
+    let queue = DemotionQueue::new();
+    let demote = queue.listener(0);
+    let upper = MemTier::builder(4096 + 512)
+        .policy(engine)
+        .on_evict(Arc::new(move |page| {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            demote(page)
+        }))
+        .build()
+        .unwrap();
+    let lower: DynTier = Arc::new(MemTier::builder(64 << 20).build().unwrap());
+    let tiers: Vec<DynTier> = vec![Arc::new(upper), lower];
+    let h = Arc::new(
+        Hierarchy::new(
+            "slow-evictions",
+            tiers,
+            policy(WritePolicy::WriteBack),
+            Some(queue),
+        )
+        .unwrap(),
+    );
+    let (k, other) = (key(1), key(2));
+    put_one(&h, &k, 1).await;
+    // Evicts `k`: the listener holds it for 100 ms on a worker thread.
+    let evicting = tokio::spawn({
+        let (h, other) = (Arc::clone(&h), other.clone());
+        async move { put_one(&h, &other, 1).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let removed = match call {
+        DuringEviction::Read => {
+            let (r, buf) = tier_tests::read_page(&*h, k.clone(), 4096).await;
+            assert_eq!(
+                r.unwrap(),
+                Lookup::Hit,
+                "{engine:?}: a page on its way down was missed"
+            );
+            content::verify(&k, 1, &buf).unwrap();
+            false
+        }
+        DuringEviction::Check => {
+            let n = h.exists(std::slice::from_ref(&k)).await.unwrap();
+            assert_eq!(n, 1, "{engine:?}: exists missed a page on its way down");
+            false
+        }
+        DuringEviction::Remove => {
+            let r = h.remove(std::slice::from_ref(&k)).await.pop().unwrap();
+            assert!(
+                r.unwrap(),
+                "{engine:?}: remove found nothing of a page being evicted"
+            );
+            true
+        }
+    };
+    evicting.await.unwrap();
+    h.flush().await.unwrap();
+    let (r, buf) = tier_tests::read_page(&*h, k.clone(), 4096).await;
+    if removed {
+        assert_eq!(
+            r.unwrap(),
+            Lookup::Miss,
+            "{engine:?}: the removed page came back"
+        );
+    } else {
+        assert_eq!(r.unwrap(), Lookup::Hit, "{engine:?}: the page was lost");
+        content::verify(&k, 1, &buf).unwrap();
+    }
+    h.close().await.unwrap();
+}

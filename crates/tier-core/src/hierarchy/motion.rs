@@ -126,32 +126,47 @@ impl Motion {
 
     // ------------------------------------------------------------ pages in motion
 
-    /// A tier evicted `key`: whether to carry it down. Not while a remove or clear of it
-    /// runs (it would land after them); the remove then counts it as found.
-    pub(super) fn carry_eviction(&self, key: &PageKey) -> bool {
+    /// A tier evicted `key`: unless a remove or clear of it runs (the remove then counts it
+    /// as found), records what `carried` decides goes down (the page, or a tombstone) as the
+    /// key's newest version in motion and returns it with the sequence number for the job
+    /// that carries it. Decided and recorded under the lock [`Motion::purge`] takes, so an
+    /// eviction is either seen by the purge or part of the removal, never neither.
+    pub(super) fn carry_eviction(
+        &self,
+        key: &PageKey,
+        carried: impl FnOnce() -> Option<PageData<'static>>,
+    ) -> Option<(u64, Option<PageData<'static>>)> {
+        let mut map = self.map();
         if self.clearing.load(SeqCst) {
-            return false;
+            return None;
         }
-        match self
+        if let Some(seen) = self
             .removing
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get_mut(key)
         {
-            Some(seen) => {
-                *seen = true;
-                false
-            }
-            None => true,
+            *seen = true;
+            return None;
         }
+        let data = carried();
+        Some((self.track_in(&mut map, key, data.clone()), data))
     }
 
     /// Records `data` (or a tombstone) as `key`'s newest version in motion; returns its
     /// sequence number for the job that carries it.
     pub(super) fn track(&self, key: &PageKey, data: Option<PageData<'static>>) -> u64 {
+        self.track_in(&mut self.map(), key, data)
+    }
+
+    fn track_in(
+        &self,
+        map: &mut HashMap<PageKey, Entry>,
+        key: &PageKey,
+        data: Option<PageData<'static>>,
+    ) -> u64 {
         let seq = self.next_seq.fetch_add(1, Relaxed);
         let bytes = data.as_ref().map_or(0, |d| d.len() as u64);
-        let mut map = self.map();
         let entry = map.entry(key.clone()).or_insert(Entry {
             data: None,
             seq,
@@ -161,7 +176,6 @@ impl Motion {
         entry.data = data;
         entry.seq = seq;
         entry.pending += 1;
-        drop(map);
         self.backlog_pages.fetch_add(1, SeqCst);
         self.backlog_bytes.fetch_add(bytes, SeqCst);
         seq

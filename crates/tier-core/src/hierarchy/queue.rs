@@ -72,23 +72,24 @@ impl DemotionQueue {
             Arc::clone(&self.not_admitted),
         );
         Arc::new(move |page: EvictedPage| {
-            if !motion.carry_eviction(&page.key) {
-                return;
-            }
             let data = PageData::from(page.data);
-            let carried = if !admission.admits(&page.key) {
-                not_admitted.fetch_add(1, Relaxed);
-                None
-            } else if motion.may_queue_eviction(data.len() as u64) {
-                Some(data)
-            } else {
-                dropped.fetch_add(1, Relaxed);
-                None
+            let carried = motion.carry_eviction(&page.key, || {
+                if !admission.admits(&page.key) {
+                    not_admitted.fetch_add(1, Relaxed);
+                    None
+                } else if motion.may_queue_eviction(data.len() as u64) {
+                    Some(data)
+                } else {
+                    dropped.fetch_add(1, Relaxed);
+                    None
+                }
+            });
+            let Some((seq, data)) = carried else {
+                return;
             };
-            let seq = motion.track(&page.key, carried.clone());
             let moving = Moving {
                 key: page.key,
-                data: carried,
+                data,
                 seq,
             };
             let job = Job {
