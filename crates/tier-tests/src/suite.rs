@@ -15,6 +15,7 @@ use tier_core::{
 };
 use tokio::sync::RwLock;
 
+use crate::broken::{FlawedHierarchy, HierarchyFlaw};
 use crate::faulty::{Faults, FaultyTier};
 use crate::history::{run_history, HistoryCounts, HistoryPlan};
 use crate::model::ModelTier;
@@ -114,13 +115,48 @@ pub async fn run(name: &str, factory: &dyn TierFactory) -> Result<(), Failure> {
             message: format!("no conformance case is called {name}"),
         });
     };
+    checked(case, run_case(factory)).await
+}
+
+/// Runs one of the hierarchy cases (`hierarchy_over_faulty_tier`, `hierarchy_lower_outage`)
+/// with `flaw` in the hierarchy they stack over the tier: the self-tests' proof that these
+/// cases catch what they aim at, a hierarchy that mishandles its failing lower tier.
+pub async fn run_flawed(
+    name: &str,
+    factory: &dyn TierFactory,
+    flaw: HierarchyFlaw,
+) -> Result<(), Failure> {
+    match name {
+        "hierarchy_over_faulty_tier" => {
+            checked(
+                "hierarchy_over_faulty_tier",
+                over_faulty_tier(factory, Some(flaw)),
+            )
+            .await
+        }
+        "hierarchy_lower_outage" => {
+            checked("hierarchy_lower_outage", lower_outage(factory, Some(flaw))).await
+        }
+        other => Err(Failure {
+            case: "unknown",
+            message: format!("{other} stacks no hierarchy over the tier"),
+        }),
+    }
+}
+
+/// Runs a case under the suite's rules: the fd-leak case alone, a bound on its time, and
+/// what did not apply printed.
+async fn checked(
+    case: &'static str,
+    run_case: impl Future<Output = CaseResult>,
+) -> Result<(), Failure> {
     let _guard = if case == "fd_leak" {
         Guard::Exclusive(FD_LOCK.write().await)
     } else {
         Guard::Shared(FD_LOCK.read().await)
     };
     let checked = NOT_APPLICABLE.scope(RefCell::default(), async {
-        let result = tokio::time::timeout(CASE_TIMEOUT, run_case(factory)).await;
+        let result = tokio::time::timeout(CASE_TIMEOUT, run_case).await;
         (result, NOT_APPLICABLE.with(|n| n.take()))
     });
     let (result, skipped) = checked.await;
@@ -1240,13 +1276,25 @@ async fn tally(tier: &DynTier, pages: &[(PageKey, u64, usize)]) -> Result<[usize
 /// or errors, never wrong bytes; a torn page is never promoted; once faults stop, every page
 /// this tier reports present is exact.
 pub async fn hierarchy_over_faulty_tier(f: &dyn TierFactory) -> CaseResult {
+    over_faulty_tier(f, None).await
+}
+
+/// The hierarchy the hierarchy cases call: kvtier's, or one with a flaw (self-tests).
+fn calls_through(top: &Arc<ModelTier>, h: &Arc<Hierarchy>, flaw: Option<HierarchyFlaw>) -> DynTier {
+    match flaw {
+        None => h.clone(),
+        Some(flaw) => Arc::new(FlawedHierarchy::new(Arc::clone(h), Arc::clone(top), flaw)),
+    }
+}
+
+async fn over_faulty_tier(f: &dyn TierFactory, flaw: Option<HierarchyFlaw>) -> CaseResult {
     let faults = Faults {
         error_rate: 0.3,
         torn_reads: true,
         ..Faults::default()
     };
     let (tier, top, faulty, hierarchy) = over_faulty(open(f).await?, faults)?;
-    let h: DynTier = hierarchy.clone();
+    let h = calls_through(&top, &hierarchy, flaw);
     let len = page_len(&tier, 16 << 10);
     let pages = versioned(&keys("hft", 96), 1, len);
     put_all(&h, &pages, 16).await?;
@@ -1291,8 +1339,12 @@ pub async fn hierarchy_over_faulty_tier(f: &dyn TierFactory) -> CaseResult {
 /// and takes new pages; when the tier recovers, pages written before the outage and after it
 /// are read from it exactly.
 pub async fn hierarchy_lower_outage(f: &dyn TierFactory) -> CaseResult {
+    lower_outage(f, None).await
+}
+
+async fn lower_outage(f: &dyn TierFactory, flaw: Option<HierarchyFlaw>) -> CaseResult {
     let (tier, top, faulty, h) = over_faulty(open(f).await?, Faults::default())?;
-    let dyn_h: DynTier = h.clone();
+    let dyn_h = calls_through(&top, &h, flaw);
     let len = page_len(&tier, 16 << 10);
     let before = versioned(&keys("out", 32), 1, len);
     let during = versioned(&keys("dur", 32), 1, len);

@@ -5,7 +5,7 @@ use rstest::rstest;
 use std::sync::Arc;
 
 use tier_core::TierError;
-use tier_tests::broken::{BrokenFactory, Fault, ModelFactory};
+use tier_tests::broken::{BrokenFactory, Fault, HierarchyFlaw, ModelFactory};
 use tier_tests::faulty::{Faults, FaultyTier};
 use tier_tests::model::ModelTier;
 use tier_tests::suite::{self, DynTier};
@@ -51,6 +51,51 @@ async fn suite_rejects_broken_tier(#[case] fault: Fault, #[case] case: &str, #[c
         "unexpected verdict: {failure}"
     );
     eprintln!("rejected as expected: {failure}");
+}
+
+/// The hierarchy cases check the hierarchy a tier sits under: each is shown to fail on a
+/// hierarchy with the flaw it aims at, over the model tier. The other one fails too only
+/// where the flaw explains it (`explained` in its message: the faulty-tier case has failing
+/// copies down too, and catches a write failed by them when one fails).
+#[rstest]
+#[case::promotes_torn_reads(
+    HierarchyFlaw::PromotesTornReads,
+    "hierarchy_over_faulty_tier",
+    "a hit returned wrong bytes",
+    None
+)]
+#[case::fails_writes_in_outage(
+    HierarchyFlaw::FailsWritesInOutage,
+    "hierarchy_lower_outage",
+    "with the lower tier down: put of",
+    Some("the lower tier did not take the copy")
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hierarchy_cases_reject_a_flawed_hierarchy(
+    #[case] flaw: HierarchyFlaw,
+    #[case] case: &str,
+    #[case] says: &str,
+    #[case] explained: Option<&str>,
+) {
+    let failure = suite::run_flawed(case, &ModelFactory::default(), flaw)
+        .await
+        .expect_err("the case must reject a flawed hierarchy");
+    assert_eq!(failure.case, case);
+    assert!(
+        failure.message.contains(says),
+        "unexpected verdict: {failure}"
+    );
+    eprintln!("rejected as expected: {failure}");
+    let other = ["hierarchy_over_faulty_tier", "hierarchy_lower_outage"]
+        .into_iter()
+        .find(|c| *c != case)
+        .unwrap();
+    if let Err(failure) = suite::run_flawed(other, &ModelFactory::default(), flaw).await {
+        assert!(
+            explained.is_some_and(|why| failure.message.contains(why)),
+            "{flaw:?} unexpectedly failed {other}: {failure}"
+        );
+    }
 }
 
 #[rstest]
