@@ -33,6 +33,13 @@ pub mod suite;
 
 pub use suite::{read_page, Failure, TierFactory};
 
+/// Whether a call that must answer within `bound` did, with room for a loaded machine: twice
+/// the bound plus 5 s. A call that is not bounded waits far longer (object_store retries for
+/// minutes, an unanswered transfer for ever), so this still tells a bounded call from a hang.
+pub fn answered_within(took: std::time::Duration, bound: std::time::Duration) -> bool {
+    took <= bound * 2 + std::time::Duration::from_secs(5)
+}
+
 /// Calls `$callback!` with the name of every conformance case: the one list both
 /// [`suite::CASES`] and [`conformance_suite!`] are made from.
 #[macro_export]
