@@ -55,6 +55,8 @@ pub enum Fault {
     WritesOutsideRoot,
     /// Once its storage is broken, every call fails as it should, and leaks a descriptor.
     LeaksFdOnFailure,
+    /// A put dropped before it returns leaves the descriptor it opened open.
+    LeaksFdOnDrop,
 }
 
 fn broken_storage() -> TierError {
@@ -119,6 +121,32 @@ impl BrokenTier {
 }
 
 impl BrokenTier {
+    /// A put holding a descriptor while it runs, closed when it returns and kept for good if
+    /// the call is dropped first ([`Fault::LeaksFdOnDrop`]).
+    async fn put_holding_fd(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
+        struct Held<'a> {
+            file: Option<File>,
+            leaked: &'a Mutex<Vec<File>>,
+        }
+        impl Drop for Held<'_> {
+            fn drop(&mut self) {
+                if let Some(file) = self.file.take() {
+                    self.leaked
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(file);
+                }
+            }
+        }
+        let mut held = Held {
+            file: File::open("/dev/null").ok(),
+            leaked: &self.leaked,
+        };
+        let results = self.inner.put(pages).await;
+        held.file = None;
+        results
+    }
+
     /// Puts `pages` one at a time, with this tier's wrong idea of a put.
     async fn put_wrongly(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
         let mut results = Vec::with_capacity(pages.len());
@@ -190,6 +218,9 @@ impl StorageTier for BrokenTier {
                     let _ = std::fs::write(beside.join("escaped"), page.key.as_str());
                 }
             }
+        }
+        if self.fault == Fault::LeaksFdOnDrop {
+            return self.put_holding_fd(pages).await;
         }
         match self.fault {
             Fault::LandsAfterDrop => {}

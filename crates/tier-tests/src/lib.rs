@@ -20,6 +20,7 @@
 //! own tests assert the suite rejects each of them.
 
 pub mod broken;
+pub mod cancel;
 pub mod content;
 pub mod faulty;
 pub mod fd;
@@ -65,6 +66,7 @@ macro_rules! with_cases {
             hierarchy_over_faulty_tier,
             hierarchy_lower_outage,
             histories,
+            cancellation,
         }
     };
 }

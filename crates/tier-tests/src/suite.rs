@@ -104,7 +104,11 @@ crate::with_cases!(cases);
 /// Longest a case may take before it counts as hung.
 pub const CASE_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Cases share a process; the fd-leak case must run alone, the others may overlap.
+/// Cases that count the process's descriptors: each runs alone, and under `cargo test` in a
+/// process of its own.
+const COUNTS_FDS: [&str; 2] = ["fd_leak", "cancellation"];
+
+/// Cases share a process; those counting descriptors must run alone, the others may overlap.
 static FD_LOCK: RwLock<()> = RwLock::const_new(());
 
 /// Runs the case called `name` against tiers from `factory`.
@@ -150,7 +154,7 @@ async fn checked(
     case: &'static str,
     run_case: impl Future<Output = CaseResult>,
 ) -> Result<(), Failure> {
-    let _guard = if case == "fd_leak" {
+    let _guard = if COUNTS_FDS.contains(&case) {
         Guard::Exclusive(FD_LOCK.write().await)
     } else {
         Guard::Shared(FD_LOCK.read().await)
@@ -195,10 +199,10 @@ pub async fn run_all(factory: &dyn TierFactory) -> Vec<(&'static str, Result<(),
 }
 
 /// Runs one case on a fresh two-thread runtime and panics with its failure, for `#[test]`s.
-/// The fd-leak case counts the whole process's descriptors: under `cargo test` it runs in a
-/// process of its own ([`crate::fd::in_own_process`]).
+/// The cases that count the whole process's descriptors (`fd_leak`, `cancellation`) run in a
+/// process of their own under `cargo test` ([`crate::fd::in_own_process`]).
 pub fn run_case(name: &str, factory: &dyn TierFactory) {
-    if name == "fd_leak" && !crate::fd::in_own_process() {
+    if COUNTS_FDS.contains(&name) && !crate::fd::in_own_process() {
         return;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -553,21 +557,30 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = ()>,
 {
-    let before = fd::open_fds().map_err(|e| format!("cannot count fds: {e}"))?;
+    let before = open_fds()?;
     for _ in 0..rounds {
         op().await;
     }
+    fds_back_to(before, slack, &format!("{rounds} rounds of `{name}`")).await
+}
+
+fn open_fds() -> Result<usize, String> {
+    fd::open_fds().map_err(|e| format!("cannot count fds: {e}"))
+}
+
+/// Whether the open descriptors came back to `before` (plus `slack`) after `what`.
+async fn fds_back_to(before: usize, slack: usize, what: &str) -> CaseResult {
     // Background work (a hierarchy's queued copies) may hold fds briefly: a leak is growth
     // that does not go away.
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    let mut after = fd::open_fds().map_err(|e| format!("cannot count fds: {e}"))?;
+    let mut after = open_fds()?;
     while after > before + slack && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
-        after = fd::open_fds().map_err(|e| format!("cannot count fds: {e}"))?;
+        after = open_fds()?;
     }
     if after > before + slack {
         return Err(format!(
-            "fd leak: {rounds} rounds of `{name}` grew open fds from {before} to {after} (allowed: {slack})"
+            "fd leak: {what} grew open fds from {before} to {after} (allowed: {slack})"
         ));
     }
     Ok(())
@@ -1389,6 +1402,44 @@ async fn settle(h: &Hierarchy) -> CaseResult {
     h.flush()
         .await
         .map_err(|e| format!("the hierarchy's copies down did not land: {e}"))
+}
+
+/// Every call dropped at each of its await points in turn (see [`crate::cancel`]): after each
+/// drop, later calls finish, each key holds what it held before or what the call leaves
+/// (whole), and a new version put over it is what reads see. Run twice: the descriptors the
+/// process holds must not grow over the second run (the first fills connection pools, which
+/// dropped requests make open more connections than calls that finish).
+pub async fn cancellation(f: &dyn TierFactory) -> CaseResult {
+    let tier = open(f).await?;
+    let len = page_len(&tier, 16 << 10);
+    let may_lose = tier.info().capacity_bytes.is_some_and(|c| c < 64 << 20);
+    let sweep = |prefix: &'static str| {
+        let tier = Arc::clone(&tier);
+        async move {
+            let mut took = Vec::new();
+            for (i, call) in crate::cancel::Call::ALL.into_iter().enumerate() {
+                let prefix = format!("{prefix}{i}");
+                let polls =
+                    crate::cancel::each_await_point(&*tier, call, &prefix, len, may_lose).await?;
+                took.push(format!("{call:?} {polls}"));
+            }
+            Ok::<_, String>(took)
+        }
+    };
+    sweep("cw").await?;
+    let before = open_fds()?;
+    let took = sweep("cx").await?;
+    fds_back_to(
+        before,
+        f.fd_slack(),
+        "a second run of every call dropped at each await point",
+    )
+    .await?;
+    eprintln!(
+        "cancellation: polls each call took when not dropped (it was dropped after each smaller count): {}",
+        took.join(", ")
+    );
+    Ok(())
 }
 
 /// Random concurrent histories with dropped calls (see [`crate::history`]) on the tier alone,

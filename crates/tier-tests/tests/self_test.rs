@@ -40,6 +40,16 @@ tier_tests::conformance_suite!(ModelFactory::default());
 #[case::serves_older_version(Fault::ServesOlderVersion, "concurrent_writers", "stale")]
 #[case::writes_outside_root(Fault::WritesOutsideRoot, "hostile_keys", "outside the tier root")]
 #[case::leaks_fd_on_failure(Fault::LeaksFdOnFailure, "fd_leak", "after breaking its storage")]
+#[case::lands_after_drop_seen_by_cancellation(
+    Fault::LandsAfterDrop,
+    "cancellation",
+    "after version 3 was put over it (the dropped call landed later)"
+)]
+#[case::leaks_fd_on_drop(
+    Fault::LeaksFdOnDrop,
+    "cancellation",
+    "fd leak: a second run of every call dropped at each await point"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suite_rejects_broken_tier(#[case] fault: Fault, #[case] case: &str, #[case] says: &str) {
     let failure = suite::run(case, &BrokenFactory::new(fault))
@@ -117,6 +127,7 @@ async fn hierarchy_cases_reject_a_flawed_hierarchy(
 #[case(Fault::ServesOlderVersion)]
 #[case(Fault::WritesOutsideRoot)]
 #[case(Fault::LeaksFdOnFailure)]
+#[case(Fault::LeaksFdOnDrop)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
     // The suite's fd-leak case counts the process's descriptors: under `cargo test` this runs
@@ -133,7 +144,7 @@ async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
     for (name, failure) in &failed {
         // A phantom hit also shows up wherever the suite expects a miss.
         let expected: &[&str] = match fault {
-            Fault::LeaksFd => &["fd_leak"],
+            Fault::LeaksFd => &["fd_leak", "cancellation"],
             // Any case reading 200 pages meets the flipped byte.
             Fault::FlipsByte => &[
                 "integrity_batches",
@@ -152,9 +163,10 @@ async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
                 "hierarchy_over_faulty_tier",
                 "hierarchy_lower_outage",
                 "histories",
+                "cancellation",
             ],
             Fault::CountsAllInExists => &["exists_prefix", "fd_leak", "histories"],
-            Fault::LandsAfterDrop => &["histories"],
+            Fault::LandsAfterDrop => &["histories", "cancellation"],
             // A shorter rewrite read back at its own length: a length mismatch.
             Fault::KeepsStaleTail => &["overwrite", "histories"],
             Fault::KeepsFirstDuplicate => &["overwrite"],
@@ -169,9 +181,15 @@ async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
             Fault::TearsLargePages => &["integrity_page_sizes"],
             Fault::ReversesRegions => &["integrity_regions"],
             // Every case that rewrites a key and reads it back.
-            Fault::ServesOlderVersion => &["concurrent_writers", "overwrite", "histories"],
+            Fault::ServesOlderVersion => &[
+                "concurrent_writers",
+                "overwrite",
+                "histories",
+                "cancellation",
+            ],
             Fault::WritesOutsideRoot => &["hostile_keys"],
             Fault::LeaksFdOnFailure => &["fd_leak"],
+            Fault::LeaksFdOnDrop => &["cancellation"],
         };
         assert!(
             expected.contains(name),

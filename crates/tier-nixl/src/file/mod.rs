@@ -1222,15 +1222,21 @@ impl StorageTier for NixlFileTier {
     }
 
     async fn clear(&self) -> Result<(), TierError> {
+        // Forgotten at once, before anything awaits: a clear that is dropped has happened (its
+        // pages read as absent), never later than a put made after it.
+        let keys = self.shared.index().drain();
         let shared = Arc::clone(&self.shared);
         tokio::task::spawn_blocking(move || {
-            let mut index = shared.index();
-            let keys = index.drain();
             let mut first_err = None;
             for key in keys {
                 let Ok(path) = shared.layout.page_path(&key) else {
                     continue;
                 };
+                // Unlinked with the index locked, and only if no put stored the key since.
+                let index = shared.index();
+                if index.contains(&key) {
+                    continue;
+                }
                 match fs::remove_file(&path) {
                     Ok(()) => {}
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
