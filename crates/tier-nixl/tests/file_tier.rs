@@ -688,3 +688,39 @@ async fn a_reader_sees_the_owners_pages_and_never_writes() {
     assert_eq!(owner.exists(&[key(1), key(3)]).await.unwrap(), 2);
     assert!(!owner.page_path(&key(9)).unwrap().exists());
 }
+
+/// A direct read pins its page against eviction while a blocking thread reads it; a get
+/// dropped at that await point once left the pin behind for good, so the page could never be
+/// evicted again and the tier stayed over its capacity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_read_leaves_its_page_evictable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = direct_config(&tmp.path().join("d"), DirectIo::Required);
+    config.capacity_bytes = Some(4 * 65536);
+    let tier = NixlFileTier::open(config).await.unwrap();
+    put_ok(&tier, &[page(0, 1, 65536)]).await;
+    for _ in 0..8 {
+        // Dropped right after its first poll: suspended while the read runs.
+        let mut buf = vec![0u8; 65536];
+        let mut slots = [ReadSlot::new(key(0), &mut buf)];
+        let mut get = std::pin::pin!(tier.get(&mut slots));
+        let first = futures::poll!(get.as_mut());
+        assert!(
+            first.is_pending(),
+            "a direct read waits for its blocking thread"
+        );
+    }
+    // Let the abandoned reads finish, then fill the tier: page 0 is the oldest.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    put_ok(
+        &tier,
+        &(1..5).map(|i| page(i, 1, 65536)).collect::<Vec<_>>(),
+    )
+    .await;
+    assert_eq!(
+        tier.exists(&[key(0)]).await.unwrap(),
+        0,
+        "page 0 was never evicted"
+    );
+    assert_eq!(tier.stats().resident_bytes, Some(4 * 65536));
+}

@@ -717,7 +717,6 @@ impl Shared {
         let mut index = self.index();
         let mut after = None;
         for (read, result) in reads.iter().zip(results) {
-            index.unpin(&read.key);
             match result {
                 Ok(true) => {
                     index.touch(&read.key, after);
@@ -739,6 +738,22 @@ struct PlannedWrite<'a> {
     path: PathBuf,
     temp: PathBuf,
     direct: bool,
+}
+
+/// The pins a get holds on the pages it reads (no eviction unlinks them meanwhile), released
+/// when it drops: when the get returns, and when it is dropped at an await point.
+struct Pins<'a> {
+    shared: &'a Shared,
+    keys: Vec<PageKey>,
+}
+
+impl Drop for Pins<'_> {
+    fn drop(&mut self) {
+        let mut index = self.shared.index();
+        for key in &self.keys {
+            index.unpin(key);
+        }
+    }
 }
 
 /// A page planned for reading into slot `slot`.
@@ -1066,6 +1081,10 @@ impl StorageTier for NixlFileTier {
         let shared = &self.shared;
         let mut results: Vec<Option<GetResult>> = (0..slots.len()).map(|_| None).collect();
         let (mut direct, mut buffered) = (Vec::new(), Vec::new());
+        let mut pins = Pins {
+            shared,
+            keys: Vec::new(),
+        };
         {
             let mut index = shared.index();
             for (i, slot) in slots.iter().enumerate() {
@@ -1087,6 +1106,7 @@ impl StorageTier for NixlFileTier {
                 match shared.layout.page_path(&slot.key) {
                     Ok(path) => {
                         index.pin(&slot.key);
+                        pins.keys.push(slot.key.clone());
                         let is_direct = shared.direct_for(&slot.key, len).unwrap_or(false);
                         let read = PlannedRead {
                             slot: i,
@@ -1167,6 +1187,7 @@ impl StorageTier for NixlFileTier {
                 }
             }
         }
+        drop(pins);
         shared.stats.settle_gets(results, slots)
     }
 
