@@ -115,7 +115,7 @@ fn pick_keys(rng: &mut Rng, keys: usize, max: u64) -> Vec<usize> {
 
 /// A call, with what it asked.
 #[derive(Debug)]
-enum Call {
+pub(crate) enum Call {
     /// (key, version, length) per page.
     Put(Vec<(usize, u64, usize)>),
     /// (key, buffer length) per slot.
@@ -127,7 +127,7 @@ enum Call {
 
 /// What one key's get answered.
 #[derive(Debug)]
-enum Seen {
+pub(crate) enum Seen {
     Hit(Vec<u8>),
     Miss,
     Mismatch(usize),
@@ -135,7 +135,7 @@ enum Seen {
 }
 
 #[derive(Debug)]
-enum Answer {
+pub(crate) enum Answer {
     Dropped,
     /// Per page: the put's error, if any.
     Put(Vec<Option<String>>),
@@ -147,7 +147,7 @@ enum Answer {
 
 impl Answer {
     /// The answer without page bytes.
-    fn brief(&self) -> String {
+    pub(crate) fn brief(&self) -> String {
         match self {
             Answer::Get(seen) => format!(
                 "{:?}",
@@ -164,12 +164,12 @@ impl Answer {
 }
 
 #[derive(Debug)]
-struct Event {
-    task: usize,
-    call: Call,
-    start: u64,
-    end: u64,
-    answer: Answer,
+pub(crate) struct Event {
+    pub task: usize,
+    pub call: Call,
+    pub start: u64,
+    pub end: u64,
+    pub answer: Answer,
 }
 
 impl Event {
@@ -329,7 +329,7 @@ pub async fn run_history(
 
 /// When to drop a call: after this many polls, or this long, whichever comes first.
 #[derive(Debug, Clone, Copy)]
-struct DropAfter {
+pub(crate) struct DropAfter {
     polls: u32,
     time: Duration,
 }
@@ -354,7 +354,7 @@ async fn within<F: Future>(limit: Option<DropAfter>, fut: F) -> Result<F::Output
 }
 
 /// Makes one call; `None` if it hung past [`CALL_BOUND`].
-async fn perform(
+pub(crate) async fn perform(
     tier: &dyn StorageTier,
     names: &[PageKey],
     call: &Call,
@@ -426,7 +426,7 @@ async fn perform(
 }
 
 /// Checks every answer of `events` (sorted by start); returns counts and violations.
-fn check(
+pub(crate) fn check(
     names: &[PageKey],
     events: &[Event],
     may_lose: bool,

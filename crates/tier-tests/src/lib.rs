@@ -22,6 +22,7 @@
 pub mod broken;
 pub mod cancel;
 pub mod content;
+pub mod explore;
 pub mod faulty;
 pub mod fd;
 pub mod history;

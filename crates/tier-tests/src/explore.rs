@@ -1,0 +1,464 @@
+//! Every schedule of a small scenario on a hierarchy: an exhaustive check of its queue and
+//! in-flight set.
+//!
+//! Each tier of the hierarchy sits behind a gate: a call waits there until the explorer lets
+//! it through, one call at a time. Between two releases everything else runs until it waits at
+//! a gate again (one thread, so the code between two tier calls is one step). The explorer
+//! tries every order of releases, and, once per schedule if the scenario allows it, dropping a
+//! client's call wherever it waits, by depth-first search over these choices: each schedule
+//! runs afresh on a new runtime, replaying the choices before its new one. The clients'
+//! calls, then a flush and a read of every key, are checked as [`crate::history`] checks a
+//! random history: against every order the calls could have run in.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+
+use tier_core::{
+    async_trait, DemotionQueue, GetResult, Hierarchy, HierarchyPolicy, Page, PageKey, PutResult,
+    ReadSlot, RemoveResult, StorageTier, TierError, TierInfo, TierStats, WritePolicy,
+};
+use tokio::sync::oneshot;
+
+use crate::history::{check, perform, Answer, Call, Event};
+use crate::model::ModelTier;
+use crate::suite::DynTier;
+
+/// Page length every scenario writes.
+const LEN: usize = 4096;
+/// Yields the explorer gives the other tasks to reach their next gate.
+const SETTLE_YIELDS: usize = 16;
+
+/// One client call of a scenario, on key indices.
+#[derive(Debug, Clone, Copy)]
+pub enum Step {
+    /// Put a new version of the key.
+    Put(usize),
+    /// Get the key.
+    Get(usize),
+    /// `exists` of the key.
+    Exists(usize),
+    /// Remove the key.
+    Remove(usize),
+}
+
+/// A small scenario: clients running their steps in order, at once, on a hierarchy of a
+/// model top tier holding `top_pages` pages over a model lower tier.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// What it checks, for messages.
+    pub name: &'static str,
+    /// The hierarchy's write policy.
+    pub write: WritePolicy,
+    /// Pages of [`LEN`] bytes the top tier holds.
+    pub top_pages: usize,
+    /// Each client's steps.
+    pub clients: Vec<Vec<Step>>,
+    /// Keys the steps name.
+    pub keys: usize,
+    /// Whether the explorer may also drop one client call (where it waits) per schedule.
+    pub drops: bool,
+    /// A queue too small for one page: pages the top tier evicts are not carried down (lost,
+    /// as evicted from the hierarchy), and nothing older below may be served in their place.
+    /// Otherwise the queue holds every page the scenario writes.
+    pub tiny_queue: bool,
+    /// Schedules past which the search stops and fails (the scenario is too big).
+    pub max_schedules: usize,
+}
+
+/// What an exploration covered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Explored {
+    /// Schedules run, each to its end and checked.
+    pub schedules: usize,
+    /// Of them, schedules with a dropped call.
+    pub with_drop: usize,
+    /// The most choices one schedule made.
+    pub deepest: usize,
+}
+
+/// Calls waiting at the gates, by arrival.
+#[derive(Default)]
+struct Gates {
+    waiting: Mutex<BTreeMap<u64, (String, oneshot::Sender<()>)>>,
+    next: AtomicU64,
+}
+
+impl Gates {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, (String, oneshot::Sender<()>)>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until the explorer lets this call through (forgotten if dropped meanwhile).
+    async fn pass(self: &Arc<Self>, label: String) {
+        struct Leave(Arc<Gates>, u64);
+        impl Drop for Leave {
+            fn drop(&mut self) {
+                self.0.lock().remove(&self.1);
+            }
+        }
+        let id = self.next.fetch_add(1, SeqCst);
+        let (tx, rx) = oneshot::channel();
+        self.lock().insert(id, (label, tx));
+        let _leave = Leave(Arc::clone(self), id);
+        let _ = rx.await;
+    }
+
+    fn waiting(&self) -> Vec<(u64, String)> {
+        self.lock()
+            .iter()
+            .map(|(id, (label, _))| (*id, label.clone()))
+            .collect()
+    }
+
+    fn release(&self, id: u64) {
+        if let Some((_, tx)) = self.lock().remove(&id) {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// A tier whose every call waits at the gates first.
+struct GatedTier {
+    name: &'static str,
+    inner: DynTier,
+    gates: Arc<Gates>,
+}
+
+impl GatedTier {
+    fn label(&self, op: &str, keys: impl Iterator<Item = PageKey>) -> String {
+        let keys: Vec<String> = keys.map(|k| k.to_string()).collect();
+        format!("{} {op} {}", self.name, keys.join(","))
+    }
+}
+
+#[async_trait]
+impl StorageTier for GatedTier {
+    fn info(&self) -> TierInfo {
+        self.inner.info()
+    }
+
+    fn stats(&self) -> TierStats {
+        self.inner.stats()
+    }
+
+    async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
+        let label = self.label("put", pages.iter().map(|p| p.key.clone()));
+        self.gates.pass(label).await;
+        self.inner.put(pages).await
+    }
+
+    async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
+        let label = self.label("get", slots.iter().map(|s| s.key.clone()));
+        self.gates.pass(label).await;
+        self.inner.get(slots).await
+    }
+
+    async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
+        let label = self.label("exists", keys.iter().cloned());
+        self.gates.pass(label).await;
+        self.inner.exists(keys).await
+    }
+
+    async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
+        let label = self.label("remove", keys.iter().cloned());
+        self.gates.pass(label).await;
+        self.inner.remove(keys).await
+    }
+
+    async fn clear(&self) -> Result<(), TierError> {
+        self.gates.pass(format!("{} clear", self.name)).await;
+        self.inner.clear().await
+    }
+}
+
+/// A choice the explorer makes at one point of a schedule.
+#[derive(Debug, Clone)]
+enum Choice {
+    /// Let the call waiting at this gate through.
+    Release(u64, String),
+    /// Drop this client's call where it waits.
+    Drop(usize),
+}
+
+impl Choice {
+    fn describe(&self) -> String {
+        match self {
+            Choice::Release(_, label) => format!("let through: {label}"),
+            Choice::Drop(client) => format!("drop client {client}'s call"),
+        }
+    }
+}
+
+/// One client's state, shared with the explorer.
+#[derive(Default)]
+struct Client {
+    /// Set while a call runs: sending drops it.
+    cancel: Option<oneshot::Sender<()>>,
+    done: bool,
+}
+
+/// Runs one schedule: `replay` first, then the first option at every new choice point.
+/// Returns the choices made with how many options each had, and the violations found.
+fn run_schedule(scenario: &Scenario, replay: &[usize]) -> Schedule {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a runtime for one schedule");
+    runtime.block_on(schedule(scenario, replay))
+}
+
+async fn schedule(scenario: &Scenario, replay: &[usize]) -> Schedule {
+    let gates = Arc::new(Gates::default());
+    let queue = DemotionQueue::new();
+    let listener = (scenario.write == WritePolicy::WriteBack).then(|| queue.listener(0));
+    let top: DynTier = Arc::new(GatedTier {
+        name: "top",
+        inner: Arc::new(ModelTier::bounded(
+            (scenario.top_pages * LEN) as u64,
+            listener,
+        )),
+        gates: Arc::clone(&gates),
+    });
+    let lower: DynTier = Arc::new(GatedTier {
+        name: "lower",
+        inner: Arc::new(ModelTier::default()),
+        gates: Arc::clone(&gates),
+    });
+    let policy = HierarchyPolicy {
+        write: scenario.write,
+        queue_bytes: Some(if scenario.tiny_queue { 1 } else { 1 << 20 }),
+        ..HierarchyPolicy::default()
+    };
+    let demotions = (scenario.write == WritePolicy::WriteBack).then_some(queue);
+    let h = match Hierarchy::new("explored", vec![top, lower], policy, demotions) {
+        Ok(h) => Arc::new(h),
+        Err(e) => {
+            return Schedule {
+                problems: vec![format!("could not build the hierarchy: {e}")],
+                ..Schedule::default()
+            }
+        }
+    };
+    let names: Arc<Vec<PageKey>> = Arc::new(
+        (0..scenario.keys)
+            .map(|i| PageKey::new(format!("x{i}")).expect("valid key"))
+            .collect(),
+    );
+    let clock = Arc::new(AtomicU64::new(0));
+    let events = Arc::new(Mutex::new(Vec::<Event>::new()));
+    let clients: Arc<Vec<Mutex<Client>>> =
+        Arc::new(scenario.clients.iter().map(|_| Mutex::default()).collect());
+    let mut next_version = 1;
+    for (task, steps) in scenario.clients.iter().enumerate() {
+        let calls: Vec<Call> = steps
+            .iter()
+            .map(|step| match *step {
+                Step::Put(k) => {
+                    next_version += 1;
+                    Call::Put(vec![(k, next_version, LEN)])
+                }
+                Step::Get(k) => Call::Get(vec![(k, LEN)]),
+                Step::Exists(k) => Call::Exists(vec![k]),
+                Step::Remove(k) => Call::Remove(vec![k]),
+            })
+            .collect();
+        let (h, names, clock, events, clients) = (
+            Arc::clone(&h),
+            Arc::clone(&names),
+            Arc::clone(&clock),
+            Arc::clone(&events),
+            Arc::clone(&clients),
+        );
+        tokio::spawn(async move {
+            for call in calls {
+                let (tx, rx) = oneshot::channel::<()>();
+                lock(&clients[task]).cancel = Some(tx);
+                let start = clock.fetch_add(1, SeqCst);
+                let answer = tokio::select! {
+                    biased;
+                    _ = rx => Some(Answer::Dropped),
+                    answer = perform(&*h, &names, &call, None) => answer,
+                };
+                let end = clock.fetch_add(1, SeqCst);
+                lock(&clients[task]).cancel = None;
+                let answer = answer.unwrap_or(Answer::Dropped);
+                lock(&events).push(Event {
+                    task,
+                    call,
+                    start,
+                    end,
+                    answer,
+                });
+            }
+            lock(&clients[task]).done = true;
+        });
+    }
+    let mut made = Vec::new();
+    let mut dropped = false;
+    let mut problems = Vec::new();
+    loop {
+        settle(&gates).await;
+        if clients.iter().all(|c| lock(c).done) {
+            break;
+        }
+        let mut options: Vec<Choice> = gates
+            .waiting()
+            .into_iter()
+            .map(|(id, label)| Choice::Release(id, label))
+            .collect();
+        if scenario.drops && !dropped {
+            options.extend(
+                (0..clients.len())
+                    .filter(|&t| lock(&clients[t]).cancel.is_some())
+                    .map(Choice::Drop),
+            );
+        }
+        if options.is_empty() {
+            problems.push("no call can move: the clients are stuck".to_string());
+            break;
+        }
+        let pick = replay
+            .get(made.len())
+            .copied()
+            .unwrap_or(0)
+            .min(options.len() - 1);
+        made.push((pick, options.len(), options[pick].describe()));
+        match &options[pick] {
+            Choice::Release(id, _) => gates.release(*id),
+            Choice::Drop(task) => {
+                dropped = true;
+                if let Some(tx) = lock(&clients[*task]).cancel.take() {
+                    let _ = tx.send(());
+                }
+            }
+        }
+    }
+    // Afterwards, sequentially: everything lands, then every key is read.
+    let last = {
+        let h = Arc::clone(&h);
+        let (names, clock, events) = (Arc::clone(&names), Arc::clone(&clock), Arc::clone(&events));
+        let task = scenario.clients.len();
+        tokio::spawn(async move {
+            let _ = h.flush().await;
+            for k in 0..names.len() {
+                let call = Call::Get(vec![(k, LEN)]);
+                let start = clock.fetch_add(1, SeqCst);
+                let answer = perform(&*h, &names, &call, None)
+                    .await
+                    .unwrap_or(Answer::Dropped);
+                let end = clock.fetch_add(1, SeqCst);
+                lock(&events).push(Event {
+                    task,
+                    call,
+                    start,
+                    end,
+                    answer,
+                });
+            }
+        })
+    };
+    for _ in 0..10_000 {
+        if last.is_finished() {
+            break;
+        }
+        settle(&gates).await;
+        if let Some((id, _)) = gates.waiting().first() {
+            gates.release(*id);
+        }
+    }
+    if !last.is_finished() {
+        problems.push("the final flush and reads did not finish".to_string());
+    }
+    let mut events = std::mem::take(&mut *lock(&events));
+    events.sort_by_key(|e| e.start);
+    let (_, violations) = check(&names, &events, scenario.tiny_queue);
+    problems.extend(violations.into_iter().map(|(_, _, v)| v));
+    if !problems.is_empty() {
+        let story = events.iter().map(|e| {
+            format!(
+                "[{}, {}] client {}: {:?} -> {}",
+                e.start,
+                e.end,
+                e.task,
+                e.call,
+                e.answer.brief()
+            )
+        });
+        problems.extend(story);
+    }
+    Schedule {
+        made,
+        problems,
+        dropped,
+    }
+}
+
+/// What one schedule did.
+#[derive(Default)]
+struct Schedule {
+    /// Per choice point: the option taken, how many there were, and what it was.
+    made: Vec<(usize, usize, String)>,
+    /// Violations found (then the calls, as run).
+    problems: Vec<String>,
+    /// Whether a client call was dropped.
+    dropped: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Lets every other task run until the calls waiting at the gates stop changing.
+async fn settle(gates: &Gates) {
+    let mut seen = gates.waiting();
+    for _ in 0..1000 {
+        for _ in 0..SETTLE_YIELDS {
+            tokio::task::yield_now().await;
+        }
+        let now = gates.waiting();
+        if now == seen {
+            return;
+        }
+        seen = now;
+    }
+}
+
+/// Runs every schedule of `scenario` and checks each; the first violation fails it, with the
+/// schedule that led there.
+pub fn explore(scenario: &Scenario) -> Result<Explored, String> {
+    let mut explored = Explored::default();
+    let mut replay: Vec<usize> = Vec::new();
+    loop {
+        let Schedule {
+            made,
+            problems,
+            dropped,
+        } = run_schedule(scenario, &replay);
+        explored.schedules += 1;
+        explored.with_drop += usize::from(dropped);
+        explored.deepest = explored.deepest.max(made.len());
+        if !problems.is_empty() {
+            let choices: Vec<&String> = made.iter().map(|(_, _, what)| what).collect();
+            return Err(format!(
+                "scenario `{}`, schedule {}: {problems:#?}\nchoices made: {choices:#?}",
+                scenario.name, explored.schedules
+            ));
+        }
+        if explored.schedules >= scenario.max_schedules {
+            return Err(format!(
+                "scenario `{}` has more than {} schedules: make it smaller",
+                scenario.name, scenario.max_schedules
+            ));
+        }
+        // The next schedule: the last choice point with an option left takes its next one.
+        let Some(at) = made
+            .iter()
+            .rposition(|(pick, options, _)| pick + 1 < *options)
+        else {
+            return Ok(explored);
+        };
+        replay = made[..at].iter().map(|(pick, _, _)| *pick).collect();
+        replay.push(made[at].0 + 1);
+    }
+}
