@@ -152,6 +152,7 @@ async fn each_fault_fails_only_what_it_breaks(#[case] fault: Fault) {
                 "capacity_bound",
                 "hierarchy_over_faulty_tier",
                 "histories",
+                "cancellation",
             ],
             // ... and as wrong bytes wherever a hierarchy reads through to the tier.
             Fault::PhantomHit => &[
