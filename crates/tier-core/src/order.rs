@@ -3,12 +3,15 @@
 //! A tier whose writes run where a dropped call cannot stop them (a spawned task, a blocking
 //! thread, a request the server already has) takes the keys' turn before it starts and moves
 //! the [`OrderGuard`] into that work. A later put or remove of the same keys waits for the
-//! turn, so a write whose caller gave up can never land over a newer one.
+//! turn, so a write whose caller gave up can never land over a newer one. A clear takes every
+//! key's turn at once: it waits for the writes running, and writes of any key wait for it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{Mutex as TurnLock, OwnedMutexGuard};
+use tokio::sync::{
+    Mutex as TurnLock, OwnedMutexGuard, OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock,
+};
 
 use crate::PageKey;
 
@@ -16,6 +19,8 @@ use crate::PageKey;
 struct Turns {
     /// One lock per key with a write running or waiting; gone when nobody holds it.
     keys: Mutex<HashMap<PageKey, Arc<TurnLock<()>>>>,
+    /// Held shared by every turn of some keys, exclusively by a turn of all keys.
+    all: Arc<RwLock<()>>,
 }
 
 /// See the module documentation.
@@ -28,6 +33,13 @@ pub struct WriteOrder {
 pub struct OrderGuard {
     turns: Arc<Turns>,
     held: Vec<(PageKey, OwnedMutexGuard<()>)>,
+    _scope: Scope,
+}
+
+/// Whether a guard holds some keys (sharing the tier with other such guards) or all of them.
+enum Scope {
+    Some(#[allow(dead_code)] OwnedRwLockReadGuard<()>),
+    All(#[allow(dead_code)] OwnedRwLockWriteGuard<()>),
 }
 
 impl WriteOrder {
@@ -43,9 +55,11 @@ impl WriteOrder {
         let mut sorted: Vec<&PageKey> = keys.iter().collect();
         sorted.sort_unstable();
         sorted.dedup();
+        let scope = Scope::Some(Arc::clone(&self.turns.all).read_owned().await);
         let mut guard = OrderGuard {
             turns: Arc::clone(&self.turns),
             held: Vec::with_capacity(sorted.len()),
+            _scope: scope,
         };
         for key in sorted {
             let lock = Arc::clone(
@@ -60,10 +74,15 @@ impl WriteOrder {
         guard
     }
 
-    /// Waits for every write running or waiting now (a clear), then holds their keys' turn.
+    /// Waits for every write running or waiting now, then holds every key's turn: later
+    /// turns of any key wait until it drops (a clear, which may outlive its call, so a page
+    /// put after a dropped clear is never deleted by it). Cancel-safe like [`Self::turn`].
     pub async fn turn_all(&self) -> OrderGuard {
-        let busy: Vec<PageKey> = self.turns.lock().keys().cloned().collect();
-        self.turn(&busy).await
+        OrderGuard {
+            turns: Arc::clone(&self.turns),
+            held: Vec::new(),
+            _scope: Scope::All(Arc::clone(&self.turns.all).write_owned().await),
+        }
     }
 
     /// Keys with a write running or waiting now.
@@ -135,6 +154,32 @@ mod tests {
         task.await.unwrap();
         assert!(
             tokio::time::timeout(Duration::from_millis(50), order.turn(&[k("a")]))
+                .await
+                .is_ok()
+        );
+    }
+
+    /// A clear dropped after it started deleted pages put after it: writes of keys no write
+    /// was busy with did not wait for it.
+    #[tokio::test]
+    async fn the_turn_of_all_keys_waits_for_writes_and_holds_back_every_later_one() {
+        let order = WriteOrder::new();
+        let running = order.turn(&[k("a")]).await;
+        let all = tokio::time::timeout(Duration::from_millis(50), order.turn_all()).await;
+        assert!(
+            all.is_err(),
+            "a turn of all keys waits for the running write"
+        );
+        drop(running);
+        let all = order.turn_all().await;
+        let fresh = tokio::time::timeout(Duration::from_millis(50), order.turn(&[k("z")])).await;
+        assert!(
+            fresh.is_err(),
+            "a write of a key nobody was busy with waits too"
+        );
+        drop(all);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), order.turn(&[k("z")]))
                 .await
                 .is_ok()
         );

@@ -245,8 +245,7 @@ async fn schedule(scenario: &Scenario, replay: &[usize]) -> Schedule {
             .map(|i| PageKey::new(format!("x{i}")).expect("valid key"))
             .collect(),
     );
-    let clock = Arc::new(AtomicU64::new(0));
-    let events = Arc::new(Mutex::new(Vec::<Event>::new()));
+    let log = Arc::new(Log::default());
     let clients: Arc<Vec<Mutex<Client>>> =
         Arc::new(scenario.clients.iter().map(|_| Mutex::default()).collect());
     let mut next_version = 1;
@@ -263,33 +262,24 @@ async fn schedule(scenario: &Scenario, replay: &[usize]) -> Schedule {
                 Step::Remove(k) => Call::Remove(vec![k]),
             })
             .collect();
-        let (h, names, clock, events, clients) = (
+        let (h, names, log, clients) = (
             Arc::clone(&h),
             Arc::clone(&names),
-            Arc::clone(&clock),
-            Arc::clone(&events),
+            Arc::clone(&log),
             Arc::clone(&clients),
         );
         tokio::spawn(async move {
             for call in calls {
                 let (tx, rx) = oneshot::channel::<()>();
                 lock(&clients[task]).cancel = Some(tx);
-                let start = clock.fetch_add(1, SeqCst);
+                let start = log.tick();
                 let answer = tokio::select! {
                     biased;
                     _ = rx => Some(Answer::Dropped),
                     answer = perform(&*h, &names, &call, None) => answer,
                 };
-                let end = clock.fetch_add(1, SeqCst);
                 lock(&clients[task]).cancel = None;
-                let answer = answer.unwrap_or(Answer::Dropped);
-                lock(&events).push(Event {
-                    task,
-                    call,
-                    start,
-                    end,
-                    answer,
-                });
+                log.push(task, call, start, answer);
             }
             lock(&clients[task]).done = true;
         });
@@ -337,24 +327,15 @@ async fn schedule(scenario: &Scenario, replay: &[usize]) -> Schedule {
     // Afterwards, sequentially: everything lands, then every key is read.
     let last = {
         let h = Arc::clone(&h);
-        let (names, clock, events) = (Arc::clone(&names), Arc::clone(&clock), Arc::clone(&events));
+        let (names, log) = (Arc::clone(&names), Arc::clone(&log));
         let task = scenario.clients.len();
         tokio::spawn(async move {
             let _ = h.flush().await;
             for k in 0..names.len() {
                 let call = Call::Get(vec![(k, LEN)]);
-                let start = clock.fetch_add(1, SeqCst);
-                let answer = perform(&*h, &names, &call, None)
-                    .await
-                    .unwrap_or(Answer::Dropped);
-                let end = clock.fetch_add(1, SeqCst);
-                lock(&events).push(Event {
-                    task,
-                    call,
-                    start,
-                    end,
-                    answer,
-                });
+                let start = log.tick();
+                let answer = perform(&*h, &names, &call, None).await;
+                log.push(task, call, start, answer);
             }
         })
     };
@@ -370,7 +351,7 @@ async fn schedule(scenario: &Scenario, replay: &[usize]) -> Schedule {
     if !last.is_finished() {
         problems.push("the final flush and reads did not finish".to_string());
     }
-    let mut events = std::mem::take(&mut *lock(&events));
+    let mut events = std::mem::take(&mut *lock(&log.events));
     events.sort_by_key(|e| e.start);
     let (_, violations) = check(&names, &events, scenario.tiny_queue);
     problems.extend(violations.into_iter().map(|(_, _, v)| v));
@@ -403,6 +384,33 @@ struct Schedule {
     problems: Vec<String>,
     /// Whether a client call was dropped.
     dropped: bool,
+}
+
+/// The calls of one schedule, stamped on one logical clock.
+#[derive(Default)]
+struct Log {
+    clock: AtomicU64,
+    events: Mutex<Vec<Event>>,
+}
+
+impl Log {
+    /// The clock's next tick: a call's start.
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, SeqCst)
+    }
+
+    /// Records `call`, begun at `start` and ending now (`None`: it did not finish).
+    fn push(&self, task: usize, call: Call, start: u64, answer: Option<Answer>) {
+        let end = self.tick();
+        let answer = answer.unwrap_or(Answer::Dropped);
+        lock(&self.events).push(Event {
+            task,
+            call,
+            start,
+            end,
+            answer,
+        });
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
