@@ -192,6 +192,8 @@ where
     F: FnMut(usize) -> Fut,
     Fut: std::future::Future<Output = usize>,
 {
+    // Printed, and replaced by KVTIER_SEED when set: a failing run can be replayed.
+    let seed = tier_tests::rng::seed(seed);
     let mut rng = Rng::new(seed);
     let mut verified = 0;
     for round in 0..kills {
