@@ -50,7 +50,8 @@ impl WriteOrder {
 
     /// Waits until no earlier write of `keys` runs, then holds their turn until the guard
     /// drops. Keys are taken in sorted order, so two batches never wait on each other in a
-    /// cycle. Cancel-safe: dropped while waiting, it holds nothing.
+    /// cycle; a holder never takes a second turn (a turn of all keys waiting between the two
+    /// would block both). Cancel-safe: dropped while waiting, it holds nothing.
     pub async fn turn(&self, keys: &[PageKey]) -> OrderGuard {
         let mut sorted: Vec<&PageKey> = keys.iter().collect();
         sorted.sort_unstable();
