@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tier_core::{PageBuf, ReadSlot, TierError};
 
-use crate::nixl::{Backend, Unsettled};
+use crate::nixl::{Backend, Held, Owned, Unsettled};
 
 /// Why an attempt at moving some items failed.
 pub enum Failure {
@@ -24,13 +24,12 @@ pub enum Failure {
     Abandoned(String),
 }
 
-/// Outcome of a batch: per-item results, and whether memory the batch used must be given up
-/// because NIXL would not release a transfer that timed out.
+/// Outcome of a batch: per-item results, and whether a transfer of it never settled.
 pub struct BatchOutcome {
     /// One result per item, in order.
     pub results: Vec<Result<(), TierError>>,
-    /// True if the batch's DRAM (and its registrations) must never be reused or freed: a
-    /// transfer of it is unsettled.
+    /// True if a transfer of the batch is unsettled: its memory is held by the transfer (see
+    /// [`crate::nixl::Held`]), and its files may still be written.
     pub poisoned: bool,
 }
 
@@ -110,24 +109,27 @@ fn isolate(
 
 /// Moves regions out of their own bytes: registers them (zero-copy) or, when NIXL refuses (the
 /// same memory may be registered by a concurrent batch), a private copy. `send` gets each
-/// region's address. A copy a poisoned transfer may still read is leaked, never freed; the
-/// caller must do the same with the pages.
+/// region's address and what its transfers must hold. `owner` keeps the regions' bytes alive
+/// (the tier's own pages, held with them by a transfer that never settles); `None` says they
+/// are a caller's.
 pub fn send_pages(
     backend: &Arc<Backend>,
     pages: &[&[u8]],
-    send: &mut dyn FnMut(&[usize]) -> BatchOutcome,
+    owner: Option<Arc<dyn Send + Sync>>,
+    send: &mut dyn FnMut(&[usize], &Arc<Held>) -> BatchOutcome,
 ) -> BatchOutcome {
     let ranges: Vec<(usize, usize)> = pages
         .iter()
         .map(|p| (p.as_ptr() as usize, p.len()))
         .collect();
     if let Ok(registration) = backend.register_dram(&ranges) {
-        let addrs: Vec<usize> = ranges.iter().map(|r| r.0).collect();
-        let outcome = send(&addrs);
-        if outcome.poisoned {
-            std::mem::forget(registration);
+        let mut held = Held::default();
+        match owner {
+            Some(owner) => held.own(Arc::new(Owned::new(registration, owner))),
+            None => held.lend(registration),
         }
-        return outcome;
+        let addrs: Vec<usize> = ranges.iter().map(|r| r.0).collect();
+        return send(&addrs, &held.seal());
     }
     let total: usize = pages.iter().map(|p| p.len()).sum();
     let mut owned = vec![0u8; total.max(1)].into_boxed_slice();
@@ -141,12 +143,9 @@ pub fn send_pages(
     }
     match backend.register_dram(&[(base, owned.len())]) {
         Ok(registration) => {
-            let outcome = send(&addrs);
-            if outcome.poisoned {
-                std::mem::forget(registration);
-                std::mem::forget(owned);
-            }
-            outcome
+            let mut held = Held::default();
+            held.own(Arc::new(Owned::new(registration, owned)));
+            send(&addrs, &held.seal())
         }
         Err(e) => BatchOutcome {
             results: pages

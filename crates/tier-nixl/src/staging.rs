@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use tier_core::TierError;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::nixl::{Backend, Desc, MemKind, Registration};
+use crate::nixl::{Backend, Desc, MemKind, Registered, Registration};
 
 /// Alignment of buffers and of page slots inside them (direct I/O needs 4 KiB).
 pub const ALIGN: usize = 4096;
@@ -29,6 +29,8 @@ pub struct StagingBuf {
 
 // SAFETY: the buffer is plain memory owned by this value.
 unsafe impl Send for StagingBuf {}
+// SAFETY: shared access only reads it.
+unsafe impl Sync for StagingBuf {}
 
 impl StagingBuf {
     fn new(backend: &Arc<Backend>, len: usize) -> Result<Self, TierError> {
@@ -133,7 +135,7 @@ impl StagingPool {
         Ok(StagingLease {
             buf: Some(buf),
             pool: Arc::clone(self),
-            _permit: permit,
+            permit: Mutex::new(Some(permit)),
         })
     }
 }
@@ -142,7 +144,7 @@ impl StagingPool {
 pub struct StagingLease {
     buf: Option<StagingBuf>,
     pool: Arc<StagingPool>,
-    _permit: OwnedSemaphorePermit,
+    permit: Mutex<Option<OwnedSemaphorePermit>>,
 }
 
 impl StagingLease {
@@ -157,13 +159,22 @@ impl StagingLease {
     pub fn bytes(&self) -> &[u8] {
         self.buf.as_ref().map_or(&[], StagingBuf::as_slice)
     }
+}
 
-    /// Gives the buffer up for good: NIXL may still be using it (a transfer it would not
-    /// release). The pool allocates a replacement on demand.
-    pub fn leak(mut self) {
-        if let Some(buf) = self.buf.take() {
-            std::mem::forget(buf);
-        }
+/// A transfer that never settles keeps its lease, and so its buffer, for good; its permit
+/// comes back, and the pool allocates a replacement on demand (the backend bounds how much
+/// such transfers may keep).
+impl Registered for StagingLease {
+    fn registration(&self) -> Option<&Registration> {
+        self.buf.as_ref()?.registration.as_ref()
+    }
+
+    fn bytes(&self) -> usize {
+        self.buf.as_ref().map_or(0, |b| b.len)
+    }
+
+    fn abandoned(&self) {
+        drop(self.permit.lock().unwrap_or_else(|e| e.into_inner()).take());
     }
 }
 

@@ -1,6 +1,6 @@
 //! Moving batches of pages between a staging buffer and files through a NIXL FILE backend, in
 //! path mode or legacy fd mode. Runs on blocking threads; every fd and registration a batch
-//! takes is released before it returns, on every path.
+//! takes is held by its transfer, released once it settles (see [`crate::nixl::Held`]).
 
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
@@ -15,7 +15,7 @@ use tier_core::{PageKey, TierError};
 
 use super::checksum;
 use crate::batch::{move_isolating, BatchOutcome, Failure};
-use crate::nixl::{next_dev_id, Backend, Desc, Finished, MemKind, Registration, Unsettled, XferOp};
+use crate::nixl::{next_dev_id, Backend, Desc, Finished, Held, MemKind, Unsettled, XferOp};
 use crate::staging::align_up;
 use crate::{FileEngine, READ_ATTEMPTS};
 
@@ -187,26 +187,23 @@ impl FileIo {
     }
 
     /// Registers caller-owned DRAM (each distinct range once) for one batch's transfers;
-    /// `None` where the engine needs no registration.
-    pub fn register_local(
-        &self,
-        ranges: &[(usize, usize)],
-    ) -> Result<Option<Registration>, TierError> {
-        if self.engine == FileEngine::Syscalls {
-            return Ok(None);
+    /// nothing where the engine needs no registration.
+    pub fn lend_local(&self, ranges: &[(usize, usize)]) -> Result<Arc<Held>, TierError> {
+        let mut held = Held::default();
+        if self.engine != FileEngine::Syscalls {
+            let registration = self
+                .backend
+                .register_dram(ranges)
+                .map_err(|e| self.backend_error(None, format!("registering page memory: {e}")))?;
+            held.lend(registration);
         }
-        self.backend
-            .register_dram(ranges)
-            .map(Some)
-            .map_err(|e| self.backend_error(None, format!("registering page memory: {e}")))
+        Ok(held.seal())
     }
 
     /// Moves every item with one registration and one transfer; if that fails as a whole,
-    /// retries each item alone so one bad page does not fail its neighbours.
-    ///
-    /// `borrowed` says the DRAM belongs to a caller who frees it on return (see
-    /// [`crate::nixl::Transfer::finish`]).
-    pub fn transfer_all(&self, op: XferOp, items: &[Xfer], borrowed: bool) -> BatchOutcome {
+    /// retries each item alone so one bad page does not fail its neighbours. `memory`
+    /// registered the items' DRAM (nothing for the syscall engine).
+    pub fn transfer_all(&self, op: XferOp, items: &[Xfer], memory: &Arc<Held>) -> BatchOutcome {
         if self.engine == FileEngine::Syscalls {
             return BatchOutcome {
                 results: items
@@ -219,7 +216,7 @@ impl FileIo {
         move_isolating(
             items.len(),
             self.timeout,
-            &mut |which| self.transfer(op, items, which, borrowed),
+            &mut |which| self.transfer(op, items, which, memory),
             &|i, message| self.item_error(op, &items[i], message),
         )
     }
@@ -263,9 +260,9 @@ impl FileIo {
         op: XferOp,
         items: &[Xfer],
         which: &[usize],
-        borrowed: bool,
+        memory: &Arc<Held>,
     ) -> Result<(), Failure> {
-        // Fd mode: open every file first. Declared before the registration, so dropped after it.
+        // Fd mode: open every file first; the transfer holds them with their registration.
         let mut files: Vec<File> = Vec::new();
         let mut metas: Vec<Vec<u8>> = Vec::new();
         let mut dev_ids = Vec::with_capacity(which.len());
@@ -303,16 +300,19 @@ impl FileIo {
             .enumerate()
             .flat_map(|(n, &i)| items[i].descs(dev_ids[n]))
             .unzip();
-        let registration: Registration = self
+        let registration = self
             .backend
             .register(MemKind::File, &files_reg)
             .map_err(|e| Failure::Batch(format!("{}: registering files: {e}", op_name(op))))?;
+        let mut held = Held::default();
+        held.include(memory);
+        held.files(registration, files);
         let transfer = self
             .backend
-            .post(op, &local, MemKind::File, &remote)
+            .post(op, &local, MemKind::File, &remote, &held.seal())
             .map_err(|e| Failure::Batch(format!("{}: posting the transfer: {e}", op_name(op))))?;
         // Writes only read memory: a caller's pages need no waiting for (see Abandoned).
-        match transfer.finish(self.timeout, borrowed && op == XferOp::Read) {
+        match transfer.finish(self.timeout) {
             Finished::Done => Ok(()),
             Finished::Failed(e) => Err(Failure::Batch(format!("{}: transfer: {e}", op_name(op)))),
             Finished::Unsettled(Unsettled::Failed(e)) if op == XferOp::Write => {
@@ -328,12 +328,8 @@ impl FileIo {
                 // retried page fails that page's checksum: a miss, never a hit.
                 Err(Failure::Batch(format!("{}: transfer: {e}", op_name(op))))
             }
-            Finished::Unsettled(why) => {
-                // I/O may still be running: keep the registration and fds alive for good.
-                std::mem::forget(registration);
-                std::mem::forget(files);
-                Err(Failure::Unsettled(why))
-            }
+            // I/O may still be running: the transfer keeps what it holds.
+            Finished::Unsettled(why) => Err(Failure::Unsettled(why)),
         }
     }
 }
@@ -366,8 +362,8 @@ impl FileIo {
     /// length mismatch if it now holds a page of another length; or the error. NIXL opens
     /// (path mode) or reads (fd mode) files where kvtier cannot watch, so each file's
     /// identity is compared before and after; the syscall engine checks the open file itself.
-    pub fn read_all(&self, items: &[Xfer], borrowed: bool) -> BatchReads {
-        let mut reads = self.read_once(items, borrowed);
+    pub fn read_all(&self, items: &[Xfer], memory: &Arc<Held>) -> BatchReads {
+        let mut reads = self.read_once(items, memory);
         // A page replaced by a put while it was read is read again (the new file), a few
         // times, each after a growing pause (puts of one key can follow each other closely),
         // before it is answered as a miss.
@@ -383,7 +379,7 @@ impl FileIo {
             }
             std::thread::sleep(Duration::from_millis(1 << attempt));
             let retry: Vec<Xfer> = again.iter().map(|&i| items[i].clone()).collect();
-            let second = self.read_once(&retry, borrowed);
+            let second = self.read_once(&retry, memory);
             reads.poisoned |= second.poisoned;
             for ((i, r), crc) in again.into_iter().zip(second.results).zip(second.recorded) {
                 reads.results[i] = r;
@@ -393,7 +389,7 @@ impl FileIo {
         reads
     }
 
-    fn read_once(&self, items: &[Xfer], borrowed: bool) -> BatchReads {
+    fn read_once(&self, items: &[Xfer], memory: &Arc<Held>) -> BatchReads {
         // A checksum is read by path: the file's identity before and after proves it is the
         // one whose bytes were read.
         let watch = self.engine == FileEngine::Nixl || self.checksums;
@@ -401,7 +397,7 @@ impl FileIo {
             .iter()
             .map(|i| if watch { file_id(&i.path) } else { None })
             .collect();
-        let outcome = self.transfer_all(XferOp::Read, items, borrowed);
+        let outcome = self.transfer_all(XferOp::Read, items, memory);
         let mut recorded = vec![None; items.len()];
         let results = outcome
             .results

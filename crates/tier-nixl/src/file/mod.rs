@@ -33,8 +33,7 @@ pub use io::{probe_path_mode, FileMode};
 pub use layout::{route_hash, BUCKETS};
 
 use crate::batch::{marked_bufs, run_blocking, send_pages, BatchOutcome};
-use crate::nixl::Agent;
-use crate::nixl::XferOp;
+use crate::nixl::{Agent, Held, Registered, XferOp};
 use crate::staging::{align_up, StagingLease, StagingPool, ALIGN};
 use index::PageIndex;
 use io::{FileIo, Xfer};
@@ -493,10 +492,7 @@ impl Shared {
             Some(lease) => self.write_staged(pages, lease),
             None => self.write_zero_copy(self.lane(lane), pages, lent),
         };
-        if outcome.poisoned {
-            // NIXL may still read these bytes: never free them (lent pages are never poisoned).
-            std::mem::forget(pages.iter().map(|p| p.data.clone()).collect::<Vec<_>>());
-        } else if self.config.page_checksum == PageChecksum::Crc32c {
+        if !outcome.poisoned && self.config.page_checksum == PageChecksum::Crc32c {
             // On the temp file, before the rename: a page file never lacks its checksum.
             for ((page, xfer), result) in pages.iter().zip(&xfers).zip(&mut outcome.results) {
                 if result.is_ok() {
@@ -547,10 +543,11 @@ impl Shared {
             page.data.copy_to(&mut buf[*off..*off + page.data.len()]);
         }
         let xfers = write_xfers(pages, |i, _| vec![(base + offsets[i], pages[i].data.len())]);
-        let outcome = self.lane(0).transfer_all(XferOp::Write, &xfers, false);
-        if outcome.poisoned {
-            lease.leak();
-        }
+        let mut held = Held::default();
+        held.own(Arc::new(lease));
+        let outcome = self
+            .lane(0)
+            .transfer_all(XferOp::Write, &xfers, &held.seal());
         (xfers, outcome)
     }
 
@@ -567,12 +564,17 @@ impl Shared {
                     .map(|r| (r.as_ptr() as usize, r.len()))
                     .collect()
             });
-            let outcome = io.transfer_all(XferOp::Write, &xfers, lent);
+            let outcome = io.transfer_all(XferOp::Write, &xfers, &Held::default().seal());
             return (xfers, outcome);
         }
         let regions: Vec<&[u8]> = pages.iter().flat_map(|p| p.data.regions()).collect();
+        // The tier's pages are held by their transfers; a caller's are read during the call.
+        let owner = (!lent).then(|| {
+            let shared: Vec<_> = pages.iter().flat_map(|p| p.data.shared_regions()).collect();
+            Arc::new(shared) as Arc<dyn Send + Sync>
+        });
         let mut xfers = Vec::new();
-        let outcome = send_pages(&io.backend, &regions, &mut |addrs| {
+        let outcome = send_pages(&io.backend, &regions, owner, &mut |addrs, held| {
             let mut addrs = addrs.iter();
             xfers = write_xfers(pages, |_, page| {
                 page.data
@@ -580,7 +582,7 @@ impl Shared {
                     .map(|r| (addrs.next().copied().unwrap_or_default(), r.len()))
                     .collect()
             });
-            io.transfer_all(XferOp::Write, &xfers, lent)
+            io.transfer_all(XferOp::Write, &xfers, held)
         });
         (xfers, outcome)
     }
@@ -633,13 +635,13 @@ impl Shared {
     ) -> Vec<Result<bool, TierError>> {
         let ranges: Vec<Vec<(usize, usize)>> = bufs.iter_mut().map(|b| b.ranges()).collect();
         let flat: Vec<(usize, usize)> = ranges.iter().flatten().copied().collect();
-        let registration = match io.register_local(&flat) {
-            Ok(registration) => registration,
+        let memory = match io.lend_local(&flat) {
+            Ok(memory) => memory,
             Err(e) => return reads.iter().map(|_| Err(copy_error(&e))).collect(),
         };
         let xfers = read_xfers(reads, |i| ranges[i].clone());
-        let outcome = io.read_all(&xfers, true);
-        drop(registration);
+        let outcome = io.read_all(&xfers, &memory);
+        drop(memory);
         let mut results = outcome.results;
         self.verify(reads, &outcome.recorded, &mut results, |i| {
             checksum::of(bufs[i].regions())
@@ -684,30 +686,22 @@ impl Shared {
         }
     }
 
-    /// Reads a chunk into a staging lease (blocking thread), for direct I/O.
-    fn read_staged(
-        &self,
-        mut lease: StagingLease,
-        reads: &[PlannedRead],
-    ) -> (
-        Option<StagingLease>,
-        Vec<usize>,
-        Vec<Result<bool, TierError>>,
-    ) {
+    /// Reads a chunk into a staging lease (blocking thread), for direct I/O. The hits are
+    /// verified once copied out (see [`StagedReads`]).
+    fn read_staged(&self, mut lease: StagingLease, reads: &[PlannedRead]) -> StagedReads {
         let (offsets, _) = io::slots(reads.iter().map(|r| r.len));
         let base = lease.buf().addr();
         let xfers = read_xfers(reads, |i| vec![(base + offsets[i], reads[i].len)]);
-        let outcome = self.lane(0).read_all(&xfers, false);
-        let mut results = outcome.results;
-        if outcome.poisoned {
-            lease.leak();
-            return (None, offsets, results);
+        let lease = Arc::new(lease);
+        let mut held = Held::default();
+        held.own(Arc::clone(&lease) as Arc<dyn Registered>);
+        let outcome = self.lane(0).read_all(&xfers, &held.seal());
+        StagedReads {
+            lease: (!outcome.poisoned).then_some(lease),
+            offsets,
+            results: outcome.results,
+            recorded: outcome.recorded,
         }
-        let bytes = lease.bytes();
-        self.verify(reads, &outcome.recorded, &mut results, |i| {
-            checksum::of([&bytes[offsets[i]..offsets[i] + reads[i].len]])
-        });
-        (Some(lease), offsets, results)
     }
 
     /// Unpins read pages; hits become most recent. A file that vanished under its entry
@@ -738,6 +732,20 @@ struct PlannedWrite<'a> {
     path: PathBuf,
     temp: PathBuf,
     direct: bool,
+}
+
+/// What [`Shared::read_staged`] read. A batch read that failed in one page may still land
+/// other pages' late reads in the lease (it is held until they have), so each hit is checked
+/// against its checksum after it is copied out, where nothing else writes.
+struct StagedReads {
+    /// The lease read into; `None` if a transfer into it never settled.
+    lease: Option<Arc<StagingLease>>,
+    /// Each read's offset in the lease.
+    offsets: Vec<usize>,
+    /// Per read: hit, miss or error, not yet verified.
+    results: Vec<Result<bool, TierError>>,
+    /// Per read: the checksum its file records.
+    recorded: Vec<Option<u32>>,
 }
 
 /// The pins a get holds on the pages it reads (no eviction unlinks them meanwhile), released
@@ -1157,22 +1165,32 @@ impl StorageTier for NixlFileTier {
                 Err(e) => Err(e),
             };
             match outcome {
-                Ok((lease, offsets, chunk_results)) => {
-                    shared.finish_reads(&reads, &chunk_results);
-                    for ((read, off), r) in reads.iter().zip(offsets).zip(chunk_results) {
-                        let slot = &mut slots[read.slot];
-                        results[read.slot] = Some(match (r, &lease) {
-                            (Ok(true), Some(lease)) => {
-                                slot.buf.fill_from(&lease.bytes()[off..off + read.len]);
-                                Ok(Lookup::Hit)
+                Ok(staged) => {
+                    let mut chunk_results = staged.results;
+                    for ((read, &off), r) in
+                        reads.iter().zip(&staged.offsets).zip(&mut chunk_results)
+                    {
+                        if let Ok(true) = r {
+                            match &staged.lease {
+                                Some(lease) => slots[read.slot]
+                                    .buf
+                                    .fill_from(&lease.bytes()[off..off + read.len]),
+                                None => {
+                                    *r = Err(TierError::Timeout {
+                                        op: "NIXL transfer",
+                                        after: shared.config.transfer_timeout,
+                                    })
+                                }
                             }
-                            (Ok(true), None) => Err(TierError::Timeout {
-                                op: "NIXL transfer",
-                                after: shared.config.transfer_timeout,
-                            }),
-                            (Ok(false), _) => Ok(Lookup::Miss),
-                            (Err(e), _) => Err(e),
-                        });
+                        }
+                    }
+                    shared.verify(&reads, &staged.recorded, &mut chunk_results, |i| {
+                        checksum::of(slots[reads[i].slot].buf.regions())
+                    });
+                    shared.finish_reads(&reads, &chunk_results);
+                    for (read, r) in reads.iter().zip(chunk_results) {
+                        results[read.slot] =
+                            Some(r.map(|hit| if hit { Lookup::Hit } else { Lookup::Miss }));
                     }
                 }
                 Err(e) => {

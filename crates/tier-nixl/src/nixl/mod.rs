@@ -1,16 +1,19 @@
 //! The one audited place that calls NIXL. Every handle has an owner that releases it on drop:
 //! [`Agent`] (the agent), [`Backend`] (a plugin instance and the opt-args naming it),
 //! [`Registration`] (registered descriptors, deregistered on drop), [`Transfer`] (a transfer
-//! request, released on drop). Callers must load the runtime ([`crate::runtime::load`]) first.
+//! request and everything its I/O may touch, its [`Held`]: released once it settles, leaked if
+//! it never does). Callers must load the runtime ([`crate::runtime::load`]) first.
 
 pub(crate) mod sys;
+mod transfer;
+
+pub use transfer::{Finished, Held, Owned, Registered, Unsettled};
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, CStr, CString};
 use std::ptr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 /// A failed NIXL call: which call and the status it returned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -266,6 +269,8 @@ impl Agent {
             raw,
             opt,
             plugin: plugin.to_string(),
+            abandoned: AtomicUsize::new(0),
+            abandon_limit: AtomicUsize::new(DEFAULT_ABANDON_LIMIT),
         };
         check("nixl_capi_create_opt_args", status)?;
         // SAFETY: both handles live.
@@ -310,6 +315,10 @@ pub struct Backend {
     raw: sys::backend_t,
     opt: sys::opt_args_t,
     plugin: String,
+    /// Bytes of the backend's own memory held for good by transfers that never settled.
+    abandoned: AtomicUsize,
+    /// Past this many abandoned bytes, new transfers are refused.
+    abandon_limit: AtomicUsize,
 }
 
 // SAFETY: the handles are only used through the thread-synchronised agent.
@@ -330,10 +339,25 @@ impl Drop for Backend {
     }
 }
 
+/// Bytes a backend's transfers may leave behind for good before it refuses new ones.
+pub const DEFAULT_ABANDON_LIMIT: usize = 1 << 30;
+
 impl Backend {
     /// The plugin's name.
     pub fn plugin(&self) -> &str {
         &self.plugin
+    }
+
+    /// Sets how many bytes transfers that never settled (see [`Finished::Unsettled`]) may hold
+    /// for good before this backend refuses new transfers: a storage outage then costs
+    /// errors, not unbounded memory.
+    pub fn limit_abandoned(&self, bytes: usize) {
+        self.abandon_limit.store(bytes, Relaxed);
+    }
+
+    /// Bytes held for good by transfers that never settled.
+    pub fn abandoned_bytes(&self) -> usize {
+        self.abandoned.load(Relaxed)
     }
 
     /// Registers descriptors of one kind with this backend. They are deregistered when the
@@ -348,9 +372,17 @@ impl Backend {
         let status = unsafe { sys::nixl_capi_register_mem(self.agent.raw, list.0, self.opt) };
         check("nixl_capi_register_mem", status)?;
         LIVE_REGISTRATIONS.fetch_add(1, Relaxed);
+        let (dram, devices) = match kind {
+            MemKind::Dram => (descs.iter().map(|d| (d.addr, d.len)).collect(), Vec::new()),
+            MemKind::File | MemKind::Object => {
+                (Vec::new(), descs.iter().map(|d| d.dev_id).collect())
+            }
+        };
         Ok(Registration {
             backend: Arc::clone(self),
             list,
+            dram,
+            devices,
         })
     }
 
@@ -397,51 +429,6 @@ impl Backend {
                 .map(|()| has)
             })
             .collect()
-    }
-
-    /// Creates and posts a transfer between registered local DRAM and registered `remote`
-    /// descriptors. The caller must keep both registrations, and the memory they describe,
-    /// alive until the returned [`Transfer`] has completed or been released.
-    pub fn post(
-        self: &Arc<Self>,
-        op: XferOp,
-        local: &[Desc<'_>],
-        remote_kind: MemKind,
-        remote: &[Desc<'_>],
-    ) -> Result<Transfer, NixlError> {
-        let local_len = local.len();
-        let local = XferList::new(MemKind::Dram, local)?;
-        let remote = XferList::new(remote_kind, remote)?;
-        let mut req = ptr::null_mut();
-        let raw_op = match op {
-            XferOp::Read => sys::XFER_READ,
-            XferOp::Write => sys::XFER_WRITE,
-        };
-        // SAFETY: live agent, lists and opt-args; the remote agent is this agent (local storage).
-        let status = unsafe {
-            sys::nixl_capi_create_xfer_req(
-                self.agent.raw,
-                raw_op,
-                local.0,
-                remote.0,
-                self.agent.name.as_ptr(),
-                &mut req,
-                self.opt,
-            )
-        };
-        check("nixl_capi_create_xfer_req", status)?;
-        LIVE_TRANSFERS.fetch_add(1, Relaxed);
-        let transfer = Transfer {
-            backend: Arc::clone(self),
-            req,
-            descs: local_len,
-        };
-        // SAFETY: live request.
-        let status = unsafe { sys::nixl_capi_post_xfer_req(self.agent.raw, req, self.opt) };
-        if status != sys::SUCCESS && status != sys::IN_PROG {
-            check("nixl_capi_post_xfer_req", status)?;
-        }
-        Ok(transfer)
     }
 }
 
@@ -519,10 +506,16 @@ impl Drop for QueryResp {
 pub struct Registration {
     backend: Arc<Backend>,
     list: RegList,
+    /// The host memory ranges it registered (DRAM).
+    dram: Vec<(usize, usize)>,
+    /// The device ids it registered (files, objects).
+    devices: Vec<u64>,
 }
 
 // SAFETY: used only through the thread-synchronised agent.
 unsafe impl Send for Registration {}
+// SAFETY: no `&self` method calls NIXL; only the owner's drop does.
+unsafe impl Sync for Registration {}
 
 impl Drop for Registration {
     fn drop(&mut self) {
@@ -535,172 +528,5 @@ impl Drop for Registration {
             tracing::warn!(status, plugin = %self.backend.plugin, "NIXL deregistration failed");
         }
         LIVE_REGISTRATIONS.fetch_sub(1, Relaxed);
-    }
-}
-
-/// A posted transfer request; released on drop.
-pub struct Transfer {
-    backend: Arc<Backend>,
-    req: sys::xfer_req_t,
-    /// How many descriptors it moves: a failure of one of several says nothing of the others.
-    descs: usize,
-}
-
-// SAFETY: used only through the thread-synchronised agent.
-unsafe impl Send for Transfer {}
-
-/// How a transfer ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Completion {
-    /// All bytes moved.
-    Done,
-    /// The backend reported an error.
-    Failed(NixlError),
-    /// It did not finish within the bound.
-    TimedOut,
-}
-
-impl Transfer {
-    /// Waits for completion, at most `timeout`, without spinning a core: a short spin, then
-    /// sleeps growing from 5 µs to 1 ms.
-    pub fn wait(&self, timeout: Duration) -> Completion {
-        let deadline = Instant::now() + timeout;
-        let mut pause = Duration::from_micros(5);
-        let mut spins = 0u32;
-        loop {
-            // SAFETY: live agent and request.
-            let status =
-                unsafe { sys::nixl_capi_get_xfer_status(self.backend.agent.raw, self.req) };
-            match status {
-                sys::SUCCESS => return Completion::Done,
-                sys::IN_PROG => {}
-                failed => {
-                    return Completion::Failed(NixlError {
-                        call: "nixl_capi_get_xfer_status",
-                        status: failed,
-                        detail: String::new(),
-                    })
-                }
-            }
-            if Instant::now() >= deadline {
-                return Completion::TimedOut;
-            }
-            if spins < 20 {
-                spins += 1;
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(1));
-            }
-        }
-    }
-
-    /// Releases the request. Returns false if NIXL refused (a transfer still in flight after a
-    /// timeout): the memory and files it uses must then stay alive until a later release
-    /// succeeds, or for good.
-    pub fn release(&mut self) -> bool {
-        if self.req.is_null() {
-            return true;
-        }
-        // SAFETY: live agent and request. On success NIXL nulls its inner handle, so destroy
-        // only frees the wrapper.
-        let status = unsafe { sys::nixl_capi_release_xfer_req(self.backend.agent.raw, self.req) };
-        if status != sys::SUCCESS {
-            tracing::error!(status, "NIXL refused to release a transfer");
-            return false;
-        }
-        // SAFETY: released request wrapper.
-        unsafe { sys::nixl_capi_destroy_xfer_req(self.req) };
-        self.req = ptr::null_mut();
-        LIVE_TRANSFERS.fetch_sub(1, Relaxed);
-        true
-    }
-}
-
-/// How a transfer ended once [`Transfer::finish`] has waited for it.
-#[derive(Debug)]
-pub enum Finished {
-    /// All bytes moved; nothing is in flight.
-    Done,
-    /// The backend reported an error and nothing of the transfer is in flight (it moved one
-    /// descriptor, the one that failed).
-    Failed(NixlError),
-    /// Parts of the transfer may still read or write its memory: it timed out (neither the
-    /// POSIX nor the OBJ plugin cancels an I/O it has started), or one of several descriptors
-    /// failed (the POSIX plugin reports the first failed I/O while the others still run; the
-    /// OBJ plugin's contract promises no more). The memory, registrations and files it uses
-    /// must never be freed or reused.
-    Unsettled(Unsettled),
-}
-
-/// Why a transfer is [`Finished::Unsettled`].
-#[derive(Debug)]
-pub enum Unsettled {
-    /// It did not complete within its bound.
-    TimedOut,
-    /// One of its descriptors failed; the others may still be moving.
-    Failed(NixlError),
-}
-
-impl Transfer {
-    /// Waits (bounded by `timeout`) and releases the request.
-    ///
-    /// `borrowed` says the local memory belongs to a caller who frees it on return, so it
-    /// cannot be given up: an unsettled transfer is then waited for, up to ten more timeouts
-    /// (a failed one, whose other descriptors NIXL no longer reports, for one more timeout:
-    /// local I/O that has not landed by then is not coming), and reported as done or failed.
-    /// One still running after that, or a request NIXL will not release, still owns the
-    /// memory: the process aborts, as the only memory-safe way left.
-    pub fn finish(mut self, timeout: Duration, borrowed: bool) -> Finished {
-        let completion = self.wait(timeout);
-        let settled = match &completion {
-            Completion::Done => true,
-            Completion::Failed(_) => self.descs <= 1,
-            Completion::TimedOut => false,
-        };
-        if settled && self.release() {
-            // Settled: done, or the failure of its only descriptor.
-            return match completion {
-                Completion::Failed(e) => Finished::Failed(e),
-                _ => Finished::Done,
-            };
-        }
-        if !borrowed {
-            // The memory is ours to give up: the request keeps it, for good.
-            std::mem::forget(self);
-            return Finished::Unsettled(match completion {
-                Completion::Failed(e) => Unsettled::Failed(e),
-                _ => Unsettled::TimedOut,
-            });
-        }
-        let mut completion = completion;
-        if let Completion::Failed(_) = completion {
-            std::thread::sleep(timeout);
-        } else {
-            for _ in 0..10 {
-                completion = self.wait(timeout);
-                if completion != Completion::TimedOut {
-                    break;
-                }
-            }
-        }
-        if !self.release() {
-            eprintln!("kvtier: NIXL will not release a transfer into caller memory; aborting rather than corrupting it");
-            std::process::abort();
-        }
-        match completion {
-            Completion::Done => Finished::Done,
-            Completion::Failed(e) => Finished::Failed(e),
-            Completion::TimedOut => {
-                eprintln!("kvtier: a NIXL transfer into caller memory did not finish in eleven timeouts; aborting rather than corrupting it");
-                std::process::abort();
-            }
-        }
-    }
-}
-
-impl Drop for Transfer {
-    fn drop(&mut self) {
-        self.release();
     }
 }

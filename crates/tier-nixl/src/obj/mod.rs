@@ -26,7 +26,9 @@ use tier_core::{
 use tier_object::{ObjectId, ObjectTier, ObjectTierConfig, S3Settings};
 
 use crate::batch::{marked_bufs, run_blocking, send_pages, BatchOutcome};
-use crate::nixl::{next_dev_id, Agent, Backend, Desc, Finished, MemKind, XferOp};
+use crate::nixl::{
+    next_dev_id, Agent, Backend, Desc, Finished, Held, MemKind, Owned, Registered, XferOp,
+};
 
 /// How the S3 SDK inside NIXL checksums requests (`req_checksum`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -320,7 +322,14 @@ impl Shared {
     /// per item, all posted before any is waited for. One descriptor per transfer makes every
     /// outcome exact: NIXL's OBJ plugin reports a transfer failed as soon as one of its
     /// requests fails, while the others may still be writing into (or reading) their memory.
-    fn move_all(&self, backend: &Arc<Backend>, op: XferOp, items: &[ObjXfer]) -> BatchOutcome {
+    /// `memory` registered the items' DRAM; each transfer holds it with the objects.
+    fn move_all(
+        &self,
+        backend: &Arc<Backend>,
+        op: XferOp,
+        items: &[ObjXfer],
+        memory: &Arc<Held>,
+    ) -> BatchOutcome {
         let what = match op {
             XferOp::Read => "get object",
             XferOp::Write => "put object",
@@ -341,8 +350,13 @@ impl Shared {
                 meta: item.object.as_bytes(),
             })
             .collect();
-        let registration = match backend.register(MemKind::Object, &remote) {
-            Ok(r) => r,
+        let held = match backend.register(MemKind::Object, &remote) {
+            Ok(objects) => {
+                let mut held = Held::default();
+                held.include(memory);
+                held.files(objects, Vec::new());
+                held.seal()
+            }
             Err(e) => return fail_all(format!("{what}: registering objects: {e}")),
         };
         let posted: Vec<_> = items
@@ -354,6 +368,7 @@ impl Shared {
                     &[Desc::dram(item.local, item.len)],
                     MemKind::Object,
                     std::slice::from_ref(remote),
+                    &held,
                 )
             })
             .collect();
@@ -368,7 +383,7 @@ impl Shared {
                 })?;
                 let left = deadline.saturating_duration_since(Instant::now());
                 // The tier's own memory: an unsettled transfer keeps it, never waited on.
-                match transfer.finish(left, false) {
+                match transfer.finish(left) {
                     Finished::Done => Ok(()),
                     Finished::Failed(e) => Err(self.backend_error(
                         Some(&item.key),
@@ -388,9 +403,6 @@ impl Shared {
                 }
             })
             .collect();
-        if poisoned {
-            std::mem::forget(registration);
-        }
         BatchOutcome { results, poisoned }
     }
 
@@ -398,7 +410,8 @@ impl Shared {
     fn write_pages(&self, pages: &[(PageKey, String, Bytes)]) -> Vec<Result<(), TierError>> {
         let backend = self.lane();
         let data: Vec<&[u8]> = pages.iter().map(|(_, _, d)| &d[..]).collect();
-        let outcome = send_pages(backend, &data, &mut |addrs| {
+        let owner: Vec<Bytes> = pages.iter().map(|p| p.2.clone()).collect();
+        let outcome = send_pages(backend, &data, Some(Arc::new(owner)), &mut |addrs, held| {
             let items: Vec<ObjXfer> = pages
                 .iter()
                 .zip(addrs)
@@ -409,18 +422,14 @@ impl Shared {
                     local,
                 })
                 .collect();
-            self.move_all(backend, XferOp::Write, &items)
+            self.move_all(backend, XferOp::Write, &items, held)
         });
-        if outcome.poisoned {
-            // NIXL may still read these bytes: never free them.
-            std::mem::forget(pages.iter().map(|p| p.2.clone()).collect::<Vec<_>>());
-        }
         outcome.results
     }
 
-    /// Reads objects into a registered buffer of the batch's own, then copies each page to
-    /// its caller's buffer. A transfer that timed out may still write into that buffer later,
-    /// so it is then leaked, never freed, and the caller's memory is never at risk.
+    /// Reads objects into a registered buffer of the batch's own, then copies each page read to
+    /// its caller's buffer. A transfer that timed out may still write into that buffer later:
+    /// it keeps the buffer for good, and the caller's memory is never at risk.
     fn read_pages(
         &self,
         reads: &[(PageKey, String)],
@@ -435,8 +444,8 @@ impl Shared {
         }
         let staging = vec![0u8; total.max(1)].into_boxed_slice();
         let base = staging.as_ptr() as usize;
-        let registration = match backend.register_dram(&[(base, staging.len())]) {
-            Ok(r) => r,
+        let staging = match backend.register_dram(&[(base, staging.len())]) {
+            Ok(registration) => Arc::new(Owned::new(registration, staging)),
             Err(e) => {
                 return reads
                     .iter()
@@ -456,17 +465,15 @@ impl Shared {
                 local: base + off,
             })
             .collect();
-        let outcome = self.move_all(backend, XferOp::Read, &items);
-        if outcome.poisoned {
-            std::mem::forget(registration);
-            std::mem::forget(staging);
-            return outcome.results;
-        }
-        drop(registration);
+        let mut held = Held::default();
+        held.own(Arc::clone(&staging) as Arc<dyn Registered>);
+        let outcome = self.move_all(backend, XferOp::Read, &items, &held.seal());
+        // Each page read has settled; pages whose transfer did not are errors, not copied.
+        let bytes = staging.memory();
         for ((buf, &off), r) in bufs.iter_mut().zip(&offsets).zip(&outcome.results) {
             if r.is_ok() {
                 let len = buf.len();
-                buf.fill_from(&staging[off..off + len]);
+                buf.fill_from(&bytes[off..off + len]);
             }
         }
         outcome.results
@@ -728,13 +735,93 @@ mod tests {
     /// Moves one object to or from `buf` in a transfer of its own.
     fn move_one(backend: &Arc<Backend>, op: XferOp, name: &str, buf: &[u8]) -> Finished {
         let remote = [object(name, buf.len())];
-        let _memory = backend
-            .register_dram(&[(buf.as_ptr() as usize, buf.len())])
-            .unwrap();
-        let _objects = backend.register(MemKind::Object, &remote).unwrap();
+        let mut held = Held::default();
+        held.lend(
+            backend
+                .register_dram(&[(buf.as_ptr() as usize, buf.len())])
+                .unwrap(),
+        );
+        held.files(
+            backend.register(MemKind::Object, &remote).unwrap(),
+            Vec::new(),
+        );
         let local = [Desc::dram(buf.as_ptr() as usize, buf.len())];
-        let transfer = backend.post(op, &local, MemKind::Object, &remote).unwrap();
-        transfer.finish(Duration::from_secs(30), false)
+        let transfer = backend
+            .post(op, &local, MemKind::Object, &remote, &held.seal())
+            .unwrap();
+        transfer.finish(Duration::from_secs(30))
+    }
+
+    /// A transfer to an endpoint that never answers times out: it keeps the memory it holds
+    /// (never freed under a late request), counts it against its backend's bound, and past the
+    /// bound the backend refuses new transfers. Misuse is refused too: a descriptor outside
+    /// what the transfer holds registered.
+    #[test]
+    fn a_transfer_that_never_settles_keeps_its_memory_and_bounds_its_backend() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", silent.local_addr().unwrap());
+        let s3 = S3Settings::endpoint(&endpoint, "bucket", "key", "secret");
+        let config = NixlObjConfig::new(s3, "silent");
+        crate::runtime::load(None).expect("the NIXL runtime");
+        let backend =
+            create_backend("silent-test", 0, &config.backend_params()).expect("an OBJ backend");
+        backend.limit_abandoned(4096);
+        let post = |name: &str, local_offset: usize| {
+            let buf = vec![7u8; 4096].into_boxed_slice();
+            let addr = buf.as_ptr() as usize;
+            let memory = Arc::new(Owned::new(
+                backend.register_dram(&[(addr, 4096)]).unwrap(),
+                buf,
+            ));
+            let remote = [object(name, 4096)];
+            let mut held = Held::default();
+            held.own(Arc::clone(&memory) as Arc<dyn Registered>);
+            held.files(
+                backend.register(MemKind::Object, &remote).unwrap(),
+                Vec::new(),
+            );
+            let local = [Desc::dram(addr + local_offset, 4096)];
+            let posted = backend.post(
+                XferOp::Write,
+                &local,
+                MemKind::Object,
+                &remote,
+                &held.seal(),
+            );
+            (memory, posted)
+        };
+
+        let (_, outside) = post("outside", 1);
+        let refused = outside
+            .err()
+            .expect("a descriptor past the registered range is refused");
+        assert!(refused.to_string().contains("outside"), "{refused}");
+
+        let (memory, posted) = post("first", 0);
+        match posted.unwrap().finish(Duration::from_millis(300)) {
+            Finished::Unsettled(Unsettled::TimedOut) => {}
+            other => panic!("a request nobody answers: want timed out, got {other:?}"),
+        }
+        assert!(
+            Arc::strong_count(&memory) > 1,
+            "the timed-out transfer let go of memory its request may still read"
+        );
+        assert_eq!(backend.abandoned_bytes(), 4096);
+
+        // At the bound, one more may go; past it, none.
+        let (_, posted) = post("second", 0);
+        assert!(matches!(
+            posted.unwrap().finish(Duration::from_millis(300)),
+            Finished::Unsettled(Unsettled::TimedOut)
+        ));
+        let (_, refused) = post("third", 0);
+        let refused = refused
+            .err()
+            .expect("past the bound, transfers are refused");
+        assert!(
+            refused.to_string().contains("over the bound of 4096"),
+            "{refused}"
+        );
     }
 
     /// NIXL's OBJ plugin reports a transfer failed as soon as one of its requests fails, while
@@ -758,33 +845,39 @@ mod tests {
             other => panic!("one missing object: want a settled failure, got {other:?}"),
         }
 
-        // Big first, missing last: the plugin looks at its requests from the last one.
-        // Memory an unsettled transfer may still write is never freed: leaked here, as the
-        // tiers do.
-        let big: &'static mut [u8] = Box::leak(vec![0u8; BIG].into_boxed_slice());
-        let small: &'static mut [u8] = Box::leak(vec![0u8; 4096].into_boxed_slice());
+        // Big first, missing last: the plugin looks at its requests from the last one. The
+        // memory is the transfer's own: it holds it while others of its requests may run.
+        let big = vec![0u8; BIG].into_boxed_slice();
+        let small = vec![0u8; 4096].into_boxed_slice();
         let regions = [
             (big.as_ptr() as usize, BIG),
             (small.as_ptr() as usize, small.len()),
         ];
-        let memory = backend.register_dram(&regions).unwrap();
+        let memory = Arc::new(Owned::new(
+            backend.register_dram(&regions).unwrap(),
+            (big, small),
+        ));
         let remote = [object("big", BIG), object("missing", 4096)];
-        let objects = backend.register(MemKind::Object, &remote).unwrap();
+        let mut held = Held::default();
+        held.own(Arc::clone(&memory) as Arc<dyn Registered>);
+        held.files(
+            backend.register(MemKind::Object, &remote).unwrap(),
+            Vec::new(),
+        );
         let local = [
             Desc::dram(regions[0].0, BIG),
             Desc::dram(regions[1].0, 4096),
         ];
         let transfer = backend
-            .post(XferOp::Read, &local, MemKind::Object, &remote)
+            .post(XferOp::Read, &local, MemKind::Object, &remote, &held.seal())
             .unwrap();
-        let finished = transfer.finish(Duration::from_secs(30), false);
-        let landed_at_failure = big[BIG - 1] != 0;
-        match finished {
+        match transfer.finish(Duration::from_secs(30)) {
             Finished::Unsettled(Unsettled::Failed(_)) => {}
             other => panic!("a missing object among two: want unsettled, got {other:?}"),
         }
-        eprintln!("the big object had landed when the failure was reported: {landed_at_failure}");
-        std::mem::forget(objects);
-        std::mem::forget(memory);
+        assert!(
+            Arc::strong_count(&memory) > 1,
+            "the transfer let go of memory its other request may still write"
+        );
     }
 }
