@@ -402,7 +402,9 @@ async fn files_hold_the_page_bytes_and_reads_come_from_disk() {
 }
 
 /// Every read is checked against the page's checksum, also with direct I/O (staged reads) and
-/// the syscall engine; a file without one (written by hand, or by an older kvtier) is a miss.
+/// the syscall engine, whether the index knows it (pages this process wrote) or the file's is
+/// read (after a restart); a file without one (written by hand, or by an older kvtier) is a
+/// miss.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn torn_and_foreign_page_files_are_misses_on_every_read_path() {
     let tmp = tempfile::tempdir().unwrap();
@@ -415,7 +417,7 @@ async fn torn_and_foreign_page_files_are_misses_on_every_read_path() {
     for (n, (engine, direct)) in engines.into_iter().enumerate() {
         let mut config = direct_config(&tmp.path().join(format!("e{n}")), direct);
         config.engine = engine;
-        let tier = NixlFileTier::open(config).await.unwrap();
+        let tier = NixlFileTier::open(config.clone()).await.unwrap();
         let pages: Vec<Page<'static>> = (0..4).map(|i| page(i, 1, 65536)).collect();
         put_ok(&tier, &pages).await;
         // One byte flipped in place.
@@ -423,10 +425,10 @@ async fn torn_and_foreign_page_files_are_misses_on_every_read_path() {
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[40_000] ^= 4;
         std::fs::write(&path, &bytes).unwrap();
-        // A file put in place by hand: no checksum at all.
+        // A file put in place by hand, holding another version.
         let other = tier.page_path(&key(2)).unwrap();
         std::fs::remove_file(&other).unwrap();
-        std::fs::write(&other, pages[2].data.to_bytes()).unwrap();
+        std::fs::write(&other, page(2, 2, 65536).data.to_bytes()).unwrap();
         for i in 0..4 {
             let (r, buf) = get_one(&tier, &key(i), 65536).await;
             let want = if i == 1 || i == 2 {
@@ -440,6 +442,29 @@ async fn torn_and_foreign_page_files_are_misses_on_every_read_path() {
             }
         }
         assert_eq!(tier.stats().errors, 2, "{engine:?} {direct:?}");
+        // Put there by hand with the page's very bytes, but no checksum: after a restart,
+        // which reads each page's checksum from its file, a miss.
+        let foreign = tier.page_path(&key(3)).unwrap();
+        drop(tier);
+        std::fs::remove_file(&foreign).unwrap();
+        std::fs::write(&foreign, pages[3].data.to_bytes()).unwrap();
+        let tier = NixlFileTier::open(config).await.unwrap();
+        for (i, want) in [(0, Lookup::Hit), (3, Lookup::Miss), (0, Lookup::Hit)] {
+            let (r, buf) = get_one(&tier, &key(i), 65536).await;
+            assert_eq!(
+                r.unwrap(),
+                want,
+                "{engine:?} {direct:?} page {i} after a restart"
+            );
+            if want == Lookup::Hit {
+                content::verify(&key(i), 1, &buf).unwrap();
+            }
+        }
+        assert_eq!(
+            tier.stats().errors,
+            1,
+            "{engine:?} {direct:?} after a restart"
+        );
     }
 }
 

@@ -93,6 +93,9 @@ pub struct Xfer {
     pub direct: bool,
     /// The page's bytes in registered DRAM: (address, length) of each region, in file order.
     pub parts: Vec<(usize, usize)>,
+    /// For a read: the checksum the tier's index knows for the file, so it is not read from
+    /// the file.
+    pub checksum: Option<u32>,
 }
 
 impl Xfer {
@@ -392,10 +395,11 @@ impl FileIo {
     fn read_once(&self, items: &[Xfer], memory: &Arc<Held>) -> BatchReads {
         // A checksum is read by path: the file's identity before and after proves it is the
         // one whose bytes were read.
-        let watch = self.engine == FileEngine::Nixl || self.checksums;
+        let watch =
+            |i: &Xfer| self.engine == FileEngine::Nixl || self.checksums && i.checksum.is_none();
         let before: Vec<Option<FileId>> = items
             .iter()
-            .map(|i| if watch { file_id(&i.path) } else { None })
+            .map(|i| if watch(i) { file_id(&i.path) } else { None })
             .collect();
         let outcome = self.transfer_all(XferOp::Read, items, memory);
         let mut recorded = vec![None; items.len()];
@@ -408,9 +412,11 @@ impl FileIo {
             .map(|(((r, item), before), recorded)| {
                 if self.checksums && r.is_ok() {
                     // Read before the identity check that vouches for it; none is a miss.
-                    *recorded = checksum::recorded(&item.path).ok().flatten();
+                    *recorded = item
+                        .checksum
+                        .or_else(|| checksum::recorded(&item.path).ok().flatten());
                 }
-                if !watch {
+                if !watch(item) {
                     // The file the syscalls opened was checked; one that was not there to
                     // open is a miss, even if a put renamed a new one in since.
                     return match r {

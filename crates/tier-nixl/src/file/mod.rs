@@ -336,7 +336,7 @@ impl Shared {
             let mut found = scan.pages;
             found.sort_by_key(|(_, _, mtime)| *mtime);
             for (key, len, _) in found {
-                index.insert(key, len, None);
+                index.insert(key, len, None, None);
             }
             (locks, scan.temps_removed)
         };
@@ -492,11 +492,15 @@ impl Shared {
             Some(lease) => self.write_staged(pages, lease),
             None => self.write_zero_copy(self.lane(lane), pages, lent),
         };
+        let mut checksums = vec![None; pages.len()];
         if !outcome.poisoned && self.config.page_checksum == PageChecksum::Crc32c {
             // On the temp file, before the rename: a page file never lacks its checksum.
-            for ((page, xfer), result) in pages.iter().zip(&xfers).zip(&mut outcome.results) {
+            let stamped = pages.iter().zip(&xfers).zip(&mut outcome.results);
+            for (((page, xfer), result), known) in stamped.zip(&mut checksums) {
                 if result.is_ok() {
-                    if let Err(e) = checksum::stamp(&xfer.path, checksum::of(page.data.regions())) {
+                    let crc = checksum::of(page.data.regions());
+                    *known = Some(crc);
+                    if let Err(e) = checksum::stamp(&xfer.path, crc) {
                         *result = Err(TierError::io(
                             "record the page's checksum",
                             Some(&page.key),
@@ -512,10 +516,10 @@ impl Shared {
             let mut index = self.index();
             FileIo::commit_writes(&xfers, &finals, &mut outcome);
             let mut after = None;
-            for (page, result) in pages.iter().zip(&outcome.results) {
+            for ((page, result), crc) in pages.iter().zip(&outcome.results).zip(checksums) {
                 match result {
                     Ok(()) => {
-                        index.insert(page.key.clone(), page.data.len() as u64, after);
+                        index.insert(page.key.clone(), page.data.len() as u64, crc, after);
                         after = Some(&page.key);
                         self.stats.put(page.data.len());
                     }
@@ -652,6 +656,11 @@ impl Shared {
     /// Turns each hit whose bytes (checksummed by `crc_of`) do not match the checksum its file
     /// records, or whose file records none, into a miss: counted as an error, logged, and the
     /// page forgotten and its file removed, unless a newer put has replaced it meanwhile.
+    ///
+    /// The index keeps each file's checksum once this process wrote or verified it, so a read
+    /// compares against it and asks the file for none. Files change only with their entry's
+    /// generation (under the index lock): a mismatch while the entry is still the one the read
+    /// planned with is the file's fault; after a put replaced it, only a miss.
     fn verify(
         &self,
         reads: &[PlannedRead],
@@ -662,15 +671,24 @@ impl Shared {
         if self.config.page_checksum == PageChecksum::Off {
             return;
         }
+        let mut learned = Vec::new();
         for (i, (read, result)) in reads.iter().zip(results.iter_mut()).enumerate() {
             if !matches!(result, Ok(true)) {
                 continue;
             }
             let crc = crc_of(i);
             if recorded[i] == Some(crc) {
+                if read.checksum.is_none() && !self.config.reader {
+                    learned.push((&read.key, read.generation, crc));
+                }
                 continue;
             }
             *result = Ok(false);
+            if read.checksum.is_some()
+                && self.index().generation(&read.key) != Some(read.generation)
+            {
+                continue;
+            }
             self.stats.errors(1);
             tracing::warn!(
                 tier = %self.config.name, key = %read.key, path = %read.path.display(),
@@ -682,6 +700,12 @@ impl Shared {
                 if index.remove_if(&read.key, read.generation) {
                     let _ = fs::remove_file(&read.path);
                 }
+            }
+        }
+        if !learned.is_empty() {
+            let mut index = self.index();
+            for (key, generation, crc) in learned {
+                index.learn_checksum(key, generation, crc);
             }
         }
     }
@@ -770,6 +794,8 @@ struct PlannedRead {
     key: PageKey,
     /// The index entry's generation when planned (0 for a reader, which has no index).
     generation: u64,
+    /// The checksum the index knows for the entry's file, if any (none: read the file's).
+    checksum: Option<u32>,
     path: PathBuf,
     len: usize,
     direct: bool,
@@ -789,6 +815,7 @@ fn write_xfers<'a, 'p>(
             len: p.data.len(),
             direct: p.direct,
             parts: parts(i, p),
+            checksum: None,
         })
         .collect()
 }
@@ -804,6 +831,7 @@ fn read_xfers(reads: &[PlannedRead], parts: impl Fn(usize) -> Vec<(usize, usize)
             len: r.len,
             direct: r.direct,
             parts: parts(i),
+            checksum: r.checksum,
         })
         .collect()
 }
@@ -1120,6 +1148,7 @@ impl StorageTier for NixlFileTier {
                             slot: i,
                             key: slot.key.clone(),
                             generation: index.generation(&slot.key).unwrap_or(0),
+                            checksum: index.checksum(&slot.key),
                             path,
                             len,
                             direct: is_direct,
