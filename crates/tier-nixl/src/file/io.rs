@@ -365,6 +365,8 @@ impl FileIo {
     /// length mismatch if it now holds a page of another length; or the error. NIXL opens
     /// (path mode) or reads (fd mode) files where kvtier cannot watch, so each file's
     /// identity is compared before and after; the syscall engine checks the open file itself.
+    /// A read whose checksum the index knows needs neither: bytes that match it are the page's
+    /// whichever file they came from, and any others are a miss (see `verify`).
     pub fn read_all(&self, items: &[Xfer], memory: &Arc<Held>) -> BatchReads {
         let mut reads = self.read_once(items, memory);
         // A page replaced by a put while it was read is read again (the new file), a few
@@ -374,8 +376,13 @@ impl FileIo {
             if reads.poisoned {
                 break;
             }
+            // (Not one whose checksum the index knew: a new file cannot match it.)
             let again: Vec<usize> = (0..items.len())
-                .filter(|&i| matches!(reads.results[i], Ok(false)) && items[i].path.exists())
+                .filter(|&i| {
+                    matches!(reads.results[i], Ok(false))
+                        && items[i].checksum.is_none()
+                        && items[i].path.exists()
+                })
                 .collect();
             if again.is_empty() {
                 break;
@@ -396,7 +403,7 @@ impl FileIo {
         // A checksum is read by path: the file's identity before and after proves it is the
         // one whose bytes were read.
         let watch =
-            |i: &Xfer| self.engine == FileEngine::Nixl || self.checksums && i.checksum.is_none();
+            |i: &Xfer| i.checksum.is_none() && (self.engine == FileEngine::Nixl || self.checksums);
         let before: Vec<Option<FileId>> = items
             .iter()
             .map(|i| if watch(i) { file_id(&i.path) } else { None })
@@ -427,6 +434,14 @@ impl FileIo {
                             Ok(false)
                         }
                         Err(_) if !item.path.exists() => Ok(false),
+                        // Replaced by a page of another length since it was planned.
+                        Err(_)
+                            if item.checksum.is_some()
+                                && fs::metadata(&item.path)
+                                    .is_ok_and(|m| m.len() != item.len as u64) =>
+                        {
+                            Ok(false)
+                        }
                         Err(e) => Err(e),
                     };
                 }

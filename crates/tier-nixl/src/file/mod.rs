@@ -594,11 +594,7 @@ impl Shared {
     /// Reads pages straight into the caller's buffers, on the calling thread (and one helper
     /// thread for big batches). No await happens while NIXL may write into the buffers, so a
     /// dropped future cannot free them under a transfer.
-    fn read_in_place(
-        &self,
-        reads: &[PlannedRead],
-        bufs: &mut [&mut PageBuf<'_>],
-    ) -> Vec<Result<bool, TierError>> {
+    fn read_in_place(&self, reads: &[PlannedRead], bufs: &mut [&mut PageBuf<'_>]) -> VerifiedReads {
         const SPLIT_AT: usize = 32;
         if reads.len() < SPLIT_AT {
             return self.read_part(self.lane(0), reads, bufs);
@@ -612,7 +608,7 @@ impl Shared {
                 .spawn_scoped(scope, || {
                     self.read_part(self.lane(1), right_reads, right_bufs)
                 });
-            let mut results = self.read_part(self.lane(0), left_reads, left_bufs);
+            let mut reads = self.read_part(self.lane(0), left_reads, left_bufs);
             let right = match helper {
                 Ok(handle) => handle
                     .join()
@@ -620,14 +616,19 @@ impl Shared {
                 Err(e) => Err(format!("cannot start a read helper thread: {e}")),
             };
             match right {
-                Ok(right) => results.extend(right),
-                Err(msg) => results.extend(
+                Ok(right) => {
+                    reads
+                        .replaced
+                        .extend(right.replaced.into_iter().map(|i| i + mid));
+                    reads.results.extend(right.results);
+                }
+                Err(msg) => reads.results.extend(
                     right_reads
                         .iter()
                         .map(|_| Err(TierError::Unavailable(msg.clone()))),
                 ),
             }
-            results
+            reads
         })
     }
 
@@ -636,21 +637,26 @@ impl Shared {
         io: &FileIo,
         reads: &[PlannedRead],
         bufs: &mut [&mut PageBuf<'_>],
-    ) -> Vec<Result<bool, TierError>> {
+    ) -> VerifiedReads {
         let ranges: Vec<Vec<(usize, usize)>> = bufs.iter_mut().map(|b| b.ranges()).collect();
         let flat: Vec<(usize, usize)> = ranges.iter().flatten().copied().collect();
         let memory = match io.lend_local(&flat) {
             Ok(memory) => memory,
-            Err(e) => return reads.iter().map(|_| Err(copy_error(&e))).collect(),
+            Err(e) => {
+                return VerifiedReads {
+                    results: reads.iter().map(|_| Err(copy_error(&e))).collect(),
+                    replaced: Vec::new(),
+                }
+            }
         };
         let xfers = read_xfers(reads, |i| ranges[i].clone());
         let outcome = io.read_all(&xfers, &memory);
         drop(memory);
         let mut results = outcome.results;
-        self.verify(reads, &outcome.recorded, &mut results, |i| {
+        let replaced = self.verify(reads, &outcome.recorded, &mut results, |i| {
             checksum::of(bufs[i].regions())
         });
-        results
+        VerifiedReads { results, replaced }
     }
 
     /// Turns each hit whose bytes (checksummed by `crc_of`) do not match the checksum its file
@@ -660,16 +666,18 @@ impl Shared {
     /// The index keeps each file's checksum once this process wrote or verified it, so a read
     /// compares against it and asks the file for none. Files change only with their entry's
     /// generation (under the index lock): a mismatch while the entry is still the one the read
-    /// planned with is the file's fault; after a put replaced it, only a miss.
+    /// planned with is the file's fault; after a put replaced it, the read is to be made again
+    /// against the new file's own: those are returned (answered as misses meanwhile).
     fn verify(
         &self,
         reads: &[PlannedRead],
         recorded: &[Option<u32>],
         results: &mut [Result<bool, TierError>],
         crc_of: impl Fn(usize) -> u32,
-    ) {
+    ) -> Vec<usize> {
+        let mut replaced = Vec::new();
         if self.config.page_checksum == PageChecksum::Off {
-            return;
+            return replaced;
         }
         let mut learned = Vec::new();
         for (i, (read, result)) in reads.iter().zip(results.iter_mut()).enumerate() {
@@ -687,6 +695,7 @@ impl Shared {
             if read.checksum.is_some()
                 && self.index().generation(&read.key) != Some(read.generation)
             {
+                replaced.push(i);
                 continue;
             }
             self.stats.errors(1);
@@ -708,6 +717,7 @@ impl Shared {
                 index.learn_checksum(key, generation, crc);
             }
         }
+        replaced
     }
 
     /// Reads a chunk into a staging lease (blocking thread), for direct I/O. The hits are
@@ -758,6 +768,15 @@ struct PlannedWrite<'a> {
     direct: bool,
 }
 
+/// Reads checked against their pages' checksums.
+struct VerifiedReads {
+    /// Per read: hit, miss, or the error.
+    results: Vec<Result<bool, TierError>>,
+    /// Reads of pages a put replaced after they were planned, to be made again (see
+    /// [`Shared::verify`]).
+    replaced: Vec<usize>,
+}
+
 /// What [`Shared::read_staged`] read. A batch read that failed in one page may still land
 /// other pages' late reads in the lease (it is held until they have), so each hit is checked
 /// against its checksum after it is copied out, where nothing else writes.
@@ -789,6 +808,7 @@ impl Drop for Pins<'_> {
 }
 
 /// A page planned for reading into slot `slot`.
+#[derive(Clone)]
 struct PlannedRead {
     slot: usize,
     key: PageKey,
@@ -959,6 +979,96 @@ fn chunks(lens: &[(usize, usize)], capacity: usize) -> Vec<Vec<usize>> {
         }
     }
     out
+}
+
+impl NixlFileTier {
+    /// Reads planned pages into their slots (buffered ones in place, direct ones through
+    /// staging) and sets their results; returns the reads to make again (see
+    /// [`Shared::verify`]).
+    async fn read_round(
+        &self,
+        slots: &mut [ReadSlot<'_>],
+        results: &mut [Option<GetResult>],
+        buffered: Vec<PlannedRead>,
+        direct: Vec<PlannedRead>,
+    ) -> Vec<PlannedRead> {
+        let shared = &self.shared;
+        let mut replaced = Vec::new();
+        if !buffered.is_empty() {
+            let mut wanted = vec![false; slots.len()];
+            for read in &buffered {
+                wanted[read.slot] = true;
+            }
+            let mut bufs = marked_bufs(slots, &wanted);
+            let outcome = run_blocking(|| shared.read_in_place(&buffered, &mut bufs));
+            shared.finish_reads(&buffered, &outcome.results);
+            replaced.extend(outcome.replaced.iter().map(|&i| buffered[i].clone()));
+            for (read, r) in buffered.iter().zip(outcome.results) {
+                results[read.slot] =
+                    Some(r.map(|hit| if hit { Lookup::Hit } else { Lookup::Miss }));
+            }
+        }
+        // Direct I/O goes through aligned staging, one chunk at a time: a call never holds a
+        // staging buffer while waiting for another, so concurrent calls cannot deadlock.
+        let lens: Vec<(usize, usize)> =
+            direct.iter().enumerate().map(|(n, r)| (n, r.len)).collect();
+        let mut direct: Vec<Option<PlannedRead>> = direct.into_iter().map(Some).collect();
+        for chunk in chunks(&lens, shared.staging.buf_bytes()) {
+            let reads: Arc<[PlannedRead]> =
+                chunk.iter().filter_map(|&n| direct[n].take()).collect();
+            let outcome = match shared.staging.acquire().await {
+                Ok(lease) => {
+                    let (shared, job_reads) = (Arc::clone(shared), Arc::clone(&reads));
+                    tokio::task::spawn_blocking(move || shared.read_staged(lease, &job_reads))
+                        .await
+                        .map_err(|e| TierError::Unavailable(format!("read task failed: {e}")))
+                }
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(staged) => {
+                    let mut chunk_results = staged.results;
+                    for ((read, &off), r) in
+                        reads.iter().zip(&staged.offsets).zip(&mut chunk_results)
+                    {
+                        if let Ok(true) = r {
+                            match &staged.lease {
+                                Some(lease) => slots[read.slot]
+                                    .buf
+                                    .fill_from(&lease.bytes()[off..off + read.len]),
+                                None => {
+                                    *r = Err(TierError::Timeout {
+                                        op: "NIXL transfer",
+                                        after: shared.config.transfer_timeout,
+                                    })
+                                }
+                            }
+                        }
+                    }
+                    let again = shared.verify(&reads, &staged.recorded, &mut chunk_results, |i| {
+                        checksum::of(slots[reads[i].slot].buf.regions())
+                    });
+                    replaced.extend(again.iter().map(|&i| reads[i].clone()));
+                    shared.finish_reads(&reads, &chunk_results);
+                    for (read, r) in reads.iter().zip(chunk_results) {
+                        results[read.slot] =
+                            Some(r.map(|hit| if hit { Lookup::Hit } else { Lookup::Miss }));
+                    }
+                }
+                Err(e) => {
+                    let failed: Vec<Result<bool, TierError>> = reads
+                        .iter()
+                        .map(|_| Err(TierError::Unavailable(e.to_string())))
+                        .collect();
+                    shared.finish_reads(&reads, &failed);
+                    for (read, r) in reads.iter().zip(failed) {
+                        results[read.slot] = Some(r.map(|_| Lookup::Miss));
+                    }
+                }
+            }
+        }
+        replaced
+    }
 }
 
 #[async_trait]
@@ -1163,76 +1273,20 @@ impl StorageTier for NixlFileTier {
                 }
             }
         }
-        if !buffered.is_empty() {
-            let mut wanted = vec![false; slots.len()];
-            for read in &buffered {
-                wanted[read.slot] = true;
-            }
-            let mut bufs = marked_bufs(slots, &wanted);
-            let outcome = run_blocking(|| shared.read_in_place(&buffered, &mut bufs));
-            shared.finish_reads(&buffered, &outcome);
-            for (read, r) in buffered.iter().zip(outcome) {
-                results[read.slot] =
-                    Some(r.map(|hit| if hit { Lookup::Hit } else { Lookup::Miss }));
-            }
-        }
-        // Direct I/O goes through aligned staging, one chunk at a time: a call never holds a
-        // staging buffer while waiting for another, so concurrent calls cannot deadlock.
-        let lens: Vec<(usize, usize)> =
-            direct.iter().enumerate().map(|(n, r)| (n, r.len)).collect();
-        let mut direct: Vec<Option<PlannedRead>> = direct.into_iter().map(Some).collect();
-        for chunk in chunks(&lens, shared.staging.buf_bytes()) {
-            let reads: Arc<[PlannedRead]> =
-                chunk.iter().filter_map(|&n| direct[n].take()).collect();
-            let outcome = match shared.staging.acquire().await {
-                Ok(lease) => {
-                    let (shared, job_reads) = (Arc::clone(shared), Arc::clone(&reads));
-                    tokio::task::spawn_blocking(move || shared.read_staged(lease, &job_reads))
-                        .await
-                        .map_err(|e| TierError::Unavailable(format!("read task failed: {e}")))
-                }
-                Err(e) => Err(e),
-            };
-            match outcome {
-                Ok(staged) => {
-                    let mut chunk_results = staged.results;
-                    for ((read, &off), r) in
-                        reads.iter().zip(&staged.offsets).zip(&mut chunk_results)
-                    {
-                        if let Ok(true) = r {
-                            match &staged.lease {
-                                Some(lease) => slots[read.slot]
-                                    .buf
-                                    .fill_from(&lease.bytes()[off..off + read.len]),
-                                None => {
-                                    *r = Err(TierError::Timeout {
-                                        op: "NIXL transfer",
-                                        after: shared.config.transfer_timeout,
-                                    })
-                                }
-                            }
-                        }
-                    }
-                    shared.verify(&reads, &staged.recorded, &mut chunk_results, |i| {
-                        checksum::of(slots[reads[i].slot].buf.regions())
-                    });
-                    shared.finish_reads(&reads, &chunk_results);
-                    for (read, r) in reads.iter().zip(chunk_results) {
-                        results[read.slot] =
-                            Some(r.map(|hit| if hit { Lookup::Hit } else { Lookup::Miss }));
-                    }
-                }
-                Err(e) => {
-                    let failed: Vec<Result<bool, TierError>> = reads
-                        .iter()
-                        .map(|_| Err(TierError::Unavailable(e.to_string())))
-                        .collect();
-                    shared.finish_reads(&reads, &failed);
-                    for (read, r) in reads.iter().zip(failed) {
-                        results[read.slot] = Some(r.map(|_| Lookup::Miss));
-                    }
+        let replaced = self.read_round(slots, &mut results, buffered, direct).await;
+        if !replaced.is_empty() {
+            // Pages a put replaced after they were planned: read again, each checked against
+            // its new file's own checksum (the index's was the old file's).
+            let mut again = replaced;
+            {
+                let index = shared.index();
+                for read in &mut again {
+                    read.checksum = None;
+                    read.generation = index.generation(&read.key).unwrap_or(0);
                 }
             }
+            let (direct, buffered) = again.into_iter().partition(|r| r.direct);
+            self.read_round(slots, &mut results, buffered, direct).await;
         }
         drop(pins);
         shared.stats.settle_gets(results, slots)
