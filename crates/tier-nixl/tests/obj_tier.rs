@@ -470,3 +470,41 @@ async fn tiers_opened_and_dropped_while_others_move_pages() {
         t.await.unwrap();
     }
 }
+
+/// A get whose batch holds a page that times out (a 256 MiB object, 300 ms allowed) still
+/// serves its other pages, whole: each has a transfer of its own that finished, and is copied
+/// out of the batch's buffer (which the timed-out transfer keeps). Before, no page of such a
+/// batch was copied out, yet the others answered hits: the caller's buffer as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_page_leaves_its_batch_mates_served_whole() {
+    let f = ObjFactory::new();
+    let big = 256 << 20;
+    let plain = ObjectTier::new(store_of(&f.server), ObjectTierConfig::new(&f.prefix)).unwrap();
+    for r in plain
+        .put(&[Page::new(key(1), content::page(&key(1), 1, big))])
+        .await
+    {
+        r.unwrap();
+    }
+    let mut config = f.config();
+    config.transfer_timeout = Duration::from_millis(300);
+    let tier = NixlObjTier::open(config).await.unwrap();
+    for r in tier.put(&pages(2..3, 65536)).await {
+        r.unwrap();
+    }
+    let mut large = vec![0u8; big];
+    let mut small = vec![0u8; 65536];
+    let got = tier
+        .get(&mut [
+            ReadSlot::new(key(1), &mut large),
+            ReadSlot::new(key(2), &mut small),
+        ])
+        .await;
+    assert!(
+        matches!(got[0], Err(TierError::Timeout { .. })),
+        "the 256 MiB page must time out in 300 ms for this test to show anything: {:?}",
+        got[0]
+    );
+    assert_eq!(got[1].as_ref().unwrap(), &Lookup::Hit);
+    content::verify(&key(2), 1, &small).unwrap();
+}

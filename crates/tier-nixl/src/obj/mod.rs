@@ -653,9 +653,11 @@ impl StorageTier for NixlObjTier {
                         Ok(Lookup::Hit)
                     }
                     // Overwritten while read (or a transfer failed on an object that did
-                    // not change: S3 clients retry those too): read it again.
+                    // not change: S3 clients retry those too; not one that timed out, which
+                    // keeps its memory for good): read it again.
                     (r, Ok(Some(now)))
-                        if (now != before || r.is_err())
+                        if (now != before
+                            || matches!(r, Err(ref e) if !matches!(e, TierError::Timeout { .. })))
                             && now.len == before.len
                             && attempt < OBJ_READ_ATTEMPTS =>
                     {
