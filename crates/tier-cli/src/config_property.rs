@@ -121,6 +121,7 @@ fn tier(g: &mut Gen, dir: &std::path::Path, n: usize) -> String {
             t += &field(g, "staging_bytes", &SIZES);
             t += &field(g, "staging_buffers", &COUNTS);
             t += &field(g, "transfer_timeout", &DURATIONS);
+            t += &field(g, "max_abandoned", &SIZES);
             t += &field(
                 g,
                 "engine",

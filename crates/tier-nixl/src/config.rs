@@ -15,6 +15,7 @@
 //! staging_bytes = "16MiB"
 //! staging_buffers = 2
 //! transfer_timeout = "30s"
+//! max_abandoned = "1GiB"        # kept for good by transfers that never finished; then errors
 //! runtime_dir = "/opt/kvtier/nixl/lib"
 //! access = "owner"             # owner, or reader: reads what another process owns there
 //! engine = "nixl"               # nixl, or syscalls: pread/pwrite by kvtier (host memory only)
@@ -36,6 +37,7 @@
 //! concurrency = 16
 //! max_page = "256MiB"
 //! transfer_timeout = "30s"
+//! max_abandoned = "1GiB"        # kept for good by requests that never finished; then errors
 //! capacity = "2TiB"             # optional bound on the prefix's pages, evicting by `policy`
 //! policy = "auto"               # auto (default), lru, sieve, s3fifo, arc, prefix, radix
 //! ```
@@ -75,6 +77,7 @@ struct FileParams {
     staging_bytes: Option<ByteSize>,
     staging_buffers: Option<usize>,
     transfer_timeout: Option<Seconds>,
+    max_abandoned: Option<ByteSize>,
     runtime_dir: Option<PathBuf>,
     #[serde(default)]
     access: Access,
@@ -168,6 +171,9 @@ fn to_config(name: &str, p: FileParams) -> NixlFileConfig {
     if let Some(t) = p.transfer_timeout {
         c.transfer_timeout = t.0;
     }
+    if let Some(b) = p.max_abandoned {
+        c.max_abandoned_bytes = usize::try_from(b.0).unwrap_or(usize::MAX);
+    }
     c.runtime_dir = p.runtime_dir;
     c
 }
@@ -216,6 +222,7 @@ struct ObjParams {
     concurrency: Option<usize>,
     max_page: Option<ByteSize>,
     transfer_timeout: Option<Seconds>,
+    max_abandoned: Option<ByteSize>,
     runtime_dir: Option<PathBuf>,
     capacity: Option<ByteSize>,
     #[serde(default)]
@@ -257,6 +264,9 @@ fn to_obj_config(name: &str, p: ObjParams) -> NixlObjConfig {
     }
     if let Some(t) = p.transfer_timeout {
         c.transfer_timeout = t.0;
+    }
+    if let Some(b) = p.max_abandoned {
+        c.max_abandoned_bytes = usize::try_from(b.0).unwrap_or(usize::MAX);
     }
     c.runtime_dir = p.runtime_dir;
     c.capacity_bytes = p.capacity.map(|b| b.0);

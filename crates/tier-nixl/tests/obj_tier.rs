@@ -508,3 +508,37 @@ async fn a_timed_out_page_leaves_its_batch_mates_served_whole() {
     assert_eq!(got[1].as_ref().unwrap(), &Lookup::Hit);
     content::verify(&key(2), 1, &small).unwrap();
 }
+
+/// During an outage (here a server that takes connections and never answers) each timed-out
+/// put keeps its pages for good; past `max_abandoned_bytes` of them, puts are refused before
+/// any transfer, with an error naming the bound, instead of keeping ever more memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_keeps_at_most_max_abandoned_bytes() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", silent.local_addr().unwrap());
+    let mut config = NixlObjConfig::new(
+        S3Settings::endpoint(&endpoint, "bucket", "key", "secret"),
+        "outage",
+    );
+    quick(&mut config);
+    config.transfer_timeout = Duration::from_millis(300);
+    config.max_abandoned_bytes = 100_000;
+    config.lanes = 1;
+    let tier = NixlObjTier::open(config).await.unwrap();
+    let mut refused = None;
+    for round in 0..4 {
+        let started = Instant::now();
+        let results = tier.put(&pages(round..round + 1, 65536)).await;
+        match &results[0] {
+            Err(TierError::Timeout { .. }) => assert!(round < 2, "round {round} timed out"),
+            Err(TierError::Backend { message, .. }) if message.contains("over the bound") => {
+                refused.get_or_insert((round, started.elapsed(), message.clone()));
+            }
+            other => panic!("round {round}: {other:?}"),
+        }
+    }
+    let (round, took, message) = refused.expect("puts past the bound are refused");
+    println!("refused from round {round} in {took:?}: {message}");
+    assert_eq!(round, 2, "two 64 KiB puts reach the 100,000-byte bound");
+    assert!(message.contains("100000"), "{message}");
+}

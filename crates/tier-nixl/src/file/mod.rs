@@ -150,6 +150,9 @@ pub struct NixlFileConfig {
     pub staging_buffers: usize,
     /// Bound on each NIXL transfer.
     pub transfer_timeout: Duration,
+    /// Bytes that transfers which never finished may keep for good (a stuck disk) before the
+    /// tier refuses new ones with an error.
+    pub max_abandoned_bytes: usize,
     /// Folder holding `libnixl_capi.so`, searched before `$NIXL_LIB_DIR` and the defaults.
     pub runtime_dir: Option<PathBuf>,
     /// A *reader*: reads the pages another process's tier owns in the same folders (an SGLang
@@ -178,6 +181,7 @@ impl NixlFileConfig {
             staging_bytes: 16 << 20,
             staging_buffers: 2,
             transfer_timeout: Duration::from_secs(30),
+            max_abandoned_bytes: crate::nixl::DEFAULT_ABANDON_LIMIT,
             runtime_dir: None,
             reader: false,
         }
@@ -875,6 +879,10 @@ fn create_backend(
     };
     let agent = Agent::for_lane(&config.name, lane)
         .map_err(|e| backend_err(format!("creating the agent: {e}")))?;
+    let limited = |backend: Arc<crate::nixl::Backend>| {
+        backend.limit_abandoned(config.max_abandoned_bytes);
+        backend
+    };
     let engines = ["use_uring", "use_aio", "use_posix_aio"];
     let tuned = config.plugin == FilePlugin::Posix
         && !engines
@@ -884,7 +892,7 @@ fn create_backend(
         let mut params = config.plugin_params.clone();
         params.insert("use_uring".into(), "true".into());
         match agent.create_backend(plugin, &params) {
-            Ok(backend) => return Ok(backend),
+            Ok(backend) => return Ok(limited(backend)),
             Err(e) => {
                 tracing::warn!(error = %e, "POSIX with io_uring unavailable; using the plugin's defaults")
             }
@@ -892,6 +900,7 @@ fn create_backend(
     }
     agent
         .create_backend(plugin, &config.plugin_params)
+        .map(limited)
         .map_err(|e| backend_err(format!("creating the {plugin} backend: {e}")))
 }
 

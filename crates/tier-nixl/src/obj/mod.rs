@@ -69,6 +69,10 @@ pub struct NixlObjConfig {
     pub max_page_bytes: usize,
     /// Bound on each NIXL transfer and each `object_store` call.
     pub transfer_timeout: Duration,
+    /// Bytes that transfers which never finished may keep for good (NIXL's S3 client may
+    /// still finish a request kvtier gave up on) before the tier refuses new ones with an
+    /// error: an outage costs errors, not unbounded memory.
+    pub max_abandoned_bytes: usize,
     /// Folder holding `libnixl_capi.so`, searched before `$NIXL_LIB_DIR` and the defaults.
     pub runtime_dir: Option<PathBuf>,
     /// Bytes of pages the tier holds under its prefix; beyond it, `policy` evicts (the
@@ -93,6 +97,7 @@ impl NixlObjConfig {
             concurrency: 16,
             max_page_bytes: 256 << 20,
             transfer_timeout: Duration::from_secs(30),
+            max_abandoned_bytes: crate::nixl::DEFAULT_ABANDON_LIMIT,
             runtime_dir: None,
             capacity_bytes: None,
             policy: tier_policy::PolicyKind::default(),
@@ -262,6 +267,9 @@ impl NixlObjTier {
             let lanes = (0..config.lanes)
                 .map(|lane| create_backend(&config.name, lane, &params))
                 .collect::<Result<Vec<_>, _>>()?;
+            for lane in &lanes {
+                lane.limit_abandoned(config.max_abandoned_bytes);
+            }
             tracing::info!(
                 tier = %config.name, %runtime, bucket = %config.s3.bucket,
                 prefix = %config.prefix, lanes = config.lanes, "NIXL OBJ tier open"
