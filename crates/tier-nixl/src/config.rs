@@ -63,13 +63,13 @@ struct FileParams {
     #[serde(default)]
     policy: tier_policy::PolicyKind,
     #[serde(default)]
-    plugin: PluginName,
+    plugin: FilePlugin,
     #[serde(default)]
     plugin_params: BTreeMap<String, String>,
     #[serde(default)]
-    path_mode: PathModeName,
+    path_mode: PathModeChoice,
     #[serde(default)]
-    direct_io: DirectName,
+    direct_io: DirectIo,
     #[serde(default)]
     durability: Durability,
     #[serde(default)]
@@ -82,15 +82,7 @@ struct FileParams {
     #[serde(default)]
     access: Access,
     #[serde(default)]
-    engine: EngineName,
-}
-
-#[derive(Debug, Default, Clone, Copy, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum EngineName {
-    #[default]
-    Nixl,
-    Syscalls,
+    engine: FileEngine,
 }
 
 /// Whether the tier owns its folders or reads what another process's tier owns there.
@@ -102,66 +94,19 @@ enum Access {
     Reader,
 }
 
-#[derive(Debug, Default, Clone, Copy, Deserialize)]
-enum PluginName {
-    #[default]
-    #[serde(rename = "POSIX")]
-    Posix,
-    #[serde(rename = "GDS")]
-    Gds,
-    #[serde(rename = "GDS_MT")]
-    GdsMt,
-    #[serde(rename = "HF3FS")]
-    Hf3fs,
-}
-
-#[derive(Debug, Default, Clone, Copy, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum PathModeName {
-    #[default]
-    Auto,
-    On,
-    Off,
-}
-
-#[derive(Debug, Default, Clone, Copy, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum DirectName {
-    #[default]
-    Off,
-    Required,
-    Preferred,
-}
-
 fn to_config(name: &str, p: FileParams) -> NixlFileConfig {
     let mut c = NixlFileConfig::new(p.dirs);
     c.name = name.to_string();
     c.capacity_bytes = p.capacity.map(|b| b.0);
     c.policy = p.policy;
-    c.plugin = match p.plugin {
-        PluginName::Posix => FilePlugin::Posix,
-        PluginName::Gds => FilePlugin::Gds,
-        PluginName::GdsMt => FilePlugin::GdsMt,
-        PluginName::Hf3fs => FilePlugin::Hf3fs,
-    };
+    c.plugin = p.plugin;
     c.plugin_params = p.plugin_params;
-    c.path_mode = match p.path_mode {
-        PathModeName::Auto => PathModeChoice::Auto,
-        PathModeName::On => PathModeChoice::On,
-        PathModeName::Off => PathModeChoice::Off,
-    };
-    c.direct_io = match p.direct_io {
-        DirectName::Off => DirectIo::Off,
-        DirectName::Required => DirectIo::Required,
-        DirectName::Preferred => DirectIo::Preferred,
-    };
+    c.path_mode = p.path_mode;
+    c.direct_io = p.direct_io;
     c.durability = p.durability;
     c.page_checksum = p.page_checksum;
     c.reader = p.access == Access::Reader;
-    c.engine = match p.engine {
-        EngineName::Nixl => FileEngine::Nixl,
-        EngineName::Syscalls => FileEngine::Syscalls,
-    };
+    c.engine = p.engine;
     if let Some(b) = p.staging_bytes {
         c.staging_bytes = b.0 as usize;
     }
@@ -213,7 +158,7 @@ struct ObjParams {
     #[serde(default)]
     virtual_hosted: bool,
     #[serde(default)]
-    checksum: ChecksumName,
+    checksum: RequestChecksum,
     ca_bundle: Option<PathBuf>,
     crt_min_bytes: Option<ByteSize>,
     #[serde(default)]
@@ -229,14 +174,6 @@ struct ObjParams {
     policy: tier_policy::PolicyKind,
 }
 
-#[derive(Debug, Default, Clone, Copy, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum ChecksumName {
-    #[default]
-    Required,
-    Supported,
-}
-
 fn to_obj_config(name: &str, p: ObjParams) -> NixlObjConfig {
     let mut s3 = tier_object::S3Settings::endpoint("", &p.bucket, &p.access_key, &p.secret_key);
     s3.endpoint = p.endpoint;
@@ -246,10 +183,7 @@ fn to_obj_config(name: &str, p: ObjParams) -> NixlObjConfig {
     }
     let mut c = NixlObjConfig::new(s3, p.prefix);
     c.name = name.to_string();
-    c.checksum = match p.checksum {
-        ChecksumName::Required => RequestChecksum::Required,
-        ChecksumName::Supported => RequestChecksum::Supported,
-    };
+    c.checksum = p.checksum;
     c.ca_bundle = p.ca_bundle;
     c.crt_min_bytes = p.crt_min_bytes.map(|b| b.0);
     c.plugin_params = p.plugin_params;

@@ -40,8 +40,9 @@ use io::{FileIo, Xfer};
 use layout::Layout;
 use tier_policy::PolicyKind;
 
-/// Which NIXL FILE plugin moves the bytes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Which NIXL FILE plugin moves the bytes (in config files, its name in NIXL).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum FilePlugin {
     /// POSIX I/O (pread/pwrite, AIO or io_uring by plugin parameters). Needs no GPU.
     #[default]
@@ -67,7 +68,8 @@ impl FilePlugin {
 }
 
 /// Whether to use NIXL's path mode.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum PathModeChoice {
     /// Probe, and use path mode where the runtime supports it.
     #[default]
@@ -93,7 +95,8 @@ pub enum Durability {
 }
 
 /// What moves page bytes between memory and files.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum FileEngine {
     /// The NIXL FILE plugin: one registration and one transfer per batch.
     #[default]
@@ -105,7 +108,8 @@ pub enum FileEngine {
 }
 
 /// Whether to bypass the page cache (`O_DIRECT`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum DirectIo {
     /// Buffered I/O.
     #[default]

@@ -31,7 +31,8 @@ use crate::nixl::{
 };
 
 /// How the S3 SDK inside NIXL checksums requests (`req_checksum`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum RequestChecksum {
     /// Checksum every request body (plain bodies; works on every S3-compatible server).
     #[default]
