@@ -160,7 +160,7 @@ impl<'de> Deserialize<'de> for Seconds {
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyConfig {
     /// `"write-through"` or `"write-back"`.
-    pub write: WriteMode,
+    pub write: WritePolicy,
     /// Copy lower hits into upper tiers.
     pub promote: bool,
     /// Bytes of pages the background queue holds before puts wait (default: a quarter of the
@@ -176,23 +176,13 @@ impl Default for PolicyConfig {
     fn default() -> Self {
         let d = HierarchyPolicy::default();
         Self {
-            write: WriteMode::WriteThrough,
+            write: WritePolicy::WriteThrough,
             promote: d.promote,
             queue_bytes: None,
             flush_timeout: None,
             admit_after: d.admit_after,
         }
     }
-}
-
-/// Serde form of [`WritePolicy`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum WriteMode {
-    /// [`WritePolicy::WriteThrough`].
-    WriteThrough,
-    /// [`WritePolicy::WriteBack`].
-    WriteBack,
 }
 
 /// One `[[tiers]]` entry: its kind, optional name, and the kind's own parameters.
@@ -269,10 +259,7 @@ impl HierarchyConfig {
     pub fn policy(&self) -> HierarchyPolicy {
         let d = HierarchyPolicy::default();
         HierarchyPolicy {
-            write: match self.hierarchy.write {
-                WriteMode::WriteThrough => WritePolicy::WriteThrough,
-                WriteMode::WriteBack => WritePolicy::WriteBack,
-            },
+            write: self.hierarchy.write,
             promote: self.hierarchy.promote,
             queue_bytes: self.hierarchy.queue_bytes.map(|b| b.0),
             flush_timeout: self
@@ -383,7 +370,7 @@ impl Registry {
                 params: spec.params.clone(),
             };
             let plan = factory(&ctx)?;
-            if config.hierarchy.write == WriteMode::WriteBack
+            if config.hierarchy.write == WritePolicy::WriteBack
                 && i + 1 < config.tiers.len()
                 && !plan.evicts()
             {

@@ -41,8 +41,9 @@ use admission::Admission;
 use motion::{InMotion, Motion};
 use queue::{Job, Moving};
 
-/// How pages reach the lower tiers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How pages reach the lower tiers (in config files, `write-through` or `write-back`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum WritePolicy {
     /// Every put goes to all tiers (lower ones asynchronously).
     WriteThrough,
