@@ -282,8 +282,8 @@ pub enum Finished {
     Failed(NixlError),
     /// Parts of the transfer may still read or write its memory: it timed out, or one of
     /// several descriptors failed (the POSIX plugin reports the first failed I/O while the
-    /// others still run; the OBJ plugin's contract promises no more). Its [`Held`] is kept
-    /// for good.
+    /// others still run; the OBJ plugin's contract promises no more). Its [`Held`] is kept:
+    /// for good after a timeout, one more timeout after a failure.
     Unsettled(Unsettled),
 }
 
