@@ -263,7 +263,7 @@ unsafe impl Send for Transfer {}
 
 /// How a transfer ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Completion {
+enum Completion {
     /// All bytes moved.
     Done,
     /// The backend reported an error.
@@ -299,7 +299,7 @@ pub enum Unsettled {
 impl Transfer {
     /// Waits for completion, at most `timeout`, without spinning a core: a short spin, then
     /// sleeps growing from 5 µs to 1 ms.
-    pub fn wait(&self, timeout: Duration) -> Completion {
+    fn wait(&self, timeout: Duration) -> Completion {
         let deadline = Instant::now() + timeout;
         let mut pause = Duration::from_micros(5);
         let mut spins = 0u32;
