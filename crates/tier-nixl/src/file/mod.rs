@@ -689,6 +689,15 @@ impl Shared {
         }
         let mut learned = Vec::new();
         for (i, (read, result)) in reads.iter().zip(results.iter_mut()).enumerate() {
+            if result.is_err()
+                && read.checksum.is_some()
+                && self.index().generation(&read.key) != Some(read.generation)
+            {
+                // Removed or replaced while it was read (unwatched, see `FileIo::read_all`).
+                *result = Ok(false);
+                replaced.push(i);
+                continue;
+            }
             if !matches!(result, Ok(true)) {
                 continue;
             }
