@@ -23,10 +23,15 @@ pub enum PageChecksum {
     Off,
 }
 
-/// The CRC-32C of the concatenation of `regions`.
-/// (`crc32c` picks the CPU's CRC32 instruction at run time: 3.4 µs per 64 KiB here.)
+/// The CRC-32C of the concatenation of `regions`. (`crc-fast` picks the CPU's widest
+/// carry-less multiply at run time: 8 µs per hot 512 KiB page here with AVX-512, against
+/// 16.6 µs for the CRC32 instruction.)
 pub fn of<'a>(regions: impl IntoIterator<Item = &'a [u8]>) -> u32 {
-    regions.into_iter().fold(0, crc32c::crc32c_append)
+    let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+    for region in regions {
+        digest.update(region);
+    }
+    digest.finalize() as u32
 }
 
 /// Records `crc` as the checksum of the file at `path`.

@@ -391,9 +391,11 @@ impl FileIo {
             let retry: Vec<Xfer> = again.iter().map(|&i| items[i].clone()).collect();
             let second = self.read_once(&retry, memory);
             reads.poisoned |= second.poisoned;
-            for ((i, r), crc) in again.into_iter().zip(second.results).zip(second.recorded) {
+            let second_reads = second.results.into_iter().zip(second.recorded);
+            for ((i, (r, crc)), hashed) in again.into_iter().zip(second_reads).zip(second.hashed) {
                 reads.results[i] = r;
                 reads.recorded[i] = crc;
+                reads.hashed[i] = hashed;
             }
         }
         reads
@@ -408,7 +410,27 @@ impl FileIo {
             .iter()
             .map(|i| if watch(i) { file_id(&i.path) } else { None })
             .collect();
-        let outcome = self.transfer_all(XferOp::Read, items, memory);
+        let mut hashed = vec![None; items.len()];
+        let outcome = if self.engine == FileEngine::Syscalls && self.checksums {
+            // Each page is checksummed as soon as it is read, while its bytes are in cache
+            // (after the whole batch, a big one has left it: that pass cost a third of a get).
+            BatchOutcome {
+                results: items
+                    .iter()
+                    .zip(hashed.iter_mut())
+                    .map(|(item, crc)| {
+                        move_by_syscalls(XferOp::Read, item, self.sync)?;
+                        if !item.direct {
+                            *crc = Some(crc_of_parts(item));
+                        }
+                        Ok(())
+                    })
+                    .collect(),
+                poisoned: false,
+            }
+        } else {
+            self.transfer_all(XferOp::Read, items, memory)
+        };
         let mut recorded = vec![None; items.len()];
         let results = outcome
             .results
@@ -464,6 +486,7 @@ impl FileIo {
         BatchReads {
             results,
             recorded,
+            hashed,
             poisoned: outcome.poisoned,
         }
     }
@@ -475,6 +498,9 @@ pub struct BatchReads {
     pub results: Vec<Result<bool, TierError>>,
     /// Per item: the checksum its file records (with checksums on, for hits).
     pub recorded: Vec<Option<u32>>,
+    /// Per item read in place by the syscall engine with checksums on: the CRC-32C of the
+    /// bytes it read, taken as it read them (none for the others: the caller hashes them).
+    pub hashed: Vec<Option<u32>>,
     /// True if the batch's DRAM must never be reused or freed.
     pub poisoned: bool,
 }
@@ -486,7 +512,10 @@ fn op_name(op: XferOp) -> &'static str {
     }
 }
 
-/// Moves one page with `pread`/`pwrite` on the calling thread. The parts' addresses are
+/// Linux's bound on the parts of one vectored call (`UIO_MAXIOV`).
+const IOV_MAX: usize = 1024;
+
+/// Moves one page with `preadv`/`pwritev` on the calling thread. The parts' addresses are
 /// memory the caller keeps valid (and, for reads, exclusively lent) for the call.
 fn move_by_syscalls(op: XferOp, item: &Xfer, sync: bool) -> Result<(), TierError> {
     let io_err =
@@ -505,40 +534,65 @@ fn move_by_syscalls(op: XferOp, item: &Xfer, sync: bool) -> Result<(), TierError
         }
     }
     let fd = file.as_raw_fd();
-    let mut offset = 0usize;
-    for &(addr, len) in &item.parts {
-        let mut done = 0;
-        while done < len {
-            let at = (offset + done) as libc::off_t;
-            // SAFETY: `addr..addr + len` is live memory lent for this call (writable for reads).
-            let n = unsafe {
-                match op {
-                    XferOp::Write => {
-                        libc::pwrite(fd, (addr + done) as *const libc::c_void, len - done, at)
-                    }
-                    XferOp::Read => {
-                        libc::pread(fd, (addr + done) as *mut libc::c_void, len - done, at)
-                    }
-                }
-            };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(io_err(e));
+    // All of a page's parts in one vectored call (a few, for a short transfer), resuming
+    // after what each call moved.
+    let mut iov: Vec<libc::iovec> = item
+        .parts
+        .iter()
+        .filter(|&&(_, len)| len > 0)
+        .map(|&(addr, len)| libc::iovec {
+            iov_base: addr as *mut libc::c_void,
+            iov_len: len,
+        })
+        .collect();
+    let mut first = 0;
+    let mut at = 0usize;
+    while first < iov.len() {
+        let rest = &iov[first..];
+        let count = rest.len().min(IOV_MAX) as libc::c_int;
+        // SAFETY: each iovec is live memory lent for this call (writable for reads).
+        let n = unsafe {
+            match op {
+                XferOp::Write => libc::pwritev(fd, rest.as_ptr(), count, at as libc::off_t),
+                XferOp::Read => libc::preadv(fd, rest.as_ptr(), count, at as libc::off_t),
             }
-            if n == 0 {
-                return Err(io_err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "the file ended before the page did",
-                )));
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
             }
-            done += n as usize;
+            return Err(io_err(e));
         }
-        offset += len;
+        if n == 0 {
+            return Err(io_err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the file ended before the page did",
+            )));
+        }
+        let mut moved = n as usize;
+        at += moved;
+        while moved > 0 {
+            let part = &mut iov[first];
+            let step = moved.min(part.iov_len);
+            part.iov_base = (part.iov_base as usize + step) as *mut libc::c_void;
+            part.iov_len -= step;
+            moved -= step;
+            if part.iov_len == 0 {
+                first += 1;
+            }
+        }
     }
     Ok(())
+}
+
+/// The CRC-32C of the bytes `item.parts` hold, right after a syscall read them.
+fn crc_of_parts(item: &Xfer) -> u32 {
+    checksum::of(item.parts.iter().map(|&(addr, len)| {
+        // SAFETY: `addr..addr + len` is live memory lent for this call (see `move_by_syscalls`),
+        // written only by the read that has just returned on this thread.
+        unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
+    }))
 }
 
 fn open_page(path: &Path, op: XferOp, direct: bool, sync: bool) -> std::io::Result<File> {
