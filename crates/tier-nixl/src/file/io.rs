@@ -211,7 +211,7 @@ impl FileIo {
             return BatchOutcome {
                 results: items
                     .iter()
-                    .map(|item| move_by_syscalls(op, item, self.sync))
+                    .map(|item| move_by_syscalls(op, item, self.sync, None))
                     .collect(),
                 poisoned: false,
             };
@@ -419,10 +419,9 @@ impl FileIo {
                     .iter()
                     .zip(hashed.iter_mut())
                     .map(|(item, crc)| {
-                        move_by_syscalls(XferOp::Read, item, self.sync)?;
-                        if !item.direct {
-                            *crc = Some(crc_of_parts(item));
-                        }
+                        let mut running = (!item.direct).then(checksum::Crc::new);
+                        move_by_syscalls(XferOp::Read, item, self.sync, running.as_mut())?;
+                        *crc = running.map(|c| c.value());
                         Ok(())
                     })
                     .collect(),
@@ -515,9 +514,19 @@ fn op_name(op: XferOp) -> &'static str {
 /// Linux's bound on the parts of one vectored call (`UIO_MAXIOV`).
 const IOV_MAX: usize = 1024;
 
+/// The most a checksummed read moves before it checksums what it moved: small enough to be
+/// checksummed from the core's own cache (a whole 2 MiB page has left it).
+const HASH_CHUNK: usize = 256 << 10;
+
 /// Moves one page with `preadv`/`pwritev` on the calling thread. The parts' addresses are
-/// memory the caller keeps valid (and, for reads, exclusively lent) for the call.
-fn move_by_syscalls(op: XferOp, item: &Xfer, sync: bool) -> Result<(), TierError> {
+/// memory the caller keeps valid (and, for reads, exclusively lent) for the call. A read
+/// given `crc` adds each piece's bytes to it as soon as they are read.
+fn move_by_syscalls(
+    op: XferOp,
+    item: &Xfer,
+    sync: bool,
+    mut crc: Option<&mut checksum::Crc>,
+) -> Result<(), TierError> {
     let io_err =
         |e: std::io::Error| TierError::io(op_name(op), Some(&item.key), Some(item.path.clone()), e);
     let file = open_page(&item.path, op, item.direct, sync).map_err(io_err)?;
@@ -534,8 +543,8 @@ fn move_by_syscalls(op: XferOp, item: &Xfer, sync: bool) -> Result<(), TierError
         }
     }
     let fd = file.as_raw_fd();
-    // All of a page's parts in one vectored call (a few, for a short transfer), resuming
-    // after what each call moved.
+    // A page's parts in vectored calls: one call for all of them, or one per `HASH_CHUNK`
+    // when checksumming; each resumes after what the previous one moved.
     let mut iov: Vec<libc::iovec> = item
         .parts
         .iter()
@@ -545,16 +554,34 @@ fn move_by_syscalls(op: XferOp, item: &Xfer, sync: bool) -> Result<(), TierError
             iov_len: len,
         })
         .collect();
+    let cap = if crc.is_some() {
+        HASH_CHUNK
+    } else {
+        usize::MAX
+    };
+    let mut call: Vec<libc::iovec> = Vec::with_capacity(iov.len().min(IOV_MAX));
     let mut first = 0;
     let mut at = 0usize;
     while first < iov.len() {
-        let rest = &iov[first..];
-        let count = rest.len().min(IOV_MAX) as libc::c_int;
+        call.clear();
+        let mut room = cap;
+        for part in &iov[first..] {
+            if room == 0 || call.len() == IOV_MAX {
+                break;
+            }
+            let len = part.iov_len.min(room);
+            call.push(libc::iovec {
+                iov_base: part.iov_base,
+                iov_len: len,
+            });
+            room -= len;
+        }
+        let count = call.len() as libc::c_int;
         // SAFETY: each iovec is live memory lent for this call (writable for reads).
         let n = unsafe {
             match op {
-                XferOp::Write => libc::pwritev(fd, rest.as_ptr(), count, at as libc::off_t),
-                XferOp::Read => libc::preadv(fd, rest.as_ptr(), count, at as libc::off_t),
+                XferOp::Write => libc::pwritev(fd, call.as_ptr(), count, at as libc::off_t),
+                XferOp::Read => libc::preadv(fd, call.as_ptr(), count, at as libc::off_t),
             }
         };
         if n < 0 {
@@ -575,6 +602,10 @@ fn move_by_syscalls(op: XferOp, item: &Xfer, sync: bool) -> Result<(), TierError
         while moved > 0 {
             let part = &mut iov[first];
             let step = moved.min(part.iov_len);
+            if let Some(crc) = crc.as_deref_mut() {
+                // SAFETY: the call has just written these bytes, into memory lent for it.
+                crc.update(unsafe { std::slice::from_raw_parts(part.iov_base as *const u8, step) });
+            }
             part.iov_base = (part.iov_base as usize + step) as *mut libc::c_void;
             part.iov_len -= step;
             moved -= step;
@@ -584,15 +615,6 @@ fn move_by_syscalls(op: XferOp, item: &Xfer, sync: bool) -> Result<(), TierError
         }
     }
     Ok(())
-}
-
-/// The CRC-32C of the bytes `item.parts` hold, right after a syscall read them.
-fn crc_of_parts(item: &Xfer) -> u32 {
-    checksum::of(item.parts.iter().map(|&(addr, len)| {
-        // SAFETY: `addr..addr + len` is live memory lent for this call (see `move_by_syscalls`),
-        // written only by the read that has just returned on this thread.
-        unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
-    }))
 }
 
 fn open_page(path: &Path, op: XferOp, direct: bool, sync: bool) -> std::io::Result<File> {
