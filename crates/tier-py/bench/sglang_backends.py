@@ -88,7 +88,7 @@ def memcpy_s(pool, batches):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--mib", type=int, default=256, help="MiB each backend writes and reads per round")
     ap.add_argument("--only", default=None, help="one page size label, e.g. '512 KiB'")
     ap.add_argument("--dir", default=None, help="folder for both backends' files (default: a temp folder)")
