@@ -3,8 +3,10 @@ beside SGLang's own NIXL backend (HiCacheNixl, POSIX plugin), all
 created by SGLang's StorageBackendFactory on one MHATokenToKVPoolHost (page_first layout), in
 128-page batch_set_v1 / batch_get_v1 calls, interleaved round by round. Each batch uses host
 pages of its own; a round's puts, then its gets, run back to back in the timed region, and
-content is made, the pool zeroed and every page verified outside it. Prints the medians (pages/s) and kvtier's ratio to SGLang's backend,
-and, at 2 MiB, a memcpy of the same bytes measured in the same run.
+content is made, the pool zeroed and every page verified outside it. Prints the medians
+(pages/s), each one's ratio to SGLang's backend and to a memcpy of the same bytes measured in
+the same run, beside the baseline of plain files (one file per page, `preadv` on two threads,
+nothing checked): what the page cache gives anyone on this machine.
 
 Run: make bench-sglang   (or python crates/tier-py/bench/sglang_backends.py [--rounds N])
 """
@@ -12,12 +14,14 @@ Run: make bench-sglang   (or python crates/tier-py/bench/sglang_backends.py [--r
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -47,6 +51,52 @@ def kvtier_backend(pool, folder, engine):
     b = StorageBackendFactory.create_backend("dynamic", storage_config(extra), pool)
     b.register_mem_pool_host(pool)
     return b
+
+
+class PlainFiles:
+    """The baseline of raw file I/O: each page's regions in one file of its own (`os.pwritev`
+    to a temp name, then a rename), read back with `os.preadv` on two threads (both cores),
+    like kvtier's syscall engine, but with no index, no checksum and no checks."""
+
+    def __init__(self, pool, folder):
+        self.pool, self.folder = pool, folder
+        self.threads = ThreadPoolExecutor(2)
+
+    def _views(self, host_indices):
+        ptrs, sizes = self.pool.get_page_buffer_meta(host_indices)
+        per = len(ptrs) // (len(host_indices) // self.pool.page_size)
+        views = [memoryview((ctypes.c_char * n).from_address(p)).cast("B") for p, n in zip(ptrs, sizes)]
+        return [views[i:i + per] for i in range(0, len(views), per)]
+
+    def batch_set_v1(self, keys, host_indices):
+        for key, regions in zip(keys, self._views(host_indices)):
+            tmp = self.folder / f".tmp-{key}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.pwritev(fd, regions, 0)
+            finally:
+                os.close(fd)
+            os.rename(tmp, self.folder / key)
+        return [True] * len(keys)
+
+    def _read(self, keys, pages):
+        for key, regions in zip(keys, pages):
+            fd = os.open(self.folder / key, os.O_RDONLY)
+            try:
+                os.preadv(fd, regions, 0)
+            finally:
+                os.close(fd)
+
+    def batch_get_v1(self, keys, host_indices):
+        pages = self._views(host_indices)
+        mid = len(keys) // 2
+        half = self.threads.submit(self._read, keys[mid:], pages[mid:])
+        self._read(keys[:mid], pages[:mid])
+        half.result()
+        return [True] * len(keys)
+
+    def clear(self):
+        self.threads.shutdown()
 
 
 def run_round(b, pool, batches, tag):
@@ -104,7 +154,7 @@ def main():
         batches = max(2, (args.mib << 20) // (page_bytes * BATCH))
         pool = make_pool(layers=layers, heads=heads, head_dim=dim, page=tokens, pages=batches * BATCH + 1)
         pages = batches * BATCH
-        names = ("sglang", "kvtier-nixl", "kvtier-syscalls")
+        names = ("sglang", "kvtier-nixl", "kvtier-syscalls", "plain-files")
         folders = {name: root / f"{name}-{label.replace(' ', '')}" for name in names}
         for f in folders.values():
             shutil.rmtree(f, ignore_errors=True)
@@ -113,6 +163,7 @@ def main():
             "sglang": sglang_nixl(pool, folders["sglang"]),
             "kvtier-nixl": kvtier_backend(pool, folders["kvtier-nixl"], "nixl"),
             "kvtier-syscalls": kvtier_backend(pool, folders["kvtier-syscalls"], "syscalls"),
+            "plain-files": PlainFiles(pool, folders["plain-files"]),
         }
         times = {name: ([], []) for name in backends}
         copies = []
