@@ -20,7 +20,7 @@ use std::fs::{self, File};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use tier_core::{
@@ -610,34 +610,35 @@ impl Shared {
         let mid = reads.len() / 2;
         let (left_reads, right_reads) = reads.split_at(mid);
         let (left_bufs, right_bufs) = bufs.split_at_mut(mid);
-        std::thread::scope(|scope| {
-            let helper = std::thread::Builder::new()
-                .name("kvtier-read".into())
-                .spawn_scoped(scope, || {
-                    self.read_part(self.lane(1), right_reads, right_bufs)
-                });
-            let mut reads = self.read_part(self.lane(0), left_reads, left_bufs);
-            let right = match helper {
-                Ok(handle) => handle
-                    .join()
+        let Some(helpers) = io_helpers() else {
+            return self.read_part(self.lane(0), reads, bufs);
+        };
+        let mut right = None;
+        let mut reads = helpers.in_place_scope(|scope| {
+            scope.spawn(|_| {
+                right = Some(
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        self.read_part(self.lane(1), right_reads, right_bufs)
+                    }))
                     .map_err(|_| "a read helper thread panicked".to_string()),
-                Err(e) => Err(format!("cannot start a read helper thread: {e}")),
-            };
-            match right {
-                Ok(right) => {
-                    reads
-                        .replaced
-                        .extend(right.replaced.into_iter().map(|i| i + mid));
-                    reads.results.extend(right.results);
-                }
-                Err(msg) => reads.results.extend(
-                    right_reads
-                        .iter()
-                        .map(|_| Err(TierError::Unavailable(msg.clone()))),
-                ),
+                );
+            });
+            self.read_part(self.lane(0), left_reads, left_bufs)
+        });
+        match right.unwrap_or_else(|| Err("a read helper did not run".to_string())) {
+            Ok(right) => {
+                reads
+                    .replaced
+                    .extend(right.replaced.into_iter().map(|i| i + mid));
+                reads.results.extend(right.results);
             }
-            reads
-        })
+            Err(msg) => reads.results.extend(
+                right_reads
+                    .iter()
+                    .map(|_| Err(TierError::Unavailable(msg.clone()))),
+            ),
+        }
+        reads
     }
 
     fn read_part(
@@ -871,6 +872,23 @@ fn read_xfers(reads: &[PlannedRead], parts: impl Fn(usize) -> Vec<(usize, usize)
             checksum: r.checksum,
         })
         .collect()
+}
+
+/// The threads that move the other parts of big batches while the calling thread moves the
+/// first: started once, one per core, kept for the process (a thread started per batch often
+/// began on its caller's core, and after an idle pause ran the batch up to half again slower);
+/// `None` if none could be started.
+fn io_helpers() -> Option<&'static rayon::ThreadPool> {
+    static HELPERS: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    HELPERS
+        .get_or_init(|| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(std::thread::available_parallelism().map_or(2, |n| n.get()))
+                .thread_name(|_| "kvtier-io".into())
+                .build()
+                .ok()
+        })
+        .as_ref()
 }
 
 fn copy_error(e: &TierError) -> TierError {
@@ -1201,31 +1219,39 @@ impl StorageTier for NixlFileTier {
                 .map_err(|_| TierError::Unavailable("tier closed".into()));
             let outcomes: Vec<Result<Vec<PutResult>, TierError>> = match &permits {
                 Ok(_) => run_blocking(|| {
-                    std::thread::scope(|scope| {
-                        let helpers: Vec<_> = jobs[1..]
+                    let Some(helpers) = io_helpers() else {
+                        return jobs
                             .iter()
                             .enumerate()
-                            .map(|(n, (_, writes))| {
-                                std::thread::Builder::new()
-                                    .name("kvtier-write".into())
-                                    .spawn_scoped(scope, move || {
-                                        shared.write_pages(n + 1, writes, None, lent)
-                                    })
-                            })
+                            .map(|(n, (_, writes))| Ok(shared.write_pages(n, writes, None, lent)))
                             .collect();
-                        let mut outcomes = vec![Ok(shared.write_pages(0, &jobs[0].1, None, lent))];
-                        for helper in helpers {
-                            outcomes.push(match helper {
-                                Ok(handle) => handle.join().map_err(|_| {
-                                    TierError::Unavailable("a write thread panicked".into())
-                                }),
-                                Err(e) => Err(TierError::Unavailable(format!(
-                                    "cannot start a write thread: {e}"
-                                ))),
+                    };
+                    let mut rest: Vec<Option<Result<Vec<PutResult>, TierError>>> =
+                        (1..jobs.len()).map(|_| None).collect();
+                    let first = helpers.in_place_scope(|scope| {
+                        for ((n, (_, writes)), out) in
+                            jobs.iter().enumerate().skip(1).zip(rest.iter_mut())
+                        {
+                            scope.spawn(move |_| {
+                                *out = Some(
+                                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                        shared.write_pages(n, writes, None, lent)
+                                    }))
+                                    .map_err(|_| {
+                                        TierError::Unavailable("a write thread panicked".into())
+                                    }),
+                                );
                             });
                         }
-                        outcomes
-                    })
+                        shared.write_pages(0, &jobs[0].1, None, lent)
+                    });
+                    std::iter::once(Ok(first))
+                        .chain(rest.into_iter().map(|out| {
+                            out.unwrap_or_else(|| {
+                                Err(TierError::Unavailable("a write thread did not run".into()))
+                            })
+                        }))
+                        .collect()
                 }),
                 Err(e) => jobs
                     .iter()
