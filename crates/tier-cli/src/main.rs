@@ -12,7 +12,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use tier_core::config::{HierarchyConfig, Registry};
+use tier_builtin::registry;
+use tier_core::config::HierarchyConfig;
 use tier_core::{serve_metrics, Hierarchy, TierError};
 
 #[derive(Parser)]
@@ -84,15 +85,6 @@ enum Command {
         /// The config file.
         config: PathBuf,
     },
-}
-
-/// Every built-in kind.
-fn registry() -> Registry {
-    let mut registry = Registry::default();
-    tier_mem::config::register(&mut registry);
-    tier_nixl::config::register(&mut registry);
-    tier_object::config::register(&mut registry);
-    registry
 }
 
 const DEFAULT_REQUESTS: usize = 3000;

@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use tier_core::config::{HierarchyConfig, Registry};
+use tier_builtin::registry;
+use tier_core::config::HierarchyConfig;
 use tier_core::{serve_metrics, Hierarchy, PageKey, StorageTier, TierError, TierStats};
 use tokio::task::JoinHandle;
 
@@ -25,14 +26,6 @@ pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
             .build()
             .unwrap_or_else(|e| panic!("kvtier cannot start its runtime: {e}"))
     })
-}
-
-fn registry() -> Registry {
-    let mut registry = Registry::default();
-    tier_mem::config::register(&mut registry);
-    tier_nixl::config::register(&mut registry);
-    tier_object::config::register(&mut registry);
-    registry
 }
 
 pub(crate) fn keys(py: Python<'_>, keys: &[String]) -> PyResult<Vec<PageKey>> {
