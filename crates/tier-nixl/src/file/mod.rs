@@ -599,9 +599,9 @@ impl Shared {
         (xfers, outcome)
     }
 
-    /// Reads pages straight into the caller's buffers, on the calling thread (and one helper
-    /// thread for big batches). No await happens while NIXL may write into the buffers, so a
-    /// dropped future cannot free them under a transfer.
+    /// Reads pages straight into the caller's buffers, on the calling thread (and a helper
+    /// thread for the second half of big batches, see [`run_split`]). No await happens while
+    /// NIXL may write into the buffers, so a dropped future cannot free them under a transfer.
     fn read_in_place(&self, reads: &[PlannedRead], bufs: &mut [&mut PageBuf<'_>]) -> VerifiedReads {
         const SPLIT_AT: usize = 32;
         if reads.len() < SPLIT_AT {
@@ -610,22 +610,12 @@ impl Shared {
         let mid = reads.len() / 2;
         let (left_reads, right_reads) = reads.split_at(mid);
         let (left_bufs, right_bufs) = bufs.split_at_mut(mid);
-        let Some(helpers) = io_helpers() else {
-            return self.read_part(self.lane(0), reads, bufs);
-        };
-        let mut right = None;
-        let mut reads = helpers.in_place_scope(|scope| {
-            scope.spawn(|_| {
-                right = Some(
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        self.read_part(self.lane(1), right_reads, right_bufs)
-                    }))
-                    .map_err(|_| "a read helper thread panicked".to_string()),
-                );
-            });
-            self.read_part(self.lane(0), left_reads, left_bufs)
-        });
-        match right.unwrap_or_else(|| Err("a read helper did not run".to_string())) {
+        let (mut reads, others) = run_split(
+            || self.read_part(self.lane(0), left_reads, left_bufs),
+            vec![|| self.read_part(self.lane(1), right_reads, right_bufs)],
+        );
+        let right = others.into_iter().next();
+        match right.unwrap_or_else(|| Err("a kvtier-io helper did not run".to_string())) {
             Ok(right) => {
                 reads
                     .replaced
@@ -889,6 +879,35 @@ fn io_helpers() -> Option<&'static rayon::ThreadPool> {
                 .ok()
         })
         .as_ref()
+}
+
+/// Runs `first` on the calling thread while the helper threads run `others`, and returns when
+/// all are done: `first`'s result, and each other's or why it has none (it panicked or could
+/// not run). Without helper threads, the others run after `first`, here.
+fn run_split<T: Send, F: FnOnce() -> T + Send>(
+    first: impl FnOnce() -> T,
+    others: Vec<F>,
+) -> (T, Vec<Result<T, String>>) {
+    let Some(helpers) = io_helpers() else {
+        return (first(), others.into_iter().map(|f| Ok(f())).collect());
+    };
+    let mut results: Vec<Option<Result<T, String>>> = others.iter().map(|_| None).collect();
+    let first = helpers.in_place_scope(|scope| {
+        for (f, out) in others.into_iter().zip(results.iter_mut()) {
+            scope.spawn(move |_| {
+                *out = Some(
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+                        .map_err(|_| "a kvtier-io helper thread panicked".to_string()),
+                );
+            });
+        }
+        first()
+    });
+    let others = results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err("a kvtier-io helper did not run".to_string())))
+        .collect();
+    (first, others)
 }
 
 fn copy_error(e: &TierError) -> TierError {
@@ -1219,38 +1238,21 @@ impl StorageTier for NixlFileTier {
                 .map_err(|_| TierError::Unavailable("tier closed".into()));
             let outcomes: Vec<Result<Vec<PutResult>, TierError>> = match &permits {
                 Ok(_) => run_blocking(|| {
-                    let Some(helpers) = io_helpers() else {
-                        return jobs
-                            .iter()
-                            .enumerate()
-                            .map(|(n, (_, writes))| Ok(shared.write_pages(n, writes, None, lent)))
-                            .collect();
-                    };
-                    let mut rest: Vec<Option<Result<Vec<PutResult>, TierError>>> =
-                        (1..jobs.len()).map(|_| None).collect();
-                    let first = helpers.in_place_scope(|scope| {
-                        for ((n, (_, writes)), out) in
-                            jobs.iter().enumerate().skip(1).zip(rest.iter_mut())
-                        {
-                            scope.spawn(move |_| {
-                                *out = Some(
-                                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                        shared.write_pages(n, writes, None, lent)
-                                    }))
-                                    .map_err(|_| {
-                                        TierError::Unavailable("a write thread panicked".into())
-                                    }),
-                                );
-                            });
-                        }
-                        shared.write_pages(0, &jobs[0].1, None, lent)
-                    });
+                    let others = jobs[1..]
+                        .iter()
+                        .enumerate()
+                        .map(|(n, (_, writes))| {
+                            move || shared.write_pages(n + 1, writes, None, lent)
+                        })
+                        .collect();
+                    let (first, others) =
+                        run_split(|| shared.write_pages(0, &jobs[0].1, None, lent), others);
                     std::iter::once(Ok(first))
-                        .chain(rest.into_iter().map(|out| {
-                            out.unwrap_or_else(|| {
-                                Err(TierError::Unavailable("a write thread did not run".into()))
-                            })
-                        }))
+                        .chain(
+                            others
+                                .into_iter()
+                                .map(|r| r.map_err(TierError::Unavailable)),
+                        )
                         .collect()
                 }),
                 Err(e) => jobs
