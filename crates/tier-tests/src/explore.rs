@@ -50,7 +50,7 @@ pub struct Scenario {
     pub name: &'static str,
     /// The hierarchy's write policy.
     pub write: WritePolicy,
-    /// Pages of [`LEN`] bytes the top tier holds.
+    /// Pages (4 KiB each) the top tier holds.
     pub top_pages: usize,
     /// Each client's steps.
     pub clients: Vec<Vec<Step>>,

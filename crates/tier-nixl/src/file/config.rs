@@ -1,0 +1,212 @@
+//! The FILE tier's settings: plugin, engine, durability, direct I/O, checksums, limits.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tier_core::TierError;
+use tier_policy::PolicyKind;
+
+use super::PageChecksum;
+use crate::staging::ALIGN;
+
+/// Largest staging buffer (and page).
+const MAX_STAGING: usize = 1 << 30;
+/// Most lanes (NIXL agents) one tier runs.
+pub(crate) const MAX_LANES: usize = 64;
+
+/// Which NIXL FILE plugin moves the bytes (in config files, its name in NIXL).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum FilePlugin {
+    /// POSIX I/O (pread/pwrite, AIO or io_uring by plugin parameters). Needs no GPU.
+    #[default]
+    Posix,
+    /// GPUDirect Storage.
+    Gds,
+    /// GPUDirect Storage, multi-threaded.
+    GdsMt,
+    /// 3FS (HF3FS).
+    Hf3fs,
+}
+
+impl FilePlugin {
+    /// The plugin's name in NIXL.
+    pub fn nixl_name(self) -> &'static str {
+        match self {
+            Self::Posix => "POSIX",
+            Self::Gds => "GDS",
+            Self::GdsMt => "GDS_MT",
+            Self::Hf3fs => "HF3FS",
+        }
+    }
+}
+
+/// Whether to use NIXL's path mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PathModeChoice {
+    /// Probe, and use path mode where the runtime supports it.
+    #[default]
+    Auto,
+    /// Require path mode: opening fails on a runtime without it.
+    On,
+    /// Use fd mode even where path mode is available.
+    Off,
+}
+
+/// What a page acknowledged by `put` survives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// The process's death (kill -9): a page is written to a temp file and renamed into
+    /// place, so a file under a page's name is always whole. A power loss may lose recent
+    /// pages, or leave a renamed file whose bytes never reached the disk.
+    #[default]
+    Process,
+    /// A power loss as well: page files are written synchronously (`O_DSYNC`) and the folder
+    /// is synced after the rename, before `put` answers.
+    Power,
+}
+
+/// What moves page bytes between memory and files.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileEngine {
+    /// The NIXL FILE plugin: one registration and one transfer per batch.
+    #[default]
+    Nixl,
+    /// Plain `pread`/`pwrite` by the tier's own threads, for host memory on a local or mounted
+    /// filesystem: no registration and no NIXL request per batch. A read also checks that the
+    /// file still has the page's length.
+    Syscalls,
+}
+
+/// Whether to bypass the page cache (`O_DIRECT`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DirectIo {
+    /// Buffered I/O.
+    #[default]
+    Off,
+    /// Direct I/O for every page; pages whose length is not a multiple of 4 KiB are refused
+    /// (`TierError::Unaligned`), and opening fails on a filesystem without direct I/O.
+    Required,
+    /// Direct I/O where possible; unaligned pages, or a filesystem without it, fall back to
+    /// buffered I/O.
+    Preferred,
+}
+
+/// Configuration of a [`NixlFileTier`](super::NixlFileTier).
+#[derive(Debug, Clone)]
+pub struct NixlFileConfig {
+    /// Instance name, for logs and stats.
+    pub name: String,
+    /// Storage folders (one per disk); created if missing, duplicates by real path rejected.
+    pub dirs: Vec<PathBuf>,
+    /// The NIXL FILE plugin.
+    pub plugin: FilePlugin,
+    /// Plugin parameters, overriding the plugin's defaults (e.g. `use_uring = "true"`).
+    pub plugin_params: BTreeMap<String, String>,
+    /// Path mode choice.
+    pub path_mode: PathModeChoice,
+    /// Direct I/O choice.
+    pub direct_io: DirectIo,
+    /// What moves the bytes (NIXL, or the tier's own syscalls).
+    pub engine: FileEngine,
+    /// What an acknowledged page survives.
+    pub durability: Durability,
+    /// Whether each page carries a checksum, verified on every read.
+    pub page_checksum: PageChecksum,
+    /// Byte capacity; pages the policy chooses are evicted beyond it. `None`: unbounded.
+    pub capacity_bytes: Option<u64>,
+    /// Which pages go first when the capacity is reached (any but TinyLFU, which is moka's).
+    pub policy: PolicyKind,
+    /// Bytes per staging buffer; also the largest page. Batches larger than this are split.
+    pub staging_bytes: usize,
+    /// Staging buffers, i.e. batches in flight at once. Staging memory is
+    /// `staging_bytes x staging_buffers`.
+    pub staging_buffers: usize,
+    /// Bound on each NIXL transfer.
+    pub transfer_timeout: Duration,
+    /// Bytes that transfers which never finished may keep for good (a stuck disk) before the
+    /// tier refuses new ones with an error.
+    pub max_abandoned_bytes: usize,
+    /// Folder holding `libnixl_capi.so`, searched before `$NIXL_LIB_DIR` and the defaults.
+    pub runtime_dir: Option<PathBuf>,
+    /// A *reader*: reads the pages another process's tier owns in the same folders (an SGLang
+    /// MLA rank reading what the writer rank stores). It takes no lock, removes no leftovers,
+    /// keeps no index (the files are its index: `exists` and `get` look at them), and never
+    /// writes or removes a page: puts fail, `remove` finds nothing of its own, `clear` is a
+    /// no-op. Pages appear to it whole or not at all (the owner renames them into place).
+    pub reader: bool,
+}
+
+impl NixlFileConfig {
+    /// Defaults for storage under `dirs`.
+    pub fn new(dirs: impl IntoIterator<Item = impl Into<PathBuf>>) -> Self {
+        Self {
+            name: "nixl-file".into(),
+            dirs: dirs.into_iter().map(Into::into).collect(),
+            plugin: FilePlugin::Posix,
+            plugin_params: BTreeMap::new(),
+            path_mode: PathModeChoice::Auto,
+            direct_io: DirectIo::Off,
+            engine: FileEngine::Nixl,
+            durability: Durability::Process,
+            page_checksum: PageChecksum::Crc32c,
+            capacity_bytes: None,
+            policy: PolicyKind::default(),
+            staging_bytes: 16 << 20,
+            staging_buffers: 2,
+            transfer_timeout: Duration::from_secs(30),
+            max_abandoned_bytes: crate::nixl::DEFAULT_ABANDON_LIMIT,
+            runtime_dir: None,
+            reader: false,
+        }
+    }
+
+    /// Checks the settings that need no I/O.
+    pub fn validate(&self) -> Result<(), TierError> {
+        if self.dirs.is_empty() {
+            return Err(TierError::config(
+                "dirs",
+                "at least one storage folder is needed",
+            ));
+        }
+        if self.staging_bytes < ALIGN {
+            return Err(TierError::config(
+                "staging_bytes",
+                format!("must be at least {ALIGN} bytes"),
+            ));
+        }
+        if self.staging_bytes > MAX_STAGING {
+            return Err(TierError::config(
+                "staging_bytes",
+                format!("must be at most {MAX_STAGING} bytes (1 GiB): it bounds the largest page"),
+            ));
+        }
+        if !(1..=MAX_LANES).contains(&self.staging_buffers) {
+            return Err(TierError::config(
+                "staging_buffers",
+                format!("must be 1 to {MAX_LANES} (one NIXL agent each)"),
+            ));
+        }
+        if self.policy == PolicyKind::Tinylfu {
+            return Err(TierError::config(
+                "policy",
+                "tinylfu is moka's, for DRAM tiers; a file tier takes lru, sieve, s3fifo, arc or prefix",
+            ));
+        }
+        if self.capacity_bytes == Some(0) {
+            return Err(TierError::config(
+                "capacity_bytes",
+                "must be at least 1 byte (or unset)",
+            ));
+        }
+        if self.transfer_timeout.is_zero() {
+            return Err(TierError::config("transfer_timeout", "must be positive"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,417 @@
+//! Reading pages: in place into the caller's buffers (staged for direct I/O), each verified
+//! against its checksum, pinned against eviction while read, made again if a put replaced it.
+
+use std::fs;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tier_core::{GetResult, Lookup, PageBuf, PageKey, ReadSlot, TierError};
+
+use super::helpers::run_split;
+use super::io::{self, FileIo, Xfer};
+use super::{checksum, chunks, NixlFileTier, PageChecksum, Shared};
+use crate::batch::{marked_bufs, run_blocking};
+use crate::nixl::{Held, Registered};
+use crate::staging::StagingLease;
+
+impl NixlFileTier {
+    /// Reads a batch (see [`tier_core::StorageTier::get`]).
+    pub(super) async fn get_pages(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
+        let shared = &self.shared;
+        let mut results: Vec<Option<GetResult>> = (0..slots.len()).map(|_| None).collect();
+        let (mut direct, mut buffered) = (Vec::new(), Vec::new());
+        let mut pins = Pins {
+            shared,
+            keys: Vec::new(),
+        };
+        {
+            let mut index = shared.index();
+            for (i, slot) in slots.iter().enumerate() {
+                let len = match shared.stored_len(&index, &slot.key) {
+                    None => {
+                        results[i] = Some(Ok(Lookup::Miss));
+                        continue;
+                    }
+                    Some(len) => len as usize,
+                };
+                if len != slot.buf.len() {
+                    results[i] = Some(Err(TierError::LengthMismatch {
+                        key: slot.key.clone(),
+                        stored: len,
+                        buffer: slot.buf.len(),
+                    }));
+                    continue;
+                }
+                match shared.layout.page_path(&slot.key) {
+                    Ok(path) => {
+                        index.pin(&slot.key);
+                        pins.keys.push(slot.key.clone());
+                        let is_direct = shared.direct_for(&slot.key, len).unwrap_or(false);
+                        let read = PlannedRead {
+                            slot: i,
+                            key: slot.key.clone(),
+                            generation: index.generation(&slot.key).unwrap_or(0),
+                            checksum: index.checksum(&slot.key),
+                            path,
+                            len,
+                            direct: is_direct,
+                        };
+                        if is_direct {
+                            direct.push(read)
+                        } else {
+                            buffered.push(read)
+                        }
+                    }
+                    Err(e) => results[i] = Some(Err(e)),
+                }
+            }
+        }
+        let replaced = self.read_round(slots, &mut results, buffered, direct).await;
+        if !replaced.is_empty() {
+            // Pages a put replaced after they were planned: read again, each checked against
+            // its new file's own checksum (the index's was the old file's).
+            let mut again = replaced;
+            {
+                let index = shared.index();
+                for read in &mut again {
+                    read.checksum = None;
+                    read.generation = index.generation(&read.key).unwrap_or(0);
+                }
+            }
+            let (direct, buffered) = again.into_iter().partition(|r| r.direct);
+            self.read_round(slots, &mut results, buffered, direct).await;
+        }
+        drop(pins);
+        shared.stats.settle_gets(results, slots)
+    }
+
+    /// Reads planned pages into their slots (buffered ones in place, direct ones through
+    /// staging) and sets their results; returns the reads to make again (see
+    /// [`Shared::verify`]).
+    async fn read_round(
+        &self,
+        slots: &mut [ReadSlot<'_>],
+        results: &mut [Option<GetResult>],
+        buffered: Vec<PlannedRead>,
+        direct: Vec<PlannedRead>,
+    ) -> Vec<PlannedRead> {
+        let shared = &self.shared;
+        let mut replaced = Vec::new();
+        if !buffered.is_empty() {
+            let mut wanted = vec![false; slots.len()];
+            for read in &buffered {
+                wanted[read.slot] = true;
+            }
+            let mut bufs = marked_bufs(slots, &wanted);
+            let outcome = run_blocking(|| shared.read_in_place(&buffered, &mut bufs));
+            shared.finish_reads(&buffered, &outcome.results);
+            replaced.extend(outcome.replaced.iter().map(|&i| buffered[i].clone()));
+            for (read, r) in buffered.iter().zip(outcome.results) {
+                results[read.slot] =
+                    Some(r.map(|hit| if hit { Lookup::Hit } else { Lookup::Miss }));
+            }
+        }
+        // Direct I/O goes through aligned staging, one chunk at a time: a call never holds a
+        // staging buffer while waiting for another, so concurrent calls cannot deadlock.
+        let lens: Vec<(usize, usize)> =
+            direct.iter().enumerate().map(|(n, r)| (n, r.len)).collect();
+        let mut direct: Vec<Option<PlannedRead>> = direct.into_iter().map(Some).collect();
+        for chunk in chunks(&lens, shared.staging.buf_bytes()) {
+            let reads: Arc<[PlannedRead]> =
+                chunk.iter().filter_map(|&n| direct[n].take()).collect();
+            let outcome = match shared.staging.acquire().await {
+                Ok(lease) => {
+                    let (shared, job_reads) = (Arc::clone(shared), Arc::clone(&reads));
+                    tokio::task::spawn_blocking(move || shared.read_staged(lease, &job_reads))
+                        .await
+                        .map_err(|e| TierError::Unavailable(format!("read task failed: {e}")))
+                }
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(staged) => {
+                    let mut chunk_results = staged.results;
+                    for ((read, &off), r) in
+                        reads.iter().zip(&staged.offsets).zip(&mut chunk_results)
+                    {
+                        if let Ok(true) = r {
+                            match &staged.lease {
+                                Some(lease) => slots[read.slot]
+                                    .buf
+                                    .fill_from(&lease.bytes()[off..off + read.len]),
+                                None => {
+                                    *r = Err(TierError::Timeout {
+                                        op: "NIXL transfer",
+                                        after: shared.config.transfer_timeout,
+                                    })
+                                }
+                            }
+                        }
+                    }
+                    let again = shared.verify(&reads, &staged.recorded, &mut chunk_results, |i| {
+                        checksum::of(slots[reads[i].slot].buf.regions())
+                    });
+                    replaced.extend(again.iter().map(|&i| reads[i].clone()));
+                    shared.finish_reads(&reads, &chunk_results);
+                    for (read, r) in reads.iter().zip(chunk_results) {
+                        results[read.slot] =
+                            Some(r.map(|hit| if hit { Lookup::Hit } else { Lookup::Miss }));
+                    }
+                }
+                Err(e) => {
+                    let failed: Vec<Result<bool, TierError>> = reads
+                        .iter()
+                        .map(|_| Err(TierError::Unavailable(e.to_string())))
+                        .collect();
+                    shared.finish_reads(&reads, &failed);
+                    for (read, r) in reads.iter().zip(failed) {
+                        results[read.slot] = Some(r.map(|_| Lookup::Miss));
+                    }
+                }
+            }
+        }
+        replaced
+    }
+}
+
+impl Shared {
+    /// Reads pages straight into the caller's buffers, on the calling thread (and a helper
+    /// thread for the second half of big batches, see [`run_split`]). No await happens while
+    /// NIXL may write into the buffers, so a dropped future cannot free them under a transfer.
+    fn read_in_place(&self, reads: &[PlannedRead], bufs: &mut [&mut PageBuf<'_>]) -> VerifiedReads {
+        const SPLIT_AT: usize = 32;
+        if reads.len() < SPLIT_AT {
+            return self.read_part(self.lane(0), reads, bufs);
+        }
+        let mid = reads.len() / 2;
+        let (left_reads, right_reads) = reads.split_at(mid);
+        let (left_bufs, right_bufs) = bufs.split_at_mut(mid);
+        let (mut reads, others) = run_split(
+            || self.read_part(self.lane(0), left_reads, left_bufs),
+            vec![|| self.read_part(self.lane(1), right_reads, right_bufs)],
+        );
+        let right = others.into_iter().next();
+        match right.unwrap_or_else(|| Err("a kvtier-io helper did not run".to_string())) {
+            Ok(right) => {
+                reads
+                    .replaced
+                    .extend(right.replaced.into_iter().map(|i| i + mid));
+                reads.results.extend(right.results);
+            }
+            Err(msg) => reads.results.extend(
+                right_reads
+                    .iter()
+                    .map(|_| Err(TierError::Unavailable(msg.clone()))),
+            ),
+        }
+        reads
+    }
+
+    fn read_part(
+        &self,
+        io: &FileIo,
+        reads: &[PlannedRead],
+        bufs: &mut [&mut PageBuf<'_>],
+    ) -> VerifiedReads {
+        let ranges: Vec<Vec<(usize, usize)>> = bufs.iter_mut().map(|b| b.ranges()).collect();
+        let flat: Vec<(usize, usize)> = ranges.iter().flatten().copied().collect();
+        let memory = match io.lend_local(&flat) {
+            Ok(memory) => memory,
+            Err(e) => {
+                return VerifiedReads {
+                    results: reads.iter().map(|_| Err(copy_error(&e))).collect(),
+                    replaced: Vec::new(),
+                }
+            }
+        };
+        let xfers = read_xfers(reads, |i| ranges[i].clone());
+        let outcome = io.read_all(&xfers, &memory);
+        drop(memory);
+        let mut results = outcome.results;
+        let replaced = self.verify(reads, &outcome.recorded, &mut results, |i| {
+            outcome.hashed[i].unwrap_or_else(|| checksum::of(bufs[i].regions()))
+        });
+        VerifiedReads { results, replaced }
+    }
+
+    /// Turns each hit whose bytes (checksummed by `crc_of`) do not match the checksum its file
+    /// records, or whose file records none, into a miss: counted as an error, logged, and the
+    /// page forgotten and its file removed, unless a newer put has replaced it meanwhile.
+    ///
+    /// The index keeps each file's checksum once this process wrote or verified it, so a read
+    /// compares against it and asks the file for none. Files change only with their entry's
+    /// generation (under the index lock): a mismatch while the entry is still the one the read
+    /// planned with is the file's fault; after a put replaced it, the read is to be made again
+    /// against the new file's own: those are returned (answered as misses meanwhile).
+    fn verify(
+        &self,
+        reads: &[PlannedRead],
+        recorded: &[Option<u32>],
+        results: &mut [Result<bool, TierError>],
+        crc_of: impl Fn(usize) -> u32,
+    ) -> Vec<usize> {
+        let mut replaced = Vec::new();
+        if self.config.page_checksum == PageChecksum::Off {
+            return replaced;
+        }
+        let mut learned = Vec::new();
+        for (i, (read, result)) in reads.iter().zip(results.iter_mut()).enumerate() {
+            if result.is_err()
+                && read.checksum.is_some()
+                && self.index().generation(&read.key) != Some(read.generation)
+            {
+                // Removed or replaced while it was read (unwatched, see `FileIo::read_all`).
+                *result = Ok(false);
+                replaced.push(i);
+                continue;
+            }
+            if !matches!(result, Ok(true)) {
+                continue;
+            }
+            let crc = crc_of(i);
+            if recorded[i] == Some(crc) {
+                if read.checksum.is_none() && !self.config.reader {
+                    learned.push((&read.key, read.generation, crc));
+                }
+                continue;
+            }
+            *result = Ok(false);
+            if read.checksum.is_some()
+                && self.index().generation(&read.key) != Some(read.generation)
+            {
+                replaced.push(i);
+                continue;
+            }
+            self.stats.errors(1);
+            tracing::warn!(
+                tier = %self.config.name, key = %read.key, path = %read.path.display(),
+                recorded = ?recorded[i], read = crc,
+                "page bytes do not match their checksum: answered as a miss, file removed"
+            );
+            if !self.config.reader {
+                let mut index = self.index();
+                if index.remove_if(&read.key, read.generation) {
+                    let _ = fs::remove_file(&read.path);
+                }
+            }
+        }
+        if !learned.is_empty() {
+            let mut index = self.index();
+            for (key, generation, crc) in learned {
+                index.learn_checksum(key, generation, crc);
+            }
+        }
+        replaced
+    }
+
+    /// Reads a chunk into a staging lease (blocking thread), for direct I/O. The hits are
+    /// verified once copied out (see [`StagedReads`]).
+    fn read_staged(&self, mut lease: StagingLease, reads: &[PlannedRead]) -> StagedReads {
+        let (offsets, _) = io::slots(reads.iter().map(|r| r.len));
+        let base = lease.buf().addr();
+        let xfers = read_xfers(reads, |i| vec![(base + offsets[i], reads[i].len)]);
+        let lease = Arc::new(lease);
+        let mut held = Held::default();
+        held.own(Arc::clone(&lease) as Arc<dyn Registered>);
+        let outcome = self.lane(0).read_all(&xfers, &held.seal());
+        StagedReads {
+            lease: (!outcome.poisoned).then_some(lease),
+            offsets,
+            results: outcome.results,
+            recorded: outcome.recorded,
+        }
+    }
+
+    /// Unpins read pages; hits become most recent. A file that vanished under its entry
+    /// (deleted by hand) is forgotten, unless the entry is no longer the one the read planned
+    /// with (a newer put replaced it meanwhile).
+    fn finish_reads(&self, reads: &[PlannedRead], results: &[Result<bool, TierError>]) {
+        let mut index = self.index();
+        let mut after = None;
+        for (read, result) in reads.iter().zip(results) {
+            match result {
+                Ok(true) => {
+                    index.touch(&read.key, after);
+                    after = Some(&read.key);
+                }
+                Ok(false) if !read.path.exists() => {
+                    index.remove_if(&read.key, read.generation);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Reads checked against their pages' checksums.
+struct VerifiedReads {
+    /// Per read: hit, miss, or the error.
+    results: Vec<Result<bool, TierError>>,
+    /// Reads of pages a put replaced after they were planned, to be made again (see
+    /// [`Shared::verify`]).
+    replaced: Vec<usize>,
+}
+
+/// What [`Shared::read_staged`] read. A batch read that failed in one page may still land
+/// other pages' late reads in the lease (it is held until they have), so each hit is checked
+/// against its checksum after it is copied out, where nothing else writes.
+struct StagedReads {
+    /// The lease read into; `None` if a transfer into it never settled.
+    lease: Option<Arc<StagingLease>>,
+    /// Each read's offset in the lease.
+    offsets: Vec<usize>,
+    /// Per read: hit, miss or error, not yet verified.
+    results: Vec<Result<bool, TierError>>,
+    /// Per read: the checksum its file records.
+    recorded: Vec<Option<u32>>,
+}
+
+/// The pins a get holds on the pages it reads (no eviction unlinks them meanwhile), released
+/// when it drops: when the get returns, and when it is dropped at an await point.
+struct Pins<'a> {
+    shared: &'a Shared,
+    keys: Vec<PageKey>,
+}
+
+impl Drop for Pins<'_> {
+    fn drop(&mut self) {
+        let mut index = self.shared.index();
+        for key in &self.keys {
+            index.unpin(key);
+        }
+    }
+}
+
+/// A page planned for reading into slot `slot`.
+#[derive(Clone)]
+struct PlannedRead {
+    slot: usize,
+    key: PageKey,
+    /// The index entry's generation when planned (0 for a reader, which has no index).
+    generation: u64,
+    /// The checksum the index knows for the entry's file, if any (none: read the file's).
+    checksum: Option<u32>,
+    path: PathBuf,
+    len: usize,
+    direct: bool,
+}
+
+/// Transfers of `reads`; `parts` gives each read's DRAM regions.
+fn read_xfers(reads: &[PlannedRead], parts: impl Fn(usize) -> Vec<(usize, usize)>) -> Vec<Xfer> {
+    reads
+        .iter()
+        .enumerate()
+        .map(|(i, r)| Xfer {
+            key: r.key.clone(),
+            path: r.path.clone(),
+            len: r.len,
+            direct: r.direct,
+            parts: parts(i),
+            checksum: r.checksum,
+        })
+        .collect()
+}
+
+fn copy_error(e: &TierError) -> TierError {
+    TierError::Unavailable(e.to_string())
+}
