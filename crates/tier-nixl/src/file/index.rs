@@ -1,10 +1,10 @@
 //! The in-memory index of complete pages: presence, length, pins, byte capacity, and the
 //! eviction policy's order.
 //!
-//! The tier changes a page's file and its entry together, under the index's lock (a rename
-//! in with its insert, an unlink with its removal), so the index never describes a file that
-//! is gone or of another length. Each entry has a generation: a read that finds its file
-//! vanished forgets the entry only if it is still the one the read planned with.
+//! The tier's [catalog](super::catalog) changes a page's file and its entry together, under
+//! one lock (a rename in with its insert, an unlink with its removal). Each entry has a
+//! generation: a read that finds its file vanished forgets the entry only if it is still the
+//! one the read planned with.
 //!
 //! The index is authoritative for the process that owns the storage folders (an exclusive lock
 //! file makes that one process). It is rebuilt by scanning at start. Cost per page, for

@@ -239,25 +239,6 @@ impl FileIo {
         self.backend_error(Some(&item.key), message)
     }
 
-    /// Renames each written temp file into place; removes temp files of failed pages.
-    pub fn commit_writes(items: &[Xfer], finals: &[PathBuf], outcome: &mut BatchOutcome) {
-        for ((item, path), result) in items.iter().zip(finals).zip(outcome.results.iter_mut()) {
-            if result.is_ok() {
-                if let Err(e) = fs::rename(&item.path, path) {
-                    *result = Err(TierError::io(
-                        "rename page into place",
-                        Some(&item.key),
-                        Some(path.clone()),
-                        e,
-                    ));
-                }
-            }
-            if result.is_err() && !outcome.poisoned {
-                let _ = fs::remove_file(&item.path);
-            }
-        }
-    }
-
     fn transfer(
         &self,
         op: XferOp,

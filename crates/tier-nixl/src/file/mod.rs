@@ -13,9 +13,11 @@
 //!   (`reader = true`) in other processes read the same files and never write.
 //!
 //! Where things are: `config` (settings), `open` (start-up), `write` and `read` (the two data
-//! paths), `index` (pages, generations, checksums, eviction order), `io` (the engines that move
-//! bytes), `helpers` (threads for big batches), `layout` (paths), `checksum` (CRC-32C).
+//! paths), `catalog` (the pages' files and index entries, changed together), `index` (entries,
+//! generations, checksums, eviction order), `io` (the engines that move bytes), `helpers`
+//! (threads for big batches), `layout` (paths), `checksum` (CRC-32C).
 
+mod catalog;
 mod checksum;
 mod config;
 mod helpers;
@@ -26,9 +28,9 @@ mod open;
 mod read;
 mod write;
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use tier_core::{
     async_trait, GetResult, Page, PageKey, PutResult, ReadSlot, RemoveResult, StatsRecorder,
@@ -40,9 +42,8 @@ pub use io::{probe_path_mode, FileMode};
 pub use layout::{route_hash, BUCKETS};
 
 use crate::staging::{align_up, StagingPool, ALIGN};
-use index::PageIndex;
+use catalog::Catalog;
 use io::FileIo;
-use layout::Layout;
 
 pub(crate) use config::MAX_LANES;
 pub use config::{DirectIo, Durability, FileEngine, FilePlugin, NixlFileConfig, PathModeChoice};
@@ -54,8 +55,7 @@ pub struct NixlFileTier {
 
 struct Shared {
     config: NixlFileConfig,
-    layout: Layout,
-    index: Mutex<PageIndex>,
+    catalog: Catalog,
     /// One agent and backend per lane, so parallel batches never queue on one agent's lock.
     /// Lane 0 also owns the staging buffers.
     lanes: Vec<FileIo>,
@@ -98,39 +98,23 @@ impl NixlFileTier {
 
     /// The canonical storage folders.
     pub fn dirs(&self) -> &[PathBuf] {
-        self.shared.layout.dirs()
+        self.shared.catalog.layout().dirs()
     }
 
     /// The file a page is stored in (whether or not it is present).
     pub fn page_path(&self, key: &PageKey) -> Result<PathBuf, TierError> {
-        self.shared.layout.page_path(key)
+        self.shared.catalog.layout().page_path(key)
     }
 
     /// Pages indexed now.
     pub fn pages(&self) -> usize {
-        self.shared.index().pages()
+        self.shared.catalog.pages()
     }
 }
 
 impl Shared {
     fn lane(&self, n: usize) -> &FileIo {
         &self.lanes[n % self.lanes.len()]
-    }
-
-    fn index(&self) -> MutexGuard<'_, PageIndex> {
-        self.index.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The stored length of `key`'s page: from the index, or for a reader from its file.
-    fn stored_len(&self, index: &PageIndex, key: &PageKey) -> Option<u64> {
-        if !self.config.reader {
-            return index.len_of(key);
-        }
-        let path = self.layout.page_path(key).ok()?;
-        fs::metadata(path)
-            .ok()
-            .filter(|m| m.is_file())
-            .map(|m| m.len())
     }
 
     fn limit(&self) -> Option<usize> {
@@ -164,13 +148,8 @@ impl Shared {
         let Some(capacity) = self.config.capacity_bytes else {
             return;
         };
-        // Unlinked under the lock that forgets them: a put renaming a new file in waits.
-        let mut index = self.index();
-        for key in index.evict_to(capacity) {
+        for _ in 0..self.catalog.evict_to(capacity) {
             self.stats.eviction();
-            if let Ok(path) = self.layout.page_path(&key) {
-                let _ = fs::remove_file(path);
-            }
         }
     }
 }
@@ -208,7 +187,7 @@ impl StorageTier for NixlFileTier {
     fn stats(&self) -> TierStats {
         self.shared
             .stats
-            .snapshot(Some(self.shared.index().bytes()))
+            .snapshot(Some(self.shared.catalog.bytes()))
     }
 
     async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
@@ -220,16 +199,7 @@ impl StorageTier for NixlFileTier {
     }
 
     async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
-        let shared = &self.shared;
-        if shared.config.reader {
-            let index = shared.index();
-            return Ok(keys
-                .iter()
-                .take_while(|k| shared.stored_len(&index, k).is_some())
-                .count());
-        }
-        let index = shared.index();
-        Ok(keys.iter().take_while(|k| index.contains(k)).count())
+        Ok(self.shared.catalog.leading(keys))
     }
 
     async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
@@ -242,23 +212,13 @@ impl StorageTier for NixlFileTier {
             let _turn = turn;
             keys.iter()
                 .map(|key| {
-                    let path = shared.layout.page_path(key)?;
-                    // Forgotten and unlinked together (see the index).
-                    let mut index = shared.index();
-                    if !index.remove(key) {
-                        return Ok(false);
+                    let removed = shared.catalog.remove(key);
+                    match &removed {
+                        Ok(true) => shared.stats.removed(),
+                        Err(TierError::Io { .. }) => shared.stats.errors(1),
+                        _ => {}
                     }
-                    match fs::remove_file(&path) {
-                        Ok(()) => {
-                            shared.stats.removed();
-                            Ok(true)
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-                        Err(e) => {
-                            shared.stats.errors(1);
-                            Err(TierError::io("remove page", Some(key), Some(path), e))
-                        }
-                    }
+                    removed
                 })
                 .collect()
         })
@@ -273,30 +233,13 @@ impl StorageTier for NixlFileTier {
     async fn clear(&self) -> Result<(), TierError> {
         // Forgotten at once, before anything awaits: a clear that is dropped has happened (its
         // pages read as absent), never later than a put made after it.
-        let keys = self.shared.index().drain();
+        let keys = self.shared.catalog.forget_all();
         let shared = Arc::clone(&self.shared);
         tokio::task::spawn_blocking(move || {
             let mut first_err = None;
             for key in keys {
-                let Ok(path) = shared.layout.page_path(&key) else {
-                    continue;
-                };
-                // Unlinked with the index locked, and only if no put stored the key since.
-                let index = shared.index();
-                if index.contains(&key) {
-                    continue;
-                }
-                match fs::remove_file(&path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => {
-                        first_err.get_or_insert(TierError::io(
-                            "clear page",
-                            Some(&key),
-                            Some(path),
-                            e,
-                        ));
-                    }
+                if let Err(e) = shared.catalog.unlink_forgotten(&key) {
+                    first_err.get_or_insert(e);
                 }
             }
             first_err.map_or(Ok(()), Err)

@@ -4,11 +4,12 @@
 use std::fs::{self, File};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tier_core::{StatsRecorder, TierError, WriteOrder};
 
+use super::catalog::Catalog;
 use super::index::PageIndex;
 use super::io::{self, FileIo, FileMode};
 use super::layout::Layout;
@@ -26,11 +27,11 @@ impl Shared {
     pub(super) fn open(config: NixlFileConfig) -> Result<Self, TierError> {
         let runtime = crate::runtime::load(config.runtime_dir.as_deref())?;
         let layout = Layout::create(&config.dirs)?;
-        let mut index = PageIndex::new(config.policy).ok_or_else(|| {
+        let index = PageIndex::new(config.policy).ok_or_else(|| {
             TierError::config("policy", format!("{} is not for file tiers", config.policy))
         })?;
-        let (locks, temps_removed) = if config.reader {
-            (Vec::new(), 0)
+        let locks = if config.reader {
+            Vec::new()
         } else {
             let locks = layout
                 .dirs()
@@ -51,14 +52,9 @@ impl Shared {
                     })?;
                 }
             }
-            let scan = layout.scan()?;
-            let mut found = scan.pages;
-            found.sort_by_key(|(_, _, mtime)| *mtime);
-            for (key, len, _) in found {
-                index.insert(key, len, None, None);
-            }
-            (locks, scan.temps_removed)
+            locks
         };
+        let (catalog, temps_removed) = Catalog::load(layout, index, config.reader)?;
 
         let plugin = config.plugin.nixl_name();
         let backends = (0..config.staging_buffers)
@@ -77,7 +73,12 @@ impl Shared {
         };
         let direct = match config.direct_io {
             DirectIo::Off => false,
-            choice => match layout.dirs().iter().find(|d| !supports_direct_io(d)) {
+            choice => match catalog
+                .layout()
+                .dirs()
+                .iter()
+                .find(|d| !supports_direct_io(d))
+            {
                 None => true,
                 Some(dir) if choice == DirectIo::Required => {
                     return Err(TierError::config(
@@ -96,7 +97,7 @@ impl Shared {
         };
         tracing::info!(
             tier = %config.name, %runtime, plugin, %mode, direct,
-            pages = index.pages(), temps_removed, reader = config.reader,
+            pages = catalog.pages(), temps_removed, reader = config.reader,
             "NIXL FILE tier open"
         );
         let staging = StagingPool::new(
@@ -117,8 +118,7 @@ impl Shared {
             })
             .collect();
         let shared = Self {
-            layout,
-            index: Mutex::new(index),
+            catalog,
             lanes,
             staging,
             inflight: Arc::new(tokio::sync::Semaphore::new(config.staging_buffers)),

@@ -1,7 +1,6 @@
 //! Reading pages: in place into the caller's buffers (staged for direct I/O), each verified
 //! against its checksum, pinned against eviction while read, made again if a put replaced it.
 
-use std::fs;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -20,50 +19,40 @@ impl NixlFileTier {
         let shared = &self.shared;
         let mut results: Vec<Option<GetResult>> = (0..slots.len()).map(|_| None).collect();
         let (mut direct, mut buffered) = (Vec::new(), Vec::new());
-        let mut pins = Pins {
-            shared,
-            keys: Vec::new(),
-        };
-        {
-            let mut index = shared.index();
-            for (i, slot) in slots.iter().enumerate() {
-                let len = match shared.stored_len(&index, &slot.key) {
-                    None => {
-                        results[i] = Some(Ok(Lookup::Miss));
-                        continue;
-                    }
-                    Some(len) => len as usize,
-                };
-                if len != slot.buf.len() {
-                    results[i] = Some(Err(TierError::LengthMismatch {
+        let (pins, stored) = shared.catalog.pin(slots.iter().map(|s| &s.key));
+        for (i, (slot, stored)) in slots.iter().zip(stored).enumerate() {
+            let Some(stored) = stored else {
+                results[i] = Some(Ok(Lookup::Miss));
+                continue;
+            };
+            let len = stored.len as usize;
+            if len != slot.buf.len() {
+                results[i] = Some(Err(TierError::LengthMismatch {
+                    key: slot.key.clone(),
+                    stored: len,
+                    buffer: slot.buf.len(),
+                }));
+                continue;
+            }
+            match shared.catalog.layout().page_path(&slot.key) {
+                Ok(path) => {
+                    let is_direct = shared.direct_for(&slot.key, len).unwrap_or(false);
+                    let read = PlannedRead {
+                        slot: i,
                         key: slot.key.clone(),
-                        stored: len,
-                        buffer: slot.buf.len(),
-                    }));
-                    continue;
-                }
-                match shared.layout.page_path(&slot.key) {
-                    Ok(path) => {
-                        index.pin(&slot.key);
-                        pins.keys.push(slot.key.clone());
-                        let is_direct = shared.direct_for(&slot.key, len).unwrap_or(false);
-                        let read = PlannedRead {
-                            slot: i,
-                            key: slot.key.clone(),
-                            generation: index.generation(&slot.key).unwrap_or(0),
-                            checksum: index.checksum(&slot.key),
-                            path,
-                            len,
-                            direct: is_direct,
-                        };
-                        if is_direct {
-                            direct.push(read)
-                        } else {
-                            buffered.push(read)
-                        }
+                        generation: stored.generation,
+                        checksum: stored.checksum,
+                        path,
+                        len,
+                        direct: is_direct,
+                    };
+                    if is_direct {
+                        direct.push(read)
+                    } else {
+                        buffered.push(read)
                     }
-                    Err(e) => results[i] = Some(Err(e)),
                 }
+                Err(e) => results[i] = Some(Err(e)),
             }
         }
         let replaced = self.read_round(slots, &mut results, buffered, direct).await;
@@ -71,12 +60,9 @@ impl NixlFileTier {
             // Pages a put replaced after they were planned: read again, each checked against
             // its new file's own checksum (the index's was the old file's).
             let mut again = replaced;
-            {
-                let index = shared.index();
-                for read in &mut again {
-                    read.checksum = None;
-                    read.generation = index.generation(&read.key).unwrap_or(0);
-                }
+            for read in &mut again {
+                read.checksum = None;
+                read.generation = shared.catalog.generation(&read.key);
             }
             let (direct, buffered) = again.into_iter().partition(|r| r.direct);
             self.read_round(slots, &mut results, buffered, direct).await;
@@ -258,7 +244,7 @@ impl Shared {
         for (i, (read, result)) in reads.iter().zip(results.iter_mut()).enumerate() {
             if result.is_err()
                 && read.checksum.is_some()
-                && self.index().generation(&read.key) != Some(read.generation)
+                && !self.catalog.is_current(&read.key, read.generation)
             {
                 // Removed or replaced while it was read (unwatched, see `FileIo::read_all`).
                 *result = Ok(false);
@@ -270,15 +256,13 @@ impl Shared {
             }
             let crc = crc_of(i);
             if recorded[i] == Some(crc) {
-                if read.checksum.is_none() && !self.config.reader {
+                if read.checksum.is_none() {
                     learned.push((&read.key, read.generation, crc));
                 }
                 continue;
             }
             *result = Ok(false);
-            if read.checksum.is_some()
-                && self.index().generation(&read.key) != Some(read.generation)
-            {
+            if read.checksum.is_some() && !self.catalog.is_current(&read.key, read.generation) {
                 replaced.push(i);
                 continue;
             }
@@ -288,19 +272,9 @@ impl Shared {
                 recorded = ?recorded[i], read = crc,
                 "page bytes do not match their checksum: answered as a miss, file removed"
             );
-            if !self.config.reader {
-                let mut index = self.index();
-                if index.remove_if(&read.key, read.generation) {
-                    let _ = fs::remove_file(&read.path);
-                }
-            }
+            self.catalog.discard(&read.key, read.generation, &read.path);
         }
-        if !learned.is_empty() {
-            let mut index = self.index();
-            for (key, generation, crc) in learned {
-                index.learn_checksum(key, generation, crc);
-            }
-        }
+        self.catalog.learn_checksums(&learned);
         replaced
     }
 
@@ -322,24 +296,13 @@ impl Shared {
         }
     }
 
-    /// Unpins read pages; hits become most recent. A file that vanished under its entry
-    /// (deleted by hand) is forgotten, unless the entry is no longer the one the read planned
-    /// with (a newer put replaced it meanwhile).
+    /// Hits become most recent; a file that vanished under its entry is forgotten (see
+    /// [`Catalog::settle_reads`](super::catalog::Catalog::settle_reads)).
     fn finish_reads(&self, reads: &[PlannedRead], results: &[Result<bool, TierError>]) {
-        let mut index = self.index();
-        let mut after = None;
-        for (read, result) in reads.iter().zip(results) {
-            match result {
-                Ok(true) => {
-                    index.touch(&read.key, after);
-                    after = Some(&read.key);
-                }
-                Ok(false) if !read.path.exists() => {
-                    index.remove_if(&read.key, read.generation);
-                }
-                _ => {}
-            }
-        }
+        let settled = reads.iter().zip(results);
+        self.catalog.settle_reads(
+            settled.map(|(read, result)| (&read.key, read.generation, read.path.as_path(), result)),
+        );
     }
 }
 
@@ -364,22 +327,6 @@ struct StagedReads {
     results: Vec<Result<bool, TierError>>,
     /// Per read: the checksum its file records.
     recorded: Vec<Option<u32>>,
-}
-
-/// The pins a get holds on the pages it reads (no eviction unlinks them meanwhile), released
-/// when it drops: when the get returns, and when it is dropped at an await point.
-struct Pins<'a> {
-    shared: &'a Shared,
-    keys: Vec<PageKey>,
-}
-
-impl Drop for Pins<'_> {
-    fn drop(&mut self) {
-        let mut index = self.shared.index();
-        for key in &self.keys {
-            index.unpin(key);
-        }
-    }
 }
 
 /// A page planned for reading into slot `slot`.

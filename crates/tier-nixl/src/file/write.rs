@@ -43,7 +43,7 @@ impl NixlFileTier {
             let planned = page
                 .check_len(shared.limit())
                 .and_then(|()| shared.direct_for(&page.key, page.data.len()))
-                .and_then(|direct| Ok((direct, shared.layout.page_path(&page.key)?)));
+                .and_then(|direct| Ok((direct, shared.catalog.layout().page_path(&page.key)?)));
             match planned {
                 Err(e) => {
                     shared.stats.errors(1);
@@ -54,7 +54,7 @@ impl NixlFileTier {
                     let write = PlannedWrite {
                         key: page.key.clone(),
                         data: page.data.clone(),
-                        temp: shared.layout.temp_path(&path),
+                        temp: shared.catalog.layout().temp_path(&path),
                         path,
                         direct: is_direct,
                     };
@@ -182,24 +182,16 @@ impl Shared {
                 }
             }
         }
-        {
-            // Files and entries change together: renamed in under the lock that inserts them.
-            let mut index = self.index();
-            FileIo::commit_writes(&xfers, &finals, &mut outcome);
-            let mut after = None;
-            for ((page, result), crc) in pages.iter().zip(&outcome.results).zip(checksums) {
-                match result {
-                    Ok(()) => {
-                        index.insert(page.key.clone(), page.data.len() as u64, crc, after);
-                        after = Some(&page.key);
-                        self.stats.put(page.data.len());
-                    }
-                    Err(_) => self.stats.errors(1),
-                }
+        self.catalog
+            .commit(&xfers, &finals, &mut outcome, &checksums);
+        for (page, result) in pages.iter().zip(&outcome.results) {
+            match result {
+                Ok(()) => self.stats.put(page.data.len()),
+                Err(_) => self.stats.errors(1),
             }
         }
         if self.config.durability == Durability::Power {
-            // Outside the index lock: readers need not wait for the disk.
+            // Outside the catalog's lock: readers need not wait for the disk.
             io::sync_folders(&xfers, &finals, &mut outcome.results);
         }
         self.enforce_capacity();
