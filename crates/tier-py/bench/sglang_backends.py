@@ -8,6 +8,10 @@ content is made, the pool zeroed and every page verified outside it. Prints the 
 the same run, beside the baseline of plain files (one file per page, `preadv` on two threads,
 nothing checked): what the page cache gives anyone on this machine.
 
+Ratios move by 10-20% from run to run on a small VM: every row's two-thread copies slow down
+when the guest scheduler puts both threads on one vCPU after an idle pause (as between rounds),
+and puts depend on how fast the host backs fresh guest memory. Compare rows of one run.
+
 Run: make bench-sglang   (or python crates/tier-py/bench/sglang_backends.py [--rounds N])
 """
 
