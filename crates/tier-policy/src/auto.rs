@@ -17,7 +17,7 @@ const SAMPLED_KEYS: usize = 16384;
 /// real one's occupancy by the sample rate, and their hits, halved now and then so the past
 /// fades, elect the leader. LRU leads until the prefix simulation has clearly more hits, so
 /// on a trace where neither wins `Auto` is LRU exactly. The simulations hold at most
-/// [`SAMPLED_KEYS`] keys each: when more are sampled the threshold halves and the keys above
+/// `SAMPLED_KEYS` (16,384) keys each: when more are sampled the threshold halves and the keys above
 /// it are dropped, so the cost stays bounded whatever the cache's size.
 pub struct Auto<K> {
     lru: Lru<K>,

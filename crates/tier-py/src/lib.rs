@@ -1,4 +1,4 @@
-//! The `kvtier._kvtier` extension module: [`store::Store`] and the exception tree. The
+//! The `kvtier._kvtier` extension module: `Store` and the exception tree. The
 //! Python package around it (`python/kvtier`) adds config loading and engine adapters.
 
 mod buffers;
