@@ -226,7 +226,7 @@ impl Shared {
     ///
     /// The index keeps each file's checksum once this process wrote or verified it, so a read
     /// compares against it and asks the file for none. Files change only with their entry's
-    /// generation (under the index lock): a mismatch while the entry is still the one the read
+    /// generation (in the catalog): a mismatch while the entry is still the one the read
     /// planned with is the file's fault; after a put replaced it, the read is to be made again
     /// against the new file's own: those are returned (answered as misses meanwhile).
     fn verify(

@@ -1,5 +1,5 @@
 //! Writing pages: each to a temp file (staged for direct I/O, from the caller's memory
-//! otherwise), stamped with its checksum, then renamed in under the index lock that records it.
+//! otherwise), stamped with its checksum, then renamed in by the catalog, which records it.
 
 use std::path::PathBuf;
 use std::sync::Arc;

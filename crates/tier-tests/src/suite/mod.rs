@@ -119,6 +119,12 @@ pub const CASE_TIMEOUT: Duration = Duration::from_secs(300);
 /// process of its own.
 const COUNTS_FDS: [&str; 2] = ["fd_leak", "cancellation"];
 
+/// Whether case `name` counts the whole process's descriptors: under `cargo test` it must run
+/// in a process of its own ([`crate::fd::in_own_process`]), away from other tests' runtimes.
+pub fn counts_fds(name: &str) -> bool {
+    COUNTS_FDS.contains(&name)
+}
+
 /// Cases share a process; those counting descriptors must run alone, the others may overlap.
 static FD_LOCK: RwLock<()> = RwLock::const_new(());
 
@@ -165,7 +171,7 @@ async fn checked(
     case: &'static str,
     run_case: impl Future<Output = CaseResult>,
 ) -> Result<(), Failure> {
-    let _guard = if COUNTS_FDS.contains(&case) {
+    let _guard = if counts_fds(case) {
         Guard::Exclusive(FD_LOCK.write().await)
     } else {
         Guard::Shared(FD_LOCK.read().await)
@@ -213,7 +219,7 @@ pub async fn run_all(factory: &dyn TierFactory) -> Vec<(&'static str, Result<(),
 /// The cases that count the whole process's descriptors (`fd_leak`, `cancellation`) run in a
 /// process of their own under `cargo test` ([`crate::fd::in_own_process`]).
 pub fn run_case(name: &str, factory: &dyn TierFactory) {
-    if COUNTS_FDS.contains(&name) && !crate::fd::in_own_process() {
+    if counts_fds(name) && !crate::fd::in_own_process() {
         return;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
