@@ -17,6 +17,12 @@ fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
         .filter(log::LevelFilter::Info)
         .install();
     m.add_class::<store::Store>()?;
+    // Stores still open when the interpreter exits are closed first: their queued pages
+    // reach the lower tiers (bounded by each hierarchy's `flush_timeout`) or are logged.
+    let close_all = wrap_pyfunction!(store::close_all_at_exit, m)?;
+    m.py()
+        .import("atexit")?
+        .call_method1("register", (close_all,))?;
     m.add_class::<completions::CompletionQueue>()?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -2,7 +2,7 @@
 //! the GIL released around all I/O.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -43,6 +43,9 @@ pub struct Store {
 }
 
 impl Drop for Store {
+    /// Stops the metrics endpoint and, unless a completion queue still uses the hierarchy,
+    /// closes it: queued pages reach the lower tiers (bounded by `flush_timeout`) or are
+    /// logged as lost.
     fn drop(&mut self) {
         let server = self
             .metrics_server
@@ -51,7 +54,48 @@ impl Drop for Store {
         if let Some(task) = server.take() {
             task.abort();
         }
+        if Arc::strong_count(&self.hierarchy) == 1 {
+            let hierarchy = &self.hierarchy;
+            Python::with_gil(|py| py.allow_threads(|| close_or_warn(hierarchy, "dropped")));
+        }
     }
+}
+
+/// Every hierarchy a `Store` opened in this process, to close at interpreter exit.
+fn open_hierarchies() -> &'static Mutex<Vec<Weak<Hierarchy>>> {
+    static OPEN: OnceLock<Mutex<Vec<Weak<Hierarchy>>>> = OnceLock::new();
+    OPEN.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// Closes a hierarchy (its queued pages written below, at most `flush_timeout`); when that
+/// fails, logs how many queued pages are lost and why.
+fn close_or_warn(hierarchy: &Hierarchy, when: &str) {
+    if let Err(e) = runtime().block_on(hierarchy.close()) {
+        let h = hierarchy.hierarchy_stats();
+        tracing::warn!(
+            "kvtier store {:?} {when}: {} pages ({} bytes) queued for its lower tiers were \
+             not written there and are lost: {e}",
+            hierarchy.info().name,
+            h.queue_depth,
+            h.queue_bytes,
+        );
+    }
+}
+
+/// Closes every store still open: registered with `atexit` when the module loads, so pages
+/// an engine was told are stored reach the lower tiers before the process ends.
+#[pyfunction]
+pub(crate) fn close_all_at_exit(py: Python<'_>) {
+    let open: Vec<Arc<Hierarchy>> = {
+        let mut open = open_hierarchies().lock().unwrap_or_else(|e| e.into_inner());
+        open.retain(|h| h.strong_count() > 0);
+        open.iter().filter_map(Weak::upgrade).collect()
+    };
+    py.allow_threads(|| {
+        for hierarchy in &open {
+            close_or_warn(hierarchy, "at exit");
+        }
+    });
 }
 
 impl Store {
@@ -86,8 +130,13 @@ impl Store {
         let hierarchy = py
             .allow_threads(|| runtime().block_on(registry().build(&config)))
             .map_err(|e| to_py(py, &e))?;
+        let hierarchy = Arc::new(hierarchy);
+        let mut open = open_hierarchies().lock().unwrap_or_else(|e| e.into_inner());
+        open.retain(|h| h.strong_count() > 0);
+        open.push(Arc::downgrade(&hierarchy));
+        drop(open);
         Ok(Self {
-            hierarchy: Arc::new(hierarchy),
+            hierarchy,
             metrics_server: Mutex::new(None),
         })
     }

@@ -62,13 +62,16 @@ def make_mla_pool(layers=2, kv_lora_rank=64, rope_dim=16, page=16, pages=64, lay
     return pool
 
 
-def storage_config(extra, tp_rank=0, tp_size=1, mla=False, model="test-model", page_first=True, metrics=False):
+def storage_config(extra, tp_rank=0, tp_size=1, mla=False, model="test-model", page_first=True, metrics=False,
+                   dp_rank=0, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1):
+    """SGLang's storage config of one rank (with DP attention, `tp_rank` is the rank in its DP
+    group, as SGLang's cache controller gives it)."""
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
     return HiCacheStorageConfig(
-        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=mla, enable_storage_metrics=metrics, is_page_first_layout=page_first,
-        model_name=model, extra_config=extra,
+        tp_rank=tp_rank, tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size, attn_cp_rank=attn_cp_rank,
+        attn_cp_size=attn_cp_size, is_mla_model=mla, enable_storage_metrics=metrics,
+        is_page_first_layout=page_first, model_name=model, dp_rank=dp_rank, extra_config=extra,
     )
 
 
@@ -204,7 +207,7 @@ def tier_configs(kind, tmp: Path, server=None):
         return [{"kind": "object", "store": "s3", "prefix": "kv", "op_timeout": "10s",
                  **s3_params(server, server.bucket())}]
     if kind == "mem-over-nixl-file":
-        return [{"kind": "mem", "capacity": "1MiB", "policy": "lru"},
+        return [{"kind": "mem", "capacity": "256KiB", "policy": "lru"},
                 {"kind": "nixl-file", "dirs": [str(tmp / "disk")]}]
     raise ValueError(kind)
 

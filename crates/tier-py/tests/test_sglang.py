@@ -3,6 +3,7 @@ storage config, its backend factory and its MHA host pool on CPU."""
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 
@@ -43,8 +44,17 @@ def test_round_trip_every_byte(kind, tmp, s3):
     assert isinstance(b, HiCacheStorage)
     assert b.zero_copy, "page_first must take the zero-copy path"
     # Three batches of distinct pages; the last fills the pool, the small DRAM top evicts.
-    for batch in range(3):
-        roundtrip(b, pool, n=16, seed=batch + 1, first=batch * 16)
+    batches = [roundtrip(b, pool, n=16, seed=batch + 1, first=batch * 16) for batch in range(3)]
+    if kind == "mem-over-nixl-file":
+        # The first batch has left the DRAM top (16 pages of 16 KiB under 256 KiB with 48
+        # stored): the lower tier serves it.
+        b.store.flush()
+        keys, idx, want = batches[0]
+        pool.kv_buffer[:, idx] = 0
+        before = b.kvtier_stats()["levels"][1]["served"]
+        assert b.batch_get_v1(keys, idx) == [True] * 16
+        assert same(pool.kv_buffer[:, idx], want), "pages differ when served from the lower tier"
+        assert b.kvtier_stats()["levels"][1]["served"] - before >= 8, "the lower tier served nothing"
 
 
 def test_zero_copy_counts(tmp):
@@ -82,35 +92,66 @@ def test_batch_exists_stops_at_gap(tmp):
     assert b.exists(keys[0]) and not b.exists("e" * 64)
 
 
-def test_ranks_and_models_are_isolated(tmp):
+# Namespaces a page written under the first must be a miss under: the second backend differs
+# from the first in one thing only. Pages of the same byte size in every variant but the TP
+# rank's (so a shared name would be a hit with wrong bytes, not a size error).
+NAMESPACES = {
+    "model": {"cfg": {"model": "another-model"}},
+    "dtype": {"pool": {"dtype": torch.bfloat16}},
+    "page geometry": {"pool": {"page": 32, "heads": 1}},
+    "layout": {"pool": {"layout": "layer_first"}},
+    "tp rank": {"cfg": {"tp_rank": 1, "tp_size": 2}},
+    "dp group": {"cfg": {"dp_rank": 1}},
+    "pp stage": {"cfg": {"pp_rank": 1, "pp_size": 2}},
+}
+
+
+@pytest.mark.parametrize("kind", ["nixl-file-path", "object"])
+@pytest.mark.parametrize("variant", NAMESPACES)
+def test_a_page_is_a_miss_under_every_other_namespace(variant, kind, tmp, s3):
+    """One folder (or bucket prefix) in the config; a page written under one model, dtype,
+    geometry, layout or rank is a miss under another, never a hit with wrong bytes."""
+    tiers = tier_configs(kind, tmp, s3)
     pool = make_pool(pages=16)
-    tiers = tier_configs("nixl-file-path", tmp)
-    r0 = backend(tiers, pool, tp_rank=0, tp_size=2)
-    keys, idx, want = roundtrip(r0, pool, n=4)
-    del r0  # one process owns a folder at a time; ranks in one process take turns here
-    r1 = backend(tiers, pool, tp_rank=1, tp_size=2)
-    assert r1.batch_exists(keys) == 0, "rank 1 sees rank 0's pages"
-    assert r1.batch_get_v1(keys, idx) == [False] * 4
-    del r1
-    other = backend(tiers, pool, model="another-model")
-    assert other.batch_exists(keys) == 0, "another model sees this model's pages"
+    first = backend(tiers, pool)
+    keys, _, _ = roundtrip(first, pool, n=4)
+    del first
+    gc.collect()  # one process owns a folder at a time: the first backend lets go of it
+    other_pool = make_pool(pages=16, **NAMESPACES[variant].get("pool", {}))
+    assert other_pool.get_size_per_token() * other_pool.page_size == pool.get_size_per_token() * pool.page_size
+    other = backend(tiers, other_pool, **NAMESPACES[variant].get("cfg", {}))
+    idx = torch.arange(0, 4 * other_pool.page_size, dtype=torch.int64)
+    assert other.batch_exists(keys) == 0, f"another {variant} sees the pages"
+    assert other.batch_get_v1(keys, idx) == [False] * 4, f"another {variant} reads the pages"
     del other
-    layer_first = make_pool(pages=16, layout="layer_first")
-    lf = backend(tiers, layer_first)
-    assert lf.batch_exists(keys) == 0, "another page layout reads these pages"
+    gc.collect()
+    again = backend(tiers, make_pool(pages=16))
+    assert again.batch_exists(keys) == 4, "the pages are gone: the check above proved nothing"
 
 
-def test_mla_only_rank0_writes_every_rank_reads(tmp):
-    pool = make_pool(pages=16)
-    tiers = tier_configs("mem", tmp)
+def test_mla_only_the_writer_stores_and_a_reader_rank_reads_its_pages(tmp):
+    """MLA: rank 1's backup is skipped (reported stored, as SGLang's controller expects);
+    rank 0 stores; rank 1, a reader of rank 0's folder, reads every byte."""
+    pool = make_mla_pool(pages=16)
+    tiers = tier_configs("nixl-file-path", tmp)
     r1 = backend(tiers, pool, tp_rank=1, tp_size=2, mla=True)
-    idx = fill_pages(pool, 0, 4, 5)
-    keys = hexkeys("ml", 4)
-    assert r1.batch_set_v1(keys, idx) == [True] * 4  # the backup rank skips, reporting success
-    assert r1.batch_exists(keys) == 0
     r0 = backend(tiers, pool, tp_rank=0, tp_size=2, mla=True)
+    assert r0.prefix == r1.prefix, "MLA pages are shared by the attention group's ranks"
+    idx = torch.arange(0, 4 * pool.page_size, dtype=torch.int64)
+    g = torch.Generator().manual_seed(5)
+    pool.kv_buffer[idx] = torch.randint(-30000, 30000, pool.kv_buffer[idx].shape, generator=g,
+                                        dtype=torch.int16).view(pool.dtype)
+    want = pool.kv_buffer[idx].clone()
+    keys = hexkeys("ml", 4)
+    assert r1.batch_set_v1(keys, idx) == [True] * 4
+    assert r1.batch_exists(keys) == 0, "the reader rank stored pages"
     assert r0.batch_set_v1(keys, idx) == [True] * 4
-    assert r0.prefix == r1.prefix, "MLA pages are shared by every rank"
+    pool.kv_buffer[idx] = 0
+    assert r1.batch_exists(keys) == 4
+    assert r1.batch_get_v1(keys, idx) == [True] * 4
+    assert same(pool.kv_buffer[idx], want), "the reader rank read other bytes than the writer stored"
+    r1.clear()  # a reader removes nothing
+    assert r0.batch_exists(keys) == 4
 
 
 @pytest.mark.parametrize("kind", ["mem", "nixl-file-path"])
@@ -193,7 +234,7 @@ def test_data_path_failure_answers_false(tmp):
     (tmp / "disk").write_text("not a folder")
     assert b.batch_set_v1(hexkeys("zz", 4), idx) == [False] * 4
     assert b.batch_get_v1(keys, idx) == [False] * 4
-    assert b.batch_exists(hexkeys("zz", 4)) == 0
+    assert b.batch_exists(keys) == 0
 
 
 def test_s3_server_stopped_answers_false(tmp, tmp_path_factory):
@@ -252,6 +293,7 @@ def test_eight_threads(tmp):
         t.start()
     for t in threads:
         t.join(120)
+        assert not t.is_alive(), "a thread still runs after 120 s"
     assert not errors, errors
 
 

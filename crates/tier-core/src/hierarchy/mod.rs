@@ -342,9 +342,22 @@ impl Hierarchy {
 }
 
 impl Drop for Hierarchy {
+    /// Stops the background writer. Pages still queued for the lower tiers are lost (they
+    /// are in the top tier only): their number is logged. [`Hierarchy::close`] first to keep
+    /// them.
     fn drop(&mut self) {
         if let Some(worker) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
             worker.abort();
+        }
+        let (pages, bytes) = self.motion.backlog();
+        if pages > 0 {
+            tracing::warn!(
+                hierarchy = %self.name,
+                pages,
+                bytes,
+                "hierarchy dropped with {pages} pages ({bytes} bytes) queued for its lower \
+                 tiers and not written there (close it first to keep them)"
+            );
         }
     }
 }

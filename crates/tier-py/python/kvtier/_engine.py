@@ -1,15 +1,24 @@
-"""What every engine adapter shares: where the hierarchy's config comes from, and failure
-logging that cannot flood an engine's log."""
+"""What every engine adapter shares: where the hierarchy's config comes from, a folder of its
+own for each engine instance on one config, and failure logging that cannot flood an engine's
+log."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import threading
 import time
 import tomllib
+from typing import Any, Callable, Optional, Tuple
 
-from . import ConfigError
+from . import ConfigError, Store, Unavailable
+
+logger = logging.getLogger(__name__)
+
+# Engine instances one config serves on one machine before opening fails.
+MAX_INSTANCES = 64
 
 def load_config(extra: dict, where: str = "extra_config") -> dict:
     """The hierarchy config: from ``extra["config"]`` (a TOML or JSON path) or inline from
@@ -46,3 +55,72 @@ class RateLimitedLog:
             self.seen[what] = (count, now if loud else last)
         if loud:
             self.logger.warning("kvtier %s failed (%d so far): %s", what, count, err)
+
+
+def owned_file_tiers(config: dict) -> list:
+    """The NIXL FILE tiers of ``config`` that own their folders (one process each)."""
+    return [t for t in config.get("tiers", [])
+            if t.get("kind") == "nixl-file" and t.get("access", "owner") == "owner"
+            and isinstance(t.get("dirs"), list) and t["dirs"]]
+
+
+class InstanceClaim:
+    """Instance ``index`` of the engines sharing one config: a lock held on
+    ``<first folder>/.instance-<index>.lock`` while the instance's store is open."""
+
+    def __init__(self, index: int, fd: Optional[int]):
+        self.index, self._fd = index, fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _claim(folder: str, index: int) -> Optional[int]:
+    os.makedirs(folder, exist_ok=True)
+    fd = os.open(os.path.join(folder, f".instance-{index}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def open_instance(config: dict, opener: Callable[[dict], Any] = Store) -> Tuple[Any, InstanceClaim]:
+    """Opens the store of one engine instance. Engines started from one config (two vLLM
+    servers, two LMCache servers on a node) would contend for the folders of its NIXL FILE
+    tiers, which one process owns at a time: each instance takes the lowest free index ``k``
+    and its own folders ``<dir>/instance-<k>`` under each configured folder (the first
+    instance of a restarted set finds its pages again). Configs without owned folders open
+    as they are."""
+    tiers = owned_file_tiers(config)
+    if not tiers:
+        return opener(config), InstanceClaim(0, None)
+    base = str(tiers[0]["dirs"][0])
+    for index in range(MAX_INSTANCES):
+        fd = _claim(base, index)
+        if fd is None:
+            continue
+        claim = InstanceClaim(index, fd)
+        instance = {**config, "tiers": [
+            {**t, "dirs": [os.path.join(str(d), f"instance-{index}") for d in t["dirs"]]}
+            if any(t is o for o in tiers) else t for t in config.get("tiers", [])
+        ]}
+        try:
+            store = opener(instance)
+        except Unavailable as e:
+            # Claimed, yet its folders are in use: another tool (not an engine instance)
+            # holds them. The next index.
+            claim.release()
+            logger.warning("kvtier: instance %d's folders are in use (%s); trying the next", index, e)
+            continue
+        except BaseException:
+            claim.release()
+            raise
+        if index:
+            logger.info("kvtier: engine instance %d on this config: folders %s", index,
+                        [os.path.join(str(d), f"instance-{index}") for t in tiers for d in t["dirs"]])
+        return store, claim
+    raise Unavailable(f"{MAX_INSTANCES} engine instances already use the folders under {base}")

@@ -21,8 +21,7 @@ import os
 import threading
 from typing import Any, List, Optional, Sequence, Tuple
 
-from . import Store
-from ._engine import RateLimitedLog, load_config
+from ._engine import RateLimitedLog, load_config, open_instance
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +40,8 @@ class KvtierL2Connector:
         max_pending: int = 4096,
     ):
         params = {"config": config, "tiers": tiers, "hierarchy": hierarchy or {}}
-        self.store = Store(load_config(params, "adapter_params"))
+        # Two LMCache servers on one config each get folders of their own (`open_instance`).
+        self.store, self._instance = open_instance(load_config(params, "adapter_params"))
         self.queue = self.store.completion_queue(max_pending)
         self.log = RateLimitedLog(logger)
         self._lock = threading.Lock()
@@ -86,9 +86,12 @@ class KvtierL2Connector:
 
     def drain_completions(self) -> List[Completion]:
         """Every finished call as ``(future_id, ok, error, per-key results)``."""
+        # The queue's drain resets the eventfd: refused submits are taken after it, so one
+        # refused meanwhile is either taken here or has written the eventfd after its reset.
+        done = self.queue.drain()
         with self._lock:
             out, self._refused = self._refused, []
-        for fid, results in self.queue.drain():
+        for fid, results in done:
             errors = [r for r in results if isinstance(r, BaseException)]
             if errors:
                 self.log.warn("call", errors[0])
@@ -115,3 +118,4 @@ class KvtierL2Connector:
             self.store.close()
         except Exception as e:
             self.log.warn("close", e)
+        self._instance.release()

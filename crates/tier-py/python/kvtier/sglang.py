@@ -50,10 +50,7 @@ class KvtierStorage(HiCacheStorage):
         # Prometheus metrics of this rank's store, at the port given plus the rank.
         self.metrics_addr = None
         if extra.get("metrics_addr"):
-            host, _, port = str(extra["metrics_addr"]).rpartition(":")
-            rank = int(getattr(storage_config, "tp_rank", 0) or 0)
-            port_number = int(port) + rank if int(port) else 0
-            self.metrics_addr = self.store.serve_metrics(f"{host}:{port_number}")
+            self.metrics_addr = self._serve_metrics(str(extra["metrics_addr"]))
         self.mem_pool_host = None
         self.zero_copy = False
         self.prefix = self._namespace(None)
@@ -64,14 +61,30 @@ class KvtierStorage(HiCacheStorage):
         self._prefetch_bw: List[float] = []
         self._backup_bw: List[float] = []
 
+    def _serve_metrics(self, addr: str) -> tuple:
+        """Serves this rank's metrics at the port given plus the rank's TP rank (plus
+        ``tp_size`` per DP group); a port taken by another process is logged and any free
+        port served instead, so metrics never stop a rank from starting."""
+        c = self.config
+        host, _, port = addr.rpartition(":")
+        rank = int(c.tp_rank or 0) + int(c.tp_size or 1) * int(getattr(c, "dp_rank", 0) or 0)
+        port_number = int(port) + rank if int(port) else 0
+        try:
+            return self.store.serve_metrics(f"{host}:{port_number}")
+        except Exception as e:
+            bound = self.store.serve_metrics(f"{host}:0")
+            logger.warning("kvtier: metrics port %d unavailable (%s); serving on %s:%d", port_number, e, *bound)
+            return bound
+
     # ------------------------------------------------------------------ ranks
 
     def _rank_config(self, config: dict) -> dict:
-        """SGLang runs one process per rank, each with this same config. Every rank gets a
-        folder (NIXL FILE) or prefix (object tiers) of its own under the configured ones, so
-        ranks never contend for a folder's ownership and one rank's ``clear`` or crash touches
-        only its own pages. MLA ranks share one: the writer rank owns it, the others open its
-        NIXL FILE folders as readers."""
+        """SGLang runs one process per rank, each with this same config. Each namespace (see
+        :meth:`_namespace`) gets a folder (NIXL FILE) or prefix (object tiers) of its own
+        under the configured ones, so ranks never contend for a folder's ownership and one
+        rank's ``clear`` or crash touches only its own pages. The ranks of an MLA attention
+        group share one: its writer (SGLang's ``is_storage_writer``) owns it, the others
+        open its NIXL FILE folders as readers."""
         ns = self._namespace(None)
         tiers = []
         for tier in config.get("tiers", []):
@@ -89,9 +102,21 @@ class KvtierStorage(HiCacheStorage):
     # ------------------------------------------------------------------ keys
 
     def _namespace(self, geometry: Optional[str]) -> str:
+        """The pages' namespace: the model, the ranks whose pages hold the same bytes, and
+        (once the host pool is known) the page geometry, layout and dtype.
+
+        - MHA: every (attention) TP rank holds its own heads: ``tp_rank`` of ``tp_size``.
+        - MLA: the latent is replicated over the attention TP group: no TP rank.
+        - DP attention: ``tp_rank`` is local to the DP group; the group (``dp_rank``) is named,
+          so each group's writer owns its own folders (MLA groups keep a copy each).
+        - Attention context parallel and DCP: each rank holds a disjoint slice of a page.
+        - PP: each stage holds its own layers."""
         c = self.config
         ranks = "mla" if self.is_mla else f"tp{c.tp_rank}of{c.tp_size}"
-        if getattr(c, "dcp_size", 1) > 1:
+        ranks += f"-dp{int(getattr(c, 'dp_rank', 0) or 0)}"
+        if int(getattr(c, "attn_cp_size", 1) or 1) > 1:
+            ranks += f"-cp{c.attn_cp_rank}of{c.attn_cp_size}"
+        if int(getattr(c, "dcp_size", 1) or 1) > 1:
             ranks += f"-dcp{c.dcp_rank}of{c.dcp_size}"
         parts = [c.model_name or "", ranks, f"pp{c.pp_rank}of{c.pp_size}", geometry or "generic"]
         digest = hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
@@ -241,12 +266,24 @@ class KvtierStorage(HiCacheStorage):
         return self.batch_exists([key]) == 1
 
     def clear(self) -> None:
+        """Removes this namespace's pages: a rank's own (MHA), or its attention group's
+        (MLA, from the group's writer). Other ranks', groups' and models' pages stay; an MLA
+        reader rank owns no pages and removes nothing."""
         if not self.is_writer:
-            return  # an MLA reader rank owns no pages: the writer's stay
+            return
         try:
             self.store.clear()
         except Exception as e:
             self.log.warn("clear", e)
+
+    def close(self) -> None:
+        """Writes the pages still queued for the lower tiers (bounded by the hierarchy's
+        ``flush_timeout``; what did not land is logged) and stops background work. SGLang
+        calls it when it detaches the backend; at interpreter exit kvtier does."""
+        try:
+            self.store.close()
+        except Exception as e:
+            self.log.warn("close", e)
 
     # ------------------------------------------------------------------ metrics
 

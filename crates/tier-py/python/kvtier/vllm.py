@@ -37,7 +37,7 @@ from vllm.v1.kv_offload.base import LookupResult, Medium, OffloadKey, ReqContext
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from . import Store
-from ._engine import RateLimitedLog, load_config
+from ._engine import RateLimitedLog, load_config, open_instance
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
         if unused:
             logger.warning("kvtier: ignoring unknown secondary tier options %s", sorted(unused))
         params = {"config": config, "tiers": tiers, "hierarchy": hierarchy or {}}
-        self.store: Optional[Store] = Store(load_config(params, "the secondary tier's entry"))
+        # Two vLLM engines on one config each get folders of their own (`open_instance`).
+        self.store: Optional[Store]
+        self.store, self._instance = open_instance(load_config(params, "the secondary tier's entry"))
         self.queue: Any = self.store.completion_queue(max_pending)
         self.log = RateLimitedLog(logger)
         self.drain_timeout = float(drain_timeout)
@@ -210,17 +212,25 @@ class KvtierSecondaryTier(SecondaryTierManager):
         return
 
     def drain_jobs(self) -> None:
-        """Waits until every submitted job finished (at most ``drain_timeout`` seconds)."""
+        """Waits until every submitted job finished. Past ``drain_timeout`` seconds it logs an
+        error and goes on waiting: a running job still reads or writes vLLM's chunks, which
+        vLLM reuses once this returns. Every kvtier call ends within its tiers' own bounds
+        (transfer and request timeouts, the hierarchy's ``flush_timeout``)."""
+        if self.queue is None:
+            return
         deadline = time.monotonic() + self.drain_timeout
         poller = select.poll()
         poller.register(self.queue.event_fd(), select.POLLIN)
         self._take_completions()
+        warned = False
         while self._jobs:
             left = deadline - time.monotonic()
-            if left <= 0:
-                logger.error("kvtier: %d jobs still running after %.0f s", len(self._jobs), self.drain_timeout)
-                return
-            poller.poll(int(min(left, 1.0) * 1000) + 1)
+            if left <= 0 and not warned:
+                logger.error(
+                    "kvtier: %d jobs still running after %.1f s; waiting for them to end, as "
+                    "they use vLLM's memory until they do", len(self._jobs), self.drain_timeout)
+                warned = True
+            poller.poll(int(min(max(left, 0.0), 1.0) * 1000) + 1 if not warned else 1000)
             self._take_completions()
 
     def shutdown(self) -> None:
@@ -228,10 +238,12 @@ class KvtierSecondaryTier(SecondaryTierManager):
         connections) and of the primary tier's memory, which vLLM then unmaps."""
         if self.store is None:
             return
+        self.drain_jobs()
         for close in (self.queue.close, self.store.close):
             try:
                 close()
             except Exception as e:
                 self.log.warn("shutdown", e)
         self.queue = self.store = None
+        self._instance.release()
         self._primary_kv_view = None

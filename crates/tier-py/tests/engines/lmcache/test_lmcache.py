@@ -145,3 +145,111 @@ def test_failures_are_failed_completions_never_exceptions(silent_endpoint):
         assert by_name["read-only"][1].startswith("InvalidBuffer")
     finally:
         c.close()
+
+
+def test_refused_submits_racing_a_drain_always_wake_the_drainer():
+    """Submitters saturate ``max_pending`` (so many submits are refused and complete at once)
+    while LMCache's demux thread drains: every id completes, and the drainer never sleeps on
+    the eventfd while a completion waits for it. A burst ends each round, so a completion left
+    behind by a drain without its wake-up shows as a poll that times out with work pending."""
+    import select
+    import sys
+    import threading
+
+    from kvtier.lmcache import KvtierL2Connector
+
+    c = KvtierL2Connector(tiers=[{"kind": "mem", "capacity": "64MiB"}], max_pending=2)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads interleave at every few bytecodes
+    try:
+        page = memoryview(bytearray(256))
+        poller = select.poll()
+        poller.register(c.event_fd(), select.POLLIN)
+        refused_total = 0
+        for round_no in range(300):
+            submitted, lock = [], threading.Lock()
+
+            def submit(t, round_no=round_no, submitted=submitted, lock=lock):
+                for i in range(6):
+                    fid = c.submit_batch_set([f"m@{t:08x}@0@{round_no:x}{i:x}"], [page])
+                    with lock:
+                        submitted.append(fid)
+
+            threads = [threading.Thread(target=submit, args=(t,)) for t in range(3)]
+            got = []
+            for t in threads:
+                t.start()
+            while any(t.is_alive() for t in threads) or len(got) < len(submitted):
+                ready = poller.poll(2000)
+                if not ready and not any(t.is_alive() for t in threads):
+                    missing = sorted(set(submitted) - set(got))
+                    raise AssertionError(f"round {round_no}: the drainer slept on pending completions {missing}")
+                got.extend(fid for fid, *_ in c.drain_completions())
+            for t in threads:
+                t.join(10)
+                assert not t.is_alive()
+            assert sorted(got) == sorted(submitted), f"round {round_no}: lost or doubled completions"
+            refused_total += sum(1 for fid in got if fid < 0)
+        assert refused_total > 0, "no submit was ever refused: the race was never run"
+        print(f"300 rounds, {refused_total} refused submits, every completion woke the drainer")
+    finally:
+        sys.setswitchinterval(switch)
+        c.close()
+
+
+TWO_SERVERS = """
+import select, sys, time
+from pathlib import Path
+from kvtier.lmcache import KvtierL2Connector
+
+sync = Path(SYNC)
+started = time.monotonic()
+c = KvtierL2Connector(tiers=TIERS)
+(sync / f"opened.{ME}").write_text(f"{time.monotonic() - started:.3f}")
+deadline = time.monotonic() + 120
+while len(list(sync.glob("opened.*"))) < 2:  # both servers are up at once
+    assert time.monotonic() < deadline, "the other server never opened"
+    time.sleep(0.02)
+poller = select.poll()
+poller.register(c.event_fd(), select.POLLIN)
+
+def wait(fid):
+    deadline = time.monotonic() + 60
+    while True:
+        for got, ok, error, per_key in c.drain_completions():
+            if got == fid:
+                return ok, error, per_key
+        assert time.monotonic() < deadline, "no completion"
+        poller.poll(1000)
+
+keys = [f"m@{k:08x}@0@{k:x}" for k in range(16)]  # the same keys in both servers
+pages = [bytes([(ME * 31 + k) % 256]) * 65536 for k in range(16)]
+ok, error, _ = wait(c.submit_batch_set(keys, [memoryview(bytearray(p)) for p in pages]))
+assert ok, error
+bufs = [bytearray(65536) for _ in keys]
+ok, error, per_key = wait(c.submit_batch_get(keys, [memoryview(b) for b in bufs]))
+assert ok and all(per_key), (error, per_key)
+assert [bytes(b) for b in bufs] == pages, "another server's bytes"
+c.close()
+print("server", ME, "ok")
+"""
+
+
+@pytest.mark.parametrize("kind", ["nixl-file-path", "mem-over-nixl-file"])
+def test_two_servers_on_one_config_both_start_and_keep_their_pages(kind, tmp):
+    """Two LMCache servers (two processes) started from one config at once, both up together:
+    neither fails to start (each gets folders of its own), each reads back its own bytes."""
+    import pathlib
+
+    sync = tmp / "sync"
+    sync.mkdir()
+    code = TWO_SERVERS.replace("SYNC", repr(str(sync))).replace("TIERS", repr(tier_configs(kind, tmp)))
+    here = pathlib.Path(__file__).resolve().parents[2]
+    procs = [subprocess.Popen([sys.executable, "-c", code.replace("ME", str(me))], cwd=here,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for me in (1, 2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:]
+    opened = [float((sync / f"opened.{me}").read_text()) for me in (1, 2)]
+    assert max(opened) < 10, f"a server took {max(opened):.1f} s to open"
+    print(f"{kind}: two LMCache servers on one config opened in {opened} s, each read its own pages")

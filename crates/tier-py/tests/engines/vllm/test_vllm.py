@@ -198,13 +198,13 @@ def test_a_restarted_engine_finds_what_the_last_one_stored(kind, tmp, s3):
         second.shutdown()
 
 
-def standalone_tier(tiers, chunks=4):
+def standalone_tier(tiers, chunks=4, **options):
     """The tier alone, as vLLM's factory builds it, over a primary region of its own."""
     from kvtier.vllm import KvtierSecondaryTier
 
     region = bytearray(chunks * BLOCK_BYTES)
     view = memoryview(region).cast("b", shape=[chunks, BLOCK_BYTES])
-    return KvtierSecondaryTier(None, view, "KvtierSecondaryTier", tiers=tiers), np.asarray(view)
+    return KvtierSecondaryTier(None, view, "KvtierSecondaryTier", tiers=tiers, **options), np.asarray(view)
 
 
 def finished(tier, job_ids, timeout=60.0):
@@ -263,3 +263,105 @@ def test_failures_are_failed_jobs_and_misses_never_exceptions(silent_endpoint):
         tier.drain_jobs()
     finally:
         tier.shutdown()
+
+
+def test_drained_chunks_are_vllms_again_even_when_storage_stalls(silent_endpoint):
+    """A store still reading vLLM's chunks when ``drain_timeout`` passes: ``drain_jobs`` must
+    not return before it ends, since vLLM reuses the chunks at once. The lower tier never
+    answers, so the first store fills the hierarchy's queue and the second waits for room (up
+    to ``flush_timeout``) before it copies its chunk: overwriting that chunk as soon as
+    ``drain_jobs`` returns must never change what was stored."""
+    from conftest import silent_object_tier
+    from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+
+    tiers = [{"kind": "mem", "capacity": "4MiB"}, silent_object_tier(silent_endpoint, timeout="60s")]
+    tier, primary = standalone_tier(tiers, drain_timeout=0.3,
+                                    hierarchy={"queue_bytes": BLOCK_BYTES, "flush_timeout": "3s"})
+    try:
+        req = ReqContext(req_id="r")
+        keys = [make_offload_key(bytes([i + 1]) * 32, 0) for i in range(2)]
+        primary[0] = 11
+        primary[1] = 22
+        tier.submit_store(TransferJob(1, keys[:1], np.array([0]), False, req))
+        assert finished(tier, [1])[1].success
+        tier.submit_store(TransferJob(2, keys[1:], np.array([1]), False, req))
+        started = time.monotonic()
+        tier.drain_jobs()
+        waited = time.monotonic() - started
+        primary[1] = -33  # vLLM reuses the chunk for another block
+        done = finished(tier, [2]) if tier.has_pending_work() else {}
+        tier.submit_load(TransferJob(3, keys[1:], np.array([2]), True, req))
+        assert finished(tier, [3])[3].success
+        assert (primary[2] == 22).all(), f"the stored chunk holds bytes vLLM wrote after drain_jobs ({waited:.1f} s)"
+        assert waited >= 2.0, f"drain_jobs returned after {waited:.1f} s, before the store ended"
+        print(f"drain_jobs waited {waited:.1f} s for a store past its 0.3 s drain_timeout; the chunk stayed whole {done}")
+    finally:
+        tier.shutdown()
+
+
+TWO_ENGINES = """
+import sys, time
+from pathlib import Path
+sys.path[:0] = [TESTS, TESTS + "/engines/vllm"]
+import numpy as np
+from test_vllm import BLOCK_BYTES, kvtier_entry, load_and_compare, make_manager, primary_view, step_until, store_chunks
+from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
+
+sync = Path(SYNC)
+started = time.monotonic()
+_, manager = make_manager([kvtier_entry(TIERS)])
+(sync / f"opened.{ME}").write_text(f"{time.monotonic() - started:.3f}")
+deadline = time.monotonic() + 120
+while len(list(sync.glob("opened.*"))) < 2:  # both engines are up at once
+    assert time.monotonic() < deadline, "the other engine never opened"
+    time.sleep(0.02)
+try:
+    primary = primary_view(manager)
+    rng = np.random.default_rng(ME)
+    keys = [make_offload_key(bytes([i]) * 32, 0) for i in range(8)]  # the same keys in both engines
+    want = {k: rng.integers(-128, 128, BLOCK_BYTES, dtype=np.int8) for k in keys}
+    store_chunks(manager, primary, want)
+    with manager.lock:  # drains kvtier's jobs and empties the primary tier
+        manager.reset_cache()
+        manager.on_reset_flushed()
+    primary[:] = 0
+    reader = ReqContext(req_id="reader")
+    with manager.lock:
+        manager.on_new_request(reader)
+
+    def hits():
+        with manager.lock:
+            return all(manager.lookup(k, reader) is LookupResult.HIT for k in keys)
+
+    step_until(manager, "every chunk back from kvtier", hits)
+    load_and_compare(manager, primary, want, reader)
+finally:
+    primary = None
+    manager.shutdown()
+print("engine", ME, "ok")
+"""
+
+
+@pytest.mark.parametrize("kind", ["nixl-file-path", "mem-over-nixl-file"])
+def test_two_engines_on_one_config_both_start_and_keep_their_chunks(kind, tmp):
+    """Two vLLM engines (two processes) started from one config at once, both up together:
+    neither fails to start (each gets folders of its own), each loads back its own chunks."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parents[2]
+    sync = tmp / "sync"
+    sync.mkdir()
+    code = TWO_ENGINES.replace("TESTS", repr(str(tests))).replace("SYNC", repr(str(sync)))
+    code = code.replace("TIERS", json.dumps(tier_configs(kind, tmp)))
+    procs = [subprocess.Popen([sys.executable, "-c", code.replace("ME", str(me))], cwd=tests,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for me in (1, 2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:]
+    opened = [float((sync / f"opened.{me}").read_text()) for me in (1, 2)]
+    assert max(opened) < 10, f"an engine took {max(opened):.1f} s to open"
+    print(f"{kind}: two vLLM engines on one config opened in {opened} s, each loaded its own chunks")
