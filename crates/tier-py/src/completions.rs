@@ -195,28 +195,41 @@ impl CompletionQueue {
     }
 
     /// Takes an id for a call of `keys` keys, or refuses it (queue closed or full).
+    ///
+    /// Nothing that may run Python code (building the exception, releasing `lent`'s buffers)
+    /// happens under the state lock: Python may hand the GIL to another thread there, which
+    /// would then wait for the lock while holding the GIL this one needs.
     fn ticket(&self, py: Python<'_>, keys: usize, lent: Lent) -> PyResult<Ticket> {
-        let mut state = self.shared.lock();
-        let refuse = |why: String| to_py(py, &TierError::Unavailable(why));
-        if state.closed {
-            return Err(refuse("the completion queue is closed".into()));
+        let taken = {
+            let mut state = self.shared.lock();
+            if state.closed {
+                Err("the completion queue is closed".to_string())
+            } else if state.running + state.done.len() >= self.shared.max_pending {
+                Err(format!(
+                    "{} calls running and {} completions not drained: at the queue's \
+                     max_pending of {}",
+                    state.running,
+                    state.done.len(),
+                    self.shared.max_pending
+                ))
+            } else {
+                state.next_id += 1;
+                state.running += 1;
+                Ok(state.next_id)
+            }
+        };
+        match taken {
+            Ok(id) => Ok(Ticket {
+                shared: Arc::clone(&self.shared),
+                id,
+                keys,
+                lent: Some(lent),
+            }),
+            Err(why) => {
+                drop(lent);
+                Err(to_py(py, &TierError::Unavailable(why)))
+            }
         }
-        if state.running + state.done.len() >= self.shared.max_pending {
-            let (running, done) = (state.running, state.done.len());
-            return Err(refuse(format!(
-                "{running} calls running and {done} completions not drained: at the queue's \
-                 max_pending of {}",
-                self.shared.max_pending
-            )));
-        }
-        state.next_id += 1;
-        state.running += 1;
-        Ok(Ticket {
-            shared: Arc::clone(&self.shared),
-            id: state.next_id,
-            keys,
-            lent: Some(lent),
-        })
     }
 
     /// Starts a read into the regions (`read`), or a put of them.
@@ -382,7 +395,9 @@ impl Drop for CompletionQueue {
         Python::with_gil(|py| {
             let shared = &self.shared;
             py.allow_threads(|| shared.wait_idle(Duration::from_secs(60)));
-            drop(std::mem::take(&mut shared.lock().done));
+            // Taken under the lock, released (buffers, with the GIL) after it.
+            let done = std::mem::take(&mut shared.lock().done);
+            drop(done);
         });
     }
 }

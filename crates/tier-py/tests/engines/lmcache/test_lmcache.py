@@ -147,54 +147,76 @@ def test_failures_are_failed_completions_never_exceptions(silent_endpoint):
         c.close()
 
 
+RACE = """
+import select, sys, threading, time
+from kvtier.lmcache import KvtierL2Connector
+
+ROUNDS = 100
+c = KvtierL2Connector(tiers=[{"kind": "mem", "capacity": "64MiB"}], max_pending=2)
+sys.setswitchinterval(1e-5)  # threads interleave often
+
+
+class SlowDrain:
+    # The queue, with the demux thread descheduled for a moment as it drains: submits
+    # refused meanwhile land in the middle of drain_completions.
+
+    def __init__(self, queue):
+        self.queue = queue
+
+    def drain(self):
+        time.sleep(0.0005)
+        return self.queue.drain()
+
+    def __getattr__(self, name):
+        return getattr(self.queue, name)
+
+
+c.queue = SlowDrain(c.queue)
+page = memoryview(bytearray(256))
+poller = select.poll()
+poller.register(c.event_fd(), select.POLLIN)
+refused_total = 0
+for round_no in range(ROUNDS):
+    submitted, lock = [], threading.Lock()
+
+    def submit(t):
+        for i in range(6):
+            fid = c.submit_batch_set([f"m@{t:08x}@0@{round_no:x}{i:x}"], [page])
+            with lock:
+                submitted.append(fid)
+
+    threads = [threading.Thread(target=submit, args=(t,)) for t in range(3)]
+    got = []
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads) or len(got) < len(submitted):
+        ready = poller.poll(2000)
+        if not ready and not any(t.is_alive() for t in threads) and len(got) < len(submitted):
+            missing = sorted(set(submitted) - set(got))
+            sys.exit(f"round {round_no}: the drainer slept on pending completions {missing}")
+        got.extend(fid for fid, *_ in c.drain_completions())
+    for t in threads:
+        t.join()
+    assert sorted(got) == sorted(submitted), f"round {round_no}: lost or doubled completions"
+    refused_total += sum(1 for fid in got if fid < 0)
+assert refused_total > 0, "no submit was ever refused: the race was never run"
+c.close()
+print(f"{ROUNDS} rounds, {refused_total} refused submits, every completion woke the drainer")
+"""
+
+
 def test_refused_submits_racing_a_drain_always_wake_the_drainer():
     """Submitters saturate ``max_pending`` (so many submits are refused and complete at once)
     while LMCache's demux thread drains: every id completes, and the drainer never sleeps on
     the eventfd while a completion waits for it. A burst ends each round, so a completion left
-    behind by a drain without its wake-up shows as a poll that times out with work pending."""
-    import select
-    import sys
-    import threading
-
-    from kvtier.lmcache import KvtierL2Connector
-
-    c = KvtierL2Connector(tiers=[{"kind": "mem", "capacity": "64MiB"}], max_pending=2)
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # threads interleave at every few bytecodes
+    behind by a drain without its wake-up shows as a poll that times out with work pending.
+    In a process of its own: a hang (submits deadlocked on the GIL) is a failure, not a stall."""
     try:
-        page = memoryview(bytearray(256))
-        poller = select.poll()
-        poller.register(c.event_fd(), select.POLLIN)
-        refused_total = 0
-        for round_no in range(300):
-            submitted, lock = [], threading.Lock()
-
-            def submit(t, round_no=round_no, submitted=submitted, lock=lock):
-                for i in range(6):
-                    fid = c.submit_batch_set([f"m@{t:08x}@0@{round_no:x}{i:x}"], [page])
-                    with lock:
-                        submitted.append(fid)
-
-            threads = [threading.Thread(target=submit, args=(t,)) for t in range(3)]
-            got = []
-            for t in threads:
-                t.start()
-            while any(t.is_alive() for t in threads) or len(got) < len(submitted):
-                ready = poller.poll(2000)
-                if not ready and not any(t.is_alive() for t in threads):
-                    missing = sorted(set(submitted) - set(got))
-                    raise AssertionError(f"round {round_no}: the drainer slept on pending completions {missing}")
-                got.extend(fid for fid, *_ in c.drain_completions())
-            for t in threads:
-                t.join(10)
-                assert not t.is_alive()
-            assert sorted(got) == sorted(submitted), f"round {round_no}: lost or doubled completions"
-            refused_total += sum(1 for fid in got if fid < 0)
-        assert refused_total > 0, "no submit was ever refused: the race was never run"
-        print(f"300 rounds, {refused_total} refused submits, every completion woke the drainer")
-    finally:
-        sys.setswitchinterval(switch)
-        c.close()
+        out = subprocess.run([sys.executable, "-c", RACE], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"submits and drains hung: {e.stdout} {e.stderr}") from None
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    print(out.stdout.strip())
 
 
 TWO_SERVERS = """
