@@ -19,7 +19,7 @@ KINDS = ["mem", "nixl-file-path", "object"]
 BLOCK_BYTES = 16384
 
 
-def make_manager(secondary_tiers, chunks=64):
+def make_manager(secondary_tiers, chunks=64, engine_id="kvtier-test"):
     from vllm.v1.kv_offload.config import (
         OffloadingCacheConfig,
         OffloadingConfig,
@@ -35,7 +35,7 @@ def make_manager(secondary_tiers, chunks=64):
         enable_kv_cache_events=False,
         extra_config={"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": chunks * BLOCK_BYTES,
                       "secondary_tiers": secondary_tiers},
-        engine_id="kvtier-test",
+        engine_id=engine_id,
         model=OffloadingModelConfig(name="org/model", dtype="float16"),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
         parallel=OffloadingParallelConfig(
@@ -310,7 +310,8 @@ from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
 
 sync = Path(SYNC)
 started = time.monotonic()
-_, manager = make_manager([kvtier_entry(TIERS)])
+# Engines have ids of their own (vLLM names the primary tier's shared memory after it).
+_, manager = make_manager([kvtier_entry(TIERS)], engine_id=f"kvtier-engine-{ME}")
 (sync / f"opened.{ME}").write_text(f"{time.monotonic() - started:.3f}")
 deadline = time.monotonic() + 120
 while len(list(sync.glob("opened.*"))) < 2:  # both engines are up at once
