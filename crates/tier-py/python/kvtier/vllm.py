@@ -11,8 +11,9 @@ vLLM loads it by module path from ``kv_connector_extra_config``::
 The tier's entry holds ``config`` (a TOML or JSON path) or inline ``tiers`` (and optional
 ``hierarchy``); optional ``namespace`` (default: derived from the model, dtype, chunk geometry
 and parallelism, so engines sharing a folder or bucket never read each other's chunks),
-``max_pending`` (calls in flight, default 4096) and ``drain_timeout`` (seconds
-:meth:`KvtierSecondaryTier.drain_jobs` waits at most, default 120).
+``max_pending`` (calls in flight, default 4096) and ``drain_timeout`` (seconds after which
+:meth:`KvtierSecondaryTier.drain_jobs` logs an error while it goes on waiting, default 120).
+Two engines on one config each get NIXL FILE folders of their own (``instance-<k>``).
 
 Every method returns at once: stores, loads and lookups run in kvtier's runtime, straight
 between vLLM's primary CPU chunks and storage, and finish through
