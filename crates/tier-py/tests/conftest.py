@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -95,6 +96,22 @@ def fill_pages(pool, first_page, n, seed):
     data = torch.randint(-30000, 30000, pool.kv_buffer[:, idx].shape, generator=g, dtype=torch.int16)
     pool.kv_buffer[:, idx] = data.view(pool.dtype)
     return idx
+
+
+def run_instances(code, sync, n=2, open_within=10.0):
+    """Runs `code` in `n` processes at once (``ME`` in it replaced by 1..n), each an engine
+    instance that records how long it took to open in ``sync/opened.ME``; asserts every one
+    exited 0 and opened within `open_within` seconds, and returns those times."""
+    here = Path(__file__).resolve().parent
+    procs = [subprocess.Popen([sys.executable, "-c", code.replace("ME", str(me))], cwd=here,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for me in range(1, n + 1)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:]
+    opened = [float((sync / f"opened.{me}").read_text()) for me in range(1, n + 1)]
+    assert max(opened) < open_within, f"an instance took {max(opened):.1f} s to open"
+    return opened
 
 
 def free_port():

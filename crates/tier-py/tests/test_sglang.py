@@ -25,6 +25,15 @@ def hexkeys(prefix, n):
     return [f"{prefix}{i:060x}" for i in range(n)]
 
 
+def fill_mla(pool, n, seed):
+    """Distinct content in the first `n` pages of an MLA host pool; their indices and a copy."""
+    idx = torch.arange(0, n * pool.page_size, dtype=torch.int64)
+    g = torch.Generator().manual_seed(seed)
+    pool.kv_buffer[idx] = torch.randint(-30000, 30000, pool.kv_buffer[idx].shape, generator=g,
+                                        dtype=torch.int16).view(pool.dtype)
+    return idx, pool.kv_buffer[idx].clone()
+
+
 def roundtrip(b, pool, n=8, seed=1, first=0):
     idx = fill_pages(pool, first, n, seed)
     want = pool.kv_buffer[:, idx].clone()
@@ -137,11 +146,7 @@ def test_mla_only_the_writer_stores_and_a_reader_rank_reads_its_pages(tmp):
     r1 = backend(tiers, pool, tp_rank=1, tp_size=2, mla=True)
     r0 = backend(tiers, pool, tp_rank=0, tp_size=2, mla=True)
     assert r0.prefix == r1.prefix, "MLA pages are shared by the attention group's ranks"
-    idx = torch.arange(0, 4 * pool.page_size, dtype=torch.int64)
-    g = torch.Generator().manual_seed(5)
-    pool.kv_buffer[idx] = torch.randint(-30000, 30000, pool.kv_buffer[idx].shape, generator=g,
-                                        dtype=torch.int16).view(pool.dtype)
-    want = pool.kv_buffer[idx].clone()
+    idx, want = fill_mla(pool, 4, 5)
     keys = hexkeys("ml", 4)
     assert r1.batch_set_v1(keys, idx) == [True] * 4
     assert r1.batch_exists(keys) == 0, "the reader rank stored pages"
@@ -162,11 +167,7 @@ def test_mla_host_pool_round_trip(kind, tmp):
     tiers = tier_configs(kind, tmp)
     r0 = backend(tiers, pool, tp_rank=0, tp_size=2, mla=True)
     assert r0.zero_copy, "MLA page_first must take the zero-copy path"
-    idx = torch.arange(0, 12 * pool.page_size, dtype=torch.int64)
-    g = torch.Generator().manual_seed(11)
-    pool.kv_buffer[idx] = torch.randint(-30000, 30000, pool.kv_buffer[idx].shape, generator=g,
-                                        dtype=torch.int16).view(pool.dtype)
-    want = pool.kv_buffer[idx].clone()
+    idx, want = fill_mla(pool, 12, 11)
     keys = hexkeys("d1a", 12)
     before = r0.kvtier_stats()
     assert r0.batch_set_v1(keys, idx) == [True] * 12

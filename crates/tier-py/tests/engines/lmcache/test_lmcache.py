@@ -261,17 +261,10 @@ print("server", ME, "ok")
 def test_two_servers_on_one_config_both_start_and_keep_their_pages(kind, tmp):
     """Two LMCache servers (two processes) started from one config at once, both up together:
     neither fails to start (each gets folders of its own), each reads back its own bytes."""
-    import pathlib
+    from conftest import run_instances
 
     sync = tmp / "sync"
     sync.mkdir()
     code = TWO_SERVERS.replace("SYNC", repr(str(sync))).replace("TIERS", repr(tier_configs(kind, tmp)))
-    here = pathlib.Path(__file__).resolve().parents[2]
-    procs = [subprocess.Popen([sys.executable, "-c", code.replace("ME", str(me))], cwd=here,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for me in (1, 2)]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-3000:]
-    opened = [float((sync / f"opened.{me}").read_text()) for me in (1, 2)]
-    assert max(opened) < 10, f"a server took {max(opened):.1f} s to open"
+    opened = run_instances(code, sync)
     print(f"{kind}: two LMCache servers on one config opened in {opened} s, each read its own pages")

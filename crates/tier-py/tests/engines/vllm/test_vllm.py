@@ -349,20 +349,13 @@ def test_two_engines_on_one_config_both_start_and_keep_their_chunks(kind, tmp):
     """Two vLLM engines (two processes) started from one config at once, both up together:
     neither fails to start (each gets folders of its own), each loads back its own chunks."""
     import json
-    import subprocess
-    import sys
     from pathlib import Path
+
+    from conftest import run_instances
 
     tests = Path(__file__).resolve().parents[2]
     sync = tmp / "sync"
     sync.mkdir()
     code = TWO_ENGINES.replace("TESTS", repr(str(tests))).replace("SYNC", repr(str(sync)))
-    code = code.replace("TIERS", json.dumps(tier_configs(kind, tmp)))
-    procs = [subprocess.Popen([sys.executable, "-c", code.replace("ME", str(me))], cwd=tests,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for me in (1, 2)]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-3000:]
-    opened = [float((sync / f"opened.{me}").read_text()) for me in (1, 2)]
-    assert max(opened) < 10, f"an engine took {max(opened):.1f} s to open"
+    opened = run_instances(code.replace("TIERS", json.dumps(tier_configs(kind, tmp))), sync)
     print(f"{kind}: two vLLM engines on one config opened in {opened} s, each loaded its own chunks")
