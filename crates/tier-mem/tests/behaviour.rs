@@ -31,6 +31,7 @@ fn collector() -> (Arc<Mutex<Vec<EvictedPage>>>, tier_core::EvictionListener) {
 #[case(PolicyKind::Arc)]
 #[case(PolicyKind::Prefix)]
 #[case(PolicyKind::Radix)]
+#[case(PolicyKind::Lfu)]
 #[case(PolicyKind::Auto)]
 #[tokio::test]
 async fn evicted_pages_reach_the_listener_with_their_bytes(#[case] policy: PolicyKind) {

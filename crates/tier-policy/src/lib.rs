@@ -10,6 +10,7 @@
 
 mod arc;
 mod auto;
+mod lfu;
 mod lru;
 mod prefix;
 mod s3fifo;
@@ -19,6 +20,7 @@ use std::hash::Hash;
 
 pub use arc::Arc;
 pub use auto::Auto;
+pub use lfu::Lfu;
 pub use lru::Lru;
 pub use prefix::Prefix;
 pub use s3fifo::S3Fifo;
@@ -71,6 +73,8 @@ pub enum PolicyKind {
     Prefix,
     /// Leaf-first LRU: a chain is cut from its tail, the least recently used leaf first.
     Radix,
+    /// Least frequently used, counts never aged and kept past eviction (see [`Lfu`]).
+    Lfu,
     /// The default: LRU or `prefix`, whichever miniature simulations of the recent requests
     /// favour (see [`Auto`]); never below LRU on any trace measured.
     #[default]
@@ -79,7 +83,7 @@ pub enum PolicyKind {
 
 impl PolicyKind {
     /// Every policy, in the order reports list them.
-    pub const ALL: [PolicyKind; 8] = [
+    pub const ALL: [PolicyKind; 9] = [
         PolicyKind::Lru,
         PolicyKind::Tinylfu,
         PolicyKind::Sieve,
@@ -87,6 +91,7 @@ impl PolicyKind {
         PolicyKind::Arc,
         PolicyKind::Prefix,
         PolicyKind::Radix,
+        PolicyKind::Lfu,
         PolicyKind::Auto,
     ];
 
@@ -100,6 +105,7 @@ impl PolicyKind {
             PolicyKind::Arc => "arc",
             PolicyKind::Prefix => "prefix",
             PolicyKind::Radix => "radix",
+            PolicyKind::Lfu => "lfu",
             PolicyKind::Auto => "auto",
         }
     }
@@ -114,6 +120,7 @@ impl PolicyKind {
             PolicyKind::Arc => Box::new(Arc::default()),
             PolicyKind::Prefix => Box::new(Prefix::default()),
             PolicyKind::Radix => Box::new(Prefix::leaf_lru()),
+            PolicyKind::Lfu => Box::new(Lfu::default()),
             PolicyKind::Auto => Box::new(Auto::default()),
         })
     }

@@ -117,6 +117,7 @@ fn a_scan_does_not_flush_keys_read_before() {
         PolicyKind::S3fifo,
         PolicyKind::Arc,
         PolicyKind::Prefix,
+        PolicyKind::Lfu,
     ] {
         let mut p = kind.build::<u32>().unwrap();
         let mut held = HashSet::new();
@@ -144,6 +145,56 @@ fn a_scan_does_not_flush_keys_read_before() {
             assert!(kept >= 5, "{kind}: kept {kept} of the 10 read keys");
         }
     }
+}
+
+/// LFU counts a key's requests also while it is not held: a key read often, removed and
+/// stored again outlives keys used once that came after it (with counts kept only while held
+/// it would tie with them, and go first as the least recent).
+#[test]
+fn lfu_remembers_counts_past_eviction() {
+    let mut p = PolicyKind::Lfu.build::<u32>().unwrap();
+    p.insert(&7, 1, None);
+    p.touch(&7, None);
+    p.touch(&7, None);
+    p.remove(&7);
+    p.insert(&7, 1, None);
+    let mut held: HashSet<u32> = [7].into();
+    for k in 100..200u32 {
+        p.insert(&k, 1, None);
+        held.insert(k);
+        while held.len() > 4 {
+            let v = p.victim(&mut |_| false).unwrap();
+            held.remove(&v);
+        }
+    }
+    assert!(held.contains(&7), "the often-read key went: {held:?}");
+    // Still evictable: it goes once the others are protected.
+    assert_eq!(p.victim(&mut |k| *k != 7), Some(7));
+}
+
+/// Counts outlive the sketch's growth: a key counted before many more keys were held, and
+/// read again after the sketch grew, keeps its lead over newer keys used once.
+#[test]
+fn lfu_keeps_held_counts_when_its_sketch_grows() {
+    let mut p = crate::Lfu::default();
+    p.insert(&0u32, 1, None);
+    for _ in 0..5 {
+        p.touch(&0, None);
+    }
+    for k in 1..20_000u32 {
+        p.insert(&k, 1, None);
+    }
+    p.touch(&0, None);
+    for k in 20_000..20_010u32 {
+        p.insert(&k, 1, None);
+    }
+    // Only key 0 and the ten newest may go: a newest one does.
+    let victim = p.victim(&mut |k| *k != 0 && *k < 20_000);
+    assert_eq!(
+        victim,
+        Some(20_000),
+        "key 0 lost its count as the sketch grew"
+    );
 }
 
 /// The prefix policy cuts a chain from its tail: the head goes last, though it was used first.
