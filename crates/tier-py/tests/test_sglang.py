@@ -112,6 +112,7 @@ NAMESPACES = {
     "tp rank": {"cfg": {"tp_rank": 1, "tp_size": 2}},
     "dp group": {"cfg": {"dp_rank": 1}},
     "pp stage": {"cfg": {"pp_rank": 1, "pp_size": 2}},
+    "attention cp rank": {"cfg": {"attn_cp_rank": 1, "attn_cp_size": 2}},
 }
 
 

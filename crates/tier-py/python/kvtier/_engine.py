@@ -78,8 +78,13 @@ class InstanceClaim:
 
 
 def _claim(folder: str, index: int) -> Optional[int]:
-    os.makedirs(folder, exist_ok=True)
-    fd = os.open(os.path.join(folder, f".instance-{index}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    """The lock of instance `index` in `folder`, or None when another instance holds it."""
+    path = os.path.join(folder, f".instance-{index}.lock")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise ConfigError(f"cannot create the engine instance lock {path}: {e}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -231,7 +231,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
                     "kvtier: %d jobs still running after %.1f s; waiting for them to end, as "
                     "they use vLLM's memory until they do", len(self._jobs), self.drain_timeout)
                 warned = True
-            poller.poll(int(min(max(left, 0.0), 1.0) * 1000) + 1 if not warned else 1000)
+            poller.poll(1000 if warned else int(min(left, 1.0) * 1000) + 1)
             self._take_completions()
 
     def shutdown(self) -> None:

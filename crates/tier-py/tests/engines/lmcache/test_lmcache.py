@@ -268,3 +268,15 @@ def test_two_servers_on_one_config_both_start_and_keep_their_pages(kind, tmp):
     code = TWO_SERVERS.replace("SYNC", repr(str(sync))).replace("TIERS", repr(tier_configs(kind, tmp)))
     opened = run_instances(code, sync)
     print(f"{kind}: two LMCache servers on one config opened in {opened} s, each read its own pages")
+
+
+def test_a_folder_that_cannot_be_one_is_a_config_error(tmp):
+    """A configured folder that is a file: opening says which path and why, as kvtier's
+    ConfigError, before any engine instance is claimed."""
+    import kvtier
+    from kvtier.lmcache import KvtierL2Connector
+
+    not_a_folder = tmp / "plain-file"
+    not_a_folder.write_text("x")
+    with pytest.raises(kvtier.ConfigError, match="plain-file"):
+        KvtierL2Connector(tiers=[{"kind": "nixl-file", "dirs": [str(not_a_folder)]}])

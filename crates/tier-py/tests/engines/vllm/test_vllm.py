@@ -308,6 +308,9 @@ import numpy as np
 from test_vllm import BLOCK_BYTES, kvtier_entry, load_and_compare, make_manager, primary_view, step_until, store_chunks
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
 
+# What the engine imports is loaded first: the time measured is opening, not importing.
+import kvtier.vllm, vllm.v1.kv_offload.config, vllm.v1.kv_offload.factory, vllm.v1.kv_offload.tiering.spec
+
 sync = Path(SYNC)
 started = time.monotonic()
 # Engines have ids of their own (vLLM names the primary tier's shared memory after it).
