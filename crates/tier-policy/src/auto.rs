@@ -1,34 +1,64 @@
 use std::hash::Hash;
 
-use crate::{hash_of, Lru, Policy, Prefix};
+use crate::{hash_of, Lfu, Lru, Policy, Prefix};
 
-/// Most keys each miniature simulation holds; past it the sample rate halves.
+/// Most keys each miniature simulation holds; past it the sample rate halves. Also the number
+/// of sampled requests after which the simulations' hits are halved.
 const SAMPLED_KEYS: usize = 16384;
 
-/// The policy a KV cache should use when nobody knows its trace: LRU or [`Prefix`],
-/// whichever has lately been the better one on this very stream of requests.
+/// The orders [`Auto`] chooses between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expert {
+    /// Least recently used: wins where the next request comes soon after the last.
+    Lru,
+    /// [`Prefix`], leaf-first frequency with aging: wins where hot chains share a head.
+    Prefix,
+    /// [`Lfu`], frequency never aged: wins where most blocks are used once (chat traffic).
+    Lfu,
+}
+
+impl Expert {
+    /// How much more (in percent) a challenger's recent hits must exceed the leader's to take
+    /// over. LFU, whose mistakes last (counts never fade), must be clearly better; the others
+    /// only better than noise.
+    fn margin(self) -> u64 {
+        match self {
+            Expert::Lfu => 10,
+            Expert::Lru | Expert::Prefix => 2,
+        }
+    }
+}
+
+/// The policy a KV cache should use when nobody knows its trace: LRU, [`Prefix`] or [`Lfu`],
+/// whichever has lately reused the most prefix on this very stream of requests.
 ///
-/// Traces differ: some reward recency (a conversation's next turn comes soon), others
-/// frequency (a system prompt shared by every request), and a policy tuned to one loses on
-/// the other. `Auto` keeps both orders of the keys it holds and evicts by the leader's. Which
-/// one leads is decided by two miniature simulations (spatial sampling, as in SHARDS by
-/// Waldspurger et al., FAST '15): every request for a sampled key (one whose hash falls below a
-/// threshold) is replayed on a small LRU cache and a small prefix cache, each scaled to the
-/// real one's occupancy by the sample rate, and their hits, halved now and then so the past
-/// fades, elect the leader. LRU leads until the prefix simulation has clearly more hits, so
-/// on a trace where neither wins `Auto` is LRU exactly. The simulations hold at most
-/// `SAMPLED_KEYS` (16,384) keys each: when more are sampled the threshold halves and the keys above
-/// it are dropped, so the cost stays bounded whatever the cache's size.
+/// Traces differ: some reward recency (a conversation's next turn comes soon), some hot heads
+/// shared by many requests, and chat traffic, where most blocks are used once, rewards counting
+/// uses across evictions. A policy tuned to one loses on the others. `Auto` keeps all three
+/// orders of the keys it holds and evicts by the leader's. The leader is elected by three
+/// miniature simulations (spatial sampling, as in SHARDS by Waldspurger et al., FAST '15):
+/// every request for a sampled key (one whose hash falls below a threshold) is replayed on a
+/// small cache per order, scaled to the real one's occupancy by the sample rate. Each counts
+/// its leading-run hits (a sampled key found while every sampled key before it in its batch was
+/// found too: the prefix an engine reuses), halved every `SAMPLED_KEYS` sampled requests so
+/// the past fades, and a challenger leads once its count exceeds the leader's by its
+/// [`Expert::margin`]. LRU leads at the start, so on a trace where no order wins `Auto` is LRU
+/// exactly (the experts, as in LeCaR and CACHEUS, but elected by simulation, not regret).
+///
+/// Cost: per held key an LRU link, a prefix entry and an LFU entry (with 32 bytes of sketch);
+/// the simulations hold at most `SAMPLED_KEYS` (16,384) keys each: when more are sampled the
+/// threshold halves and the keys above it are dropped, whatever the cache's size.
 pub struct Auto<K> {
     lru: Lru<K>,
     prefix: Prefix<K>,
-    /// Whether the prefix order leads (else LRU's).
-    prefix_leads: bool,
+    lfu: Lfu<K>,
+    leader: Expert,
     held: usize,
     /// A key is sampled when its hash is below this; halves as the sample grows.
     threshold: u64,
     lru_sim: Miniature<Lru<K>>,
     prefix_sim: Miniature<Prefix<K>>,
+    lfu_sim: Miniature<Lfu<K>>,
     /// Sampled requests since the simulations' hits were last halved.
     since_decay: usize,
 }
@@ -43,26 +73,35 @@ pub(crate) trait Held<K>: Policy<K> {
     fn held_keys(&self) -> Vec<K>;
 }
 
-/// A small cache of sampled keys under one policy, counting its hits.
+/// A small cache of sampled keys under one policy, counting its leading-run hits.
 struct Miniature<P> {
     policy: P,
     hits: u64,
+    /// Whether every sampled key of the current batch so far was a hit.
+    in_run: bool,
 }
 
 impl<P> Miniature<P> {
     fn new(policy: P) -> Self {
-        Miniature { policy, hits: 0 }
+        Miniature {
+            policy,
+            hits: 0,
+            in_run: true,
+        }
     }
 
-    fn request<K>(&mut self, key: &K, after: Option<&K>, room: usize)
+    /// One request for `key`; `starts` when it is the first of its batch.
+    fn request<K>(&mut self, key: &K, after: Option<&K>, starts: bool, room: usize)
     where
         P: Held<K>,
     {
+        self.in_run |= starts;
         if self.policy.holds(key) {
-            self.hits += 1;
+            self.hits += u64::from(self.in_run);
             self.policy.touch(key, after);
             return;
         }
+        self.in_run = false;
         self.policy.insert(key, 1, after);
         self.shrink(room);
     }
@@ -84,20 +123,22 @@ impl<K: Clone + Eq + Hash + Send + 'static> Default for Auto<K> {
         Auto {
             lru: Lru::default(),
             prefix: Prefix::default(),
-            prefix_leads: false,
+            lfu: Lfu::default(),
+            leader: Expert::Lru,
             held: 0,
             threshold: u64::MAX,
             lru_sim: Miniature::new(Lru::default()),
             prefix_sim: Miniature::new(Prefix::default()),
+            lfu_sim: Miniature::new(Lfu::default()),
             since_decay: 0,
         }
     }
 }
 
 impl<K: Clone + Eq + Hash + Send + 'static> Auto<K> {
-    /// Whether the prefix order currently chooses victims.
-    pub fn prefix_leads(&self) -> bool {
-        self.prefix_leads
+    /// The order that currently chooses victims.
+    pub fn leader(&self) -> Expert {
+        self.leader
     }
 
     fn sampled(&self, key: &K) -> bool {
@@ -110,37 +151,51 @@ impl<K: Clone + Eq + Hash + Send + 'static> Auto<K> {
         (self.held as f64 * rate).round() as usize
     }
 
-    /// Replays one request for `key` on both simulations, if it is sampled.
+    /// Replays one request for `key` on every simulation, if it is sampled, and elects.
     fn simulate(&mut self, key: &K, after: Option<&K>) {
         if !self.sampled(key) {
             return;
         }
+        let starts = after.is_none();
         let after = after.filter(|a| self.sampled(a));
         let room = self.room();
-        self.lru_sim.request(key, after, room);
-        self.prefix_sim.request(key, after, room);
-        if self
-            .lru_sim
-            .policy
-            .count()
-            .max(self.prefix_sim.policy.count())
-            > SAMPLED_KEYS
-        {
+        self.lru_sim.request(key, after, starts, room);
+        self.prefix_sim.request(key, after, starts, room);
+        self.lfu_sim.request(key, after, starts, room);
+        let most = [
+            self.lru_sim.policy.count(),
+            self.prefix_sim.policy.count(),
+            self.lfu_sim.policy.count(),
+        ];
+        if most.into_iter().max().unwrap_or(0) > SAMPLED_KEYS {
             self.halve_rate();
         }
         self.since_decay += 1;
-        if self.since_decay >= 8 * SAMPLED_KEYS {
+        if self.since_decay >= SAMPLED_KEYS {
             self.since_decay = 0;
             self.lru_sim.hits /= 2;
             self.prefix_sim.hits /= 2;
+            self.lfu_sim.hits /= 2;
         }
-        let (lru, prefix) = (&self.lru_sim, &self.prefix_sim);
-        // A margin, so the leader does not flap on noise: LRU unless prefix is clearly ahead.
-        self.prefix_leads = if self.prefix_leads {
-            prefix.hits * 50 >= lru.hits * 49
-        } else {
-            prefix.hits * 50 > lru.hits * 51 + 50
+        self.elect();
+    }
+
+    /// The challenger with the most hits beyond its margin over the leader's takes over.
+    fn elect(&mut self) {
+        let hits = |e: Expert| match e {
+            Expert::Lru => self.lru_sim.hits,
+            Expert::Prefix => self.prefix_sim.hits,
+            Expert::Lfu => self.lfu_sim.hits,
         };
+        let mut best = (self.leader, hits(self.leader));
+        for challenger in [Expert::Lru, Expert::Prefix, Expert::Lfu] {
+            let h = hits(challenger);
+            // At least one hit more, so a tie never flaps the leader.
+            if challenger != self.leader && h * 100 > best.1 * (100 + challenger.margin()) + 100 {
+                best = (challenger, h);
+            }
+        }
+        self.leader = best.0;
     }
 
     fn halve_rate(&mut self) {
@@ -157,6 +212,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Auto<K> {
         }
         drop_above(&mut self.lru_sim, threshold, room);
         drop_above(&mut self.prefix_sim, threshold, room);
+        drop_above(&mut self.lfu_sim, threshold, room);
     }
 }
 
@@ -166,6 +222,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Policy<K> for Auto<K> {
         let before = self.lru.len();
         self.lru.insert(key, weight, after);
         self.prefix.insert(key, weight, after);
+        self.lfu.insert(key, weight, after);
         self.held += self.lru.len() - before;
     }
 
@@ -173,27 +230,37 @@ impl<K: Clone + Eq + Hash + Send + 'static> Policy<K> for Auto<K> {
         self.simulate(key, after);
         self.lru.touch(key, after);
         self.prefix.touch(key, after);
+        self.lfu.touch(key, after);
     }
 
     fn remove(&mut self, key: &K) {
         let before = self.lru.len();
         self.lru.remove(key);
         self.prefix.remove(key);
+        self.lfu.remove(key);
         self.held -= before - self.lru.len();
         self.lru_sim.policy.remove(key);
         self.prefix_sim.policy.remove(key);
+        self.lfu_sim.policy.remove(key);
     }
 
     fn victim(&mut self, keep: &mut dyn FnMut(&K) -> bool) -> Option<K> {
-        let key = if self.prefix_leads {
-            let key = self.prefix.victim(keep)?;
-            self.lru.remove(&key);
-            key
-        } else {
-            let key = self.lru.victim(keep)?;
-            self.prefix.evicted(&key);
-            key
+        let key = match self.leader {
+            Expert::Lru => self.lru.victim(keep)?,
+            Expert::Prefix => self.prefix.victim(keep)?,
+            Expert::Lfu => self.lfu.victim(keep)?,
         };
+        // The followers forget the key; prefix ages as if it had chosen it, so it stays ready
+        // to lead; LFU keeps its count.
+        if self.leader != Expert::Lru {
+            self.lru.remove(&key);
+        }
+        if self.leader != Expert::Prefix {
+            self.prefix.evicted(&key);
+        }
+        if self.leader != Expert::Lfu {
+            self.lfu.remove(&key);
+        }
         self.held -= 1;
         Some(key)
     }

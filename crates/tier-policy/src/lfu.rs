@@ -139,3 +139,15 @@ impl<K: Clone + Eq + Hash + Send> Policy<K> for Lfu<K> {
         };
     }
 }
+
+impl<K: Clone + Eq + Hash + Send> crate::auto::Held<K> for Lfu<K> {
+    fn holds(&self, key: &K) -> bool {
+        self.held.contains_key(key)
+    }
+    fn count(&self) -> usize {
+        self.held.len()
+    }
+    fn held_keys(&self) -> Vec<K> {
+        self.held.keys().cloned().collect()
+    }
+}

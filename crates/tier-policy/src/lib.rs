@@ -19,7 +19,7 @@ mod sieve;
 use std::hash::Hash;
 
 pub use arc::Arc;
-pub use auto::Auto;
+pub use auto::{Auto, Expert};
 pub use lfu::Lfu;
 pub use lru::Lru;
 pub use prefix::Prefix;
@@ -75,8 +75,8 @@ pub enum PolicyKind {
     Radix,
     /// Least frequently used, counts never aged and kept past eviction (see [`Lfu`]).
     Lfu,
-    /// The default: LRU or `prefix`, whichever miniature simulations of the recent requests
-    /// favour (see [`Auto`]); never below LRU on any trace measured.
+    /// The default: LRU, `prefix` or `lfu`, whichever miniature simulations of the recent
+    /// requests favour (see [`Auto`]); never below LRU on any trace measured.
     #[default]
     Auto,
 }
