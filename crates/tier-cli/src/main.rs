@@ -59,6 +59,19 @@ enum Command {
         /// trace's distinct blocks).
         #[arg(long, value_delimiter = ',')]
         capacities: Vec<usize>,
+        /// Sweep a hierarchy instead: DRAM (of each `--capacities` size, default 1000 pages)
+        /// over a lower tier of this many pages, the lower tier's policy x write mode x
+        /// `--admit-after`.
+        #[arg(long, requires = "sweep")]
+        lower_pages: Option<usize>,
+        /// `admit_after` values the hierarchy sweep runs, comma-separated.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "1,2",
+            requires = "lower_pages"
+        )]
+        admit_after: Vec<u32>,
         /// Also write the report (or the sweep's table) as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -120,6 +133,8 @@ async fn run(cli: Cli) -> Result<(), String> {
         sweep: false,
         policies: Vec::new(),
         capacities: Vec::new(),
+        lower_pages: None,
+        admit_after: vec![1, 2],
         json: None,
         metrics_addr: None,
     });
@@ -174,6 +189,8 @@ async fn run(cli: Cli) -> Result<(), String> {
             sweep,
             policies,
             capacities,
+            lower_pages,
+            admit_after,
             json,
             metrics_addr,
         } => {
@@ -191,6 +208,15 @@ async fn run(cli: Cli) -> Result<(), String> {
                 requests.truncate(limit);
             }
             check_replay_memory(&requests, page_bytes, machine_memory())?;
+            if let Some(lower_pages) = lower_pages {
+                let sweep = HierarchySweep {
+                    policies,
+                    capacities,
+                    lower_pages,
+                    admit_after,
+                };
+                return run_hierarchy_sweep(&requests, page_bytes, sweep, json).await;
+            }
             if sweep {
                 return run_sweep(&requests, page_bytes, policies, capacities, json, plot).await;
             }
@@ -383,6 +409,85 @@ async fn run_sweep(
         println!("plot: {}", path.display());
     }
     write_json(json, &rows)
+}
+
+/// What `replay --sweep --lower-pages` runs.
+struct HierarchySweep {
+    policies: Vec<tier_mem::PolicyKind>,
+    capacities: Vec<usize>,
+    lower_pages: usize,
+    admit_after: Vec<u32>,
+}
+
+async fn run_hierarchy_sweep(
+    requests: &[trace::Request],
+    page_bytes: usize,
+    mut sweep: HierarchySweep,
+    json: Option<PathBuf>,
+) -> Result<(), String> {
+    use sweep::hierarchy::{Lower, Shape};
+    if sweep.policies.is_empty() {
+        // TinyLFU is moka's, for DRAM tiers only.
+        sweep.policies = tier_mem::PolicyKind::ALL
+            .into_iter()
+            .filter(|p| *p != tier_mem::PolicyKind::Tinylfu)
+            .collect();
+    }
+    if sweep.capacities.is_empty() {
+        sweep.capacities = vec![1000];
+    }
+    if let Some(zero) = sweep.admit_after.iter().find(|a| **a == 0) {
+        return Err(format!(
+            "--admit-after {zero}: a key is requested at least once"
+        ));
+    }
+    if sweep.lower_pages == 0 || sweep.capacities.contains(&0) {
+        return Err("--lower-pages and --capacities: each must be at least 1 page".into());
+    }
+    let lower = match tier_nixl::runtime::load(None) {
+        Ok(_) => Lower::NixlFile,
+        Err(e) => {
+            eprintln!(
+                "notice: NIXL runtime not found ({e}); the lower tier is an object_store folder"
+            );
+            Lower::LocalObject
+        }
+    };
+    let writes = [
+        tier_core::WritePolicy::WriteThrough,
+        tier_core::WritePolicy::WriteBack,
+    ];
+    let terminal = std::io::stderr().is_terminal();
+    let mut all = Vec::new();
+    for &top_pages in &sweep.capacities {
+        let shape = Shape {
+            top_pages,
+            lower_pages: sweep.lower_pages,
+            page_bytes,
+            lower,
+        };
+        let cells = sweep::hierarchy::sweep(
+            &registry(),
+            requests,
+            shape,
+            &sweep.policies,
+            &writes,
+            &sweep.admit_after,
+            |done, total| {
+                if terminal {
+                    eprint!("\rsweep: {done}/{total} cells");
+                    if done == total {
+                        eprintln!();
+                    }
+                }
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        print!("{}", sweep::hierarchy::render(shape, &cells));
+        all.extend(cells);
+    }
+    write_json(json, &all)
 }
 
 async fn replay_with_progress(

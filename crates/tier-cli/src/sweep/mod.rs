@@ -2,6 +2,8 @@
 //! reuse of the real DRAM tier under that policy (not a simulation of it), beside the offline
 //! references at each capacity.
 
+pub mod hierarchy;
+
 use serde::Serialize;
 use tier_core::config::{HierarchyConfig, Registry};
 use tier_core::TierError;
