@@ -42,7 +42,7 @@ impl Expert {
 /// its leading-run hits (a sampled key found while every sampled key before it in its batch was
 /// found too: the prefix an engine reuses), halved every `SAMPLED_KEYS` sampled requests so
 /// the past fades, and a challenger leads once its count exceeds the leader's by its
-/// [`Expert::margin`]. LRU leads at the start, so on a trace where no order wins `Auto` is LRU
+/// [`Expert::margin`] and by more than sampling noise. LRU leads at the start, so on a trace where no order wins `Auto` is LRU
 /// exactly (the experts, as in LeCaR and CACHEUS, but elected by simulation, not regret).
 ///
 /// Cost: per held key an LRU link, a prefix entry and an LFU entry (with 32 bytes of sketch);
@@ -190,8 +190,14 @@ impl<K: Clone + Eq + Hash + Send + 'static> Auto<K> {
         let mut best = (self.leader, hits(self.leader));
         for challenger in [Expert::Lru, Expert::Prefix, Expert::Lfu] {
             let h = hits(challenger);
-            // At least one hit more, so a tie never flaps the leader.
-            if challenger != self.leader && h * 100 > best.1 * (100 + challenger.margin()) + 100 {
+            let lead = h.saturating_sub(best.1);
+            // Ahead by the margin, and by more than three standard deviations of the best
+            // count (hits are about Poisson: lead² > 9 x hits), so noise in a small sample
+            // never elects; a tie never flaps the leader.
+            if challenger != self.leader
+                && h * 100 > best.1 * (100 + challenger.margin()) + 100
+                && lead * lead > 9 * best.1
+            {
                 best = (challenger, h);
             }
         }
