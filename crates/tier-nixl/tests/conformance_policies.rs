@@ -1,5 +1,6 @@
 //! The whole conformance suite on the NIXL FILE tier (syscall engine) under each eviction
-//! policy but `auto` (the default, which every other FILE suite runs) and TinyLFU (DRAM only).
+//! policy but `auto` (the default, which every other FILE suite runs: `FileFactory` defaults to
+//! it) and TinyLFU (DRAM only).
 mod common;
 
 macro_rules! per_policy {

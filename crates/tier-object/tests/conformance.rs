@@ -148,7 +148,7 @@ mod in_memory {
     tier_tests::conformance_suite!(super::StoreFactory::memory());
 }
 
-/// Bounded tiers under every policy an object tier takes (in memory: the bound is the
+/// Bounded tiers under every policy an object tier takes, the default `auto` too (in memory: the bound is the
 /// catalog's, the store's kind does not change it).
 macro_rules! per_policy {
     ($($module:ident: $policy:ident),* $(,)?) => {
@@ -160,4 +160,4 @@ macro_rules! per_policy {
     };
 }
 
-per_policy!(lru: Lru, radix: Radix, sieve: Sieve, s3fifo: S3fifo, arc: Arc, prefix: Prefix, lfu: Lfu);
+per_policy!(lru: Lru, radix: Radix, sieve: Sieve, s3fifo: S3fifo, arc: Arc, prefix: Prefix, lfu: Lfu, auto: Auto);

@@ -32,7 +32,7 @@ impl FileFactory {
             mode,
             direct: tier_nixl::DirectIo::Off,
             engine: tier_nixl::FileEngine::Nixl,
-            policy: tier_policy::PolicyKind::Lru,
+            policy: tier_policy::PolicyKind::default(),
             durability: tier_nixl::Durability::Process,
             bounded: Default::default(),
         }
