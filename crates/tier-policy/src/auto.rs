@@ -45,9 +45,10 @@ impl Expert {
 /// [`Expert::margin`] and by more than sampling noise. LRU leads at the start, so on a trace where no order wins `Auto` is LRU
 /// exactly (the experts, as in LeCaR and CACHEUS, but elected by simulation, not regret).
 ///
-/// Cost: per held key an LRU link, a prefix entry and an LFU entry (with 32 bytes of sketch);
-/// the simulations hold at most `SAMPLED_KEYS` (16,384) keys each: when more are sampled the
-/// threshold halves and the keys above it are dropped, whatever the cache's size.
+/// Cost: per held key an LRU link, a prefix entry and an LFU count (with 32 bytes of sketch;
+/// LFU's heap is kept only while it leads); the simulations know keys by their 64-bit hash and
+/// hold at most `SAMPLED_KEYS` (16,384) each: when more are sampled the threshold halves and
+/// the keys above it are dropped, whatever the cache's size.
 pub struct Auto<K> {
     lru: Lru<K>,
     prefix: Prefix<K>,
@@ -56,9 +57,11 @@ pub struct Auto<K> {
     held: usize,
     /// A key is sampled when its hash is below this; halves as the sample grows.
     threshold: u64,
-    lru_sim: Miniature<Lru<K>>,
-    prefix_sim: Miniature<Prefix<K>>,
-    lfu_sim: Miniature<Lfu<K>>,
+    /// The simulations know a sampled key by its 64-bit hash: cheaper to hash and compare
+    /// than the key, and two sampled keys share one with odds of 2^-64.
+    lru_sim: Miniature<Lru<u64>>,
+    prefix_sim: Miniature<Prefix<u64>>,
+    lfu_sim: Miniature<Lfu<u64>>,
     /// Sampled requests since the simulations' hits were last halved.
     since_decay: usize,
 }
@@ -123,7 +126,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Default for Auto<K> {
         Auto {
             lru: Lru::default(),
             prefix: Prefix::default(),
-            lfu: Lfu::default(),
+            lfu: Lfu::unordered(),
             leader: Expert::Lru,
             held: 0,
             threshold: u64::MAX,
@@ -141,10 +144,6 @@ impl<K: Clone + Eq + Hash + Send + 'static> Auto<K> {
         self.leader
     }
 
-    fn sampled(&self, key: &K) -> bool {
-        hash_of(key) <= self.threshold
-    }
-
     /// The real cache's occupancy at the sample rate: each simulation's room.
     fn room(&self) -> usize {
         let rate = self.threshold as f64 / u64::MAX as f64;
@@ -153,11 +152,13 @@ impl<K: Clone + Eq + Hash + Send + 'static> Auto<K> {
 
     /// Replays one request for `key` on every simulation, if it is sampled, and elects.
     fn simulate(&mut self, key: &K, after: Option<&K>) {
-        if !self.sampled(key) {
+        let hash = hash_of(key);
+        if hash > self.threshold {
             return;
         }
         let starts = after.is_none();
-        let after = after.filter(|a| self.sampled(a));
+        let after = after.map(hash_of).filter(|a| *a <= self.threshold);
+        let (key, after) = (&hash, after.as_ref());
         let room = self.room();
         self.lru_sim.request(key, after, starts, room);
         self.prefix_sim.request(key, after, starts, room);
@@ -201,6 +202,10 @@ impl<K: Clone + Eq + Hash + Send + 'static> Auto<K> {
                 best = (challenger, h);
             }
         }
+        if best.0 != self.leader && self.leader == Expert::Lfu {
+            // LFU's order costs a heap push per use: kept only while it leads.
+            self.lfu.unorder();
+        }
         self.leader = best.0;
     }
 
@@ -208,10 +213,10 @@ impl<K: Clone + Eq + Hash + Send + 'static> Auto<K> {
         self.threshold /= 2;
         let threshold = self.threshold;
         let room = self.room();
-        fn drop_above<K: Hash, P: Held<K>>(sim: &mut Miniature<P>, threshold: u64, room: usize) {
-            for k in sim.policy.held_keys() {
-                if hash_of(&k) > threshold {
-                    sim.policy.remove(&k);
+        fn drop_above<P: Held<u64>>(sim: &mut Miniature<P>, threshold: u64, room: usize) {
+            for hash in sim.policy.held_keys() {
+                if hash > threshold {
+                    sim.policy.remove(&hash);
                 }
             }
             sim.shrink(room);
@@ -245,9 +250,10 @@ impl<K: Clone + Eq + Hash + Send + 'static> Policy<K> for Auto<K> {
         self.prefix.remove(key);
         self.lfu.remove(key);
         self.held -= before - self.lru.len();
-        self.lru_sim.policy.remove(key);
-        self.prefix_sim.policy.remove(key);
-        self.lfu_sim.policy.remove(key);
+        let hash = hash_of(key);
+        self.lru_sim.policy.remove(&hash);
+        self.prefix_sim.policy.remove(&hash);
+        self.lfu_sim.policy.remove(&hash);
     }
 
     fn victim(&mut self, keep: &mut dyn FnMut(&K) -> bool) -> Option<K> {

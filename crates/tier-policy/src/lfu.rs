@@ -1,4 +1,5 @@
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::hash::Hash;
 
 use crate::{hash_of, Map, Policy};
@@ -14,17 +15,42 @@ use crate::{hash_of, Map, Policy};
 /// from the held keys' counts (those of keys not held are then forgotten).
 pub struct Lfu<K> {
     sketch: Sketch,
-    /// Held keys by (frequency, last use).
-    order: BTreeMap<(u32, u64), K>,
+    /// Held keys by (frequency, last use), least first. A key's older entries stay until they
+    /// surface (a push per use is cheaper than a reordering); an entry is current when it
+    /// matches `held`.
+    order: BinaryHeap<Reverse<Ranked<K>>>,
+    /// Whether `order` is kept up to date; when not, the first victim builds it from `held`.
+    ordered: bool,
     held: Map<K, (u32, u64)>,
     tick: u64,
+}
+
+/// A key and its (frequency, last use), ordered by the pair alone.
+struct Ranked<K>((u32, u64), K);
+
+impl<K> PartialEq for Ranked<K> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+impl<K> Eq for Ranked<K> {}
+impl<K> PartialOrd for Ranked<K> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<K> Ord for Ranked<K> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.cmp(&other.0)
+    }
 }
 
 impl<K> Default for Lfu<K> {
     fn default() -> Self {
         Lfu {
             sketch: Sketch::new(MIN_WIDTH),
-            order: BTreeMap::new(),
+            order: BinaryHeap::new(),
+            ordered: true,
             held: Map::default(),
             tick: 0,
         }
@@ -90,11 +116,36 @@ impl<K: Clone + Eq + Hash + Send> Lfu<K> {
             self.grow();
         }
         self.tick += 1;
-        let frequency = self.sketch.increment(hash_of(key), 1);
-        if let Some(old) = self.held.insert(key.clone(), (frequency, self.tick)) {
-            self.order.remove(&old);
+        let rank = (self.sketch.increment(hash_of(key), 1), self.tick);
+        match self.held.get_mut(key) {
+            Some(at) => *at = rank,
+            None => {
+                self.held.insert(key.clone(), rank);
+            }
         }
-        self.order.insert((frequency, self.tick), key.clone());
+        if !self.ordered {
+            return;
+        }
+        self.order.push(Reverse(Ranked(rank, key.clone())));
+        if self.order.len() > 4 * self.held.len() + 64 {
+            let held = &self.held;
+            self.order
+                .retain(|Reverse(Ranked(rank, k))| held.get(k) == Some(rank));
+        }
+    }
+
+    /// An LFU that keeps no eviction order until its first victim (see [`Lfu::unorder`]).
+    pub(crate) fn unordered() -> Self {
+        let mut lfu = Lfu::default();
+        lfu.unorder();
+        lfu
+    }
+
+    /// Stops keeping the eviction order (for an order that does not choose victims now, as
+    /// in [`crate::Auto`]): uses are still counted, and the next victim rebuilds the order.
+    pub(crate) fn unorder(&mut self) {
+        self.ordered = false;
+        self.order = BinaryHeap::new();
     }
 
     fn grow(&mut self) {
@@ -117,26 +168,39 @@ impl<K: Clone + Eq + Hash + Send> Policy<K> for Lfu<K> {
     }
 
     fn remove(&mut self, key: &K) {
-        if let Some(at) = self.held.remove(key) {
-            self.order.remove(&at);
-        }
+        self.held.remove(key);
     }
 
     fn victim(&mut self, keep: &mut dyn FnMut(&K) -> bool) -> Option<K> {
-        let (&at, key) = self.order.iter().find(|(_, k)| !keep(k))?;
-        let key = key.clone();
-        self.order.remove(&at);
-        self.held.remove(&key);
-        Some(key)
+        if !self.ordered {
+            self.ordered = true;
+            self.order = self
+                .held
+                .iter()
+                .map(|(k, &rank)| Reverse(Ranked(rank, k.clone())))
+                .collect();
+        }
+        let mut kept = Vec::new();
+        let victim = loop {
+            let Some(Reverse(Ranked(rank, key))) = self.order.pop() else {
+                break None;
+            };
+            if self.held.get(&key) != Some(&rank) {
+                continue;
+            }
+            if keep(&key) {
+                kept.push(Reverse(Ranked(rank, key)));
+                continue;
+            }
+            self.held.remove(&key);
+            break Some(key);
+        };
+        self.order.extend(kept);
+        victim
     }
 
     fn clear(&mut self) {
-        *self = Lfu {
-            sketch: Sketch::new(MIN_WIDTH),
-            order: BTreeMap::new(),
-            held: Map::default(),
-            tick: 0,
-        };
+        *self = Lfu::default();
     }
 }
 

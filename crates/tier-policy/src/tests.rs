@@ -456,3 +456,27 @@ fn prefix_ages_out_keys_used_often_long_ago() {
     );
     assert!(prefix[1] * 3 >= lru[1], "prefix {prefix:?}, lru {lru:?}");
 }
+
+/// An LFU that keeps no order until asked for a victim (as `auto` keeps it while another
+/// order leads) names the same victims as one that keeps it all along.
+#[test]
+fn lfu_builds_the_same_order_when_asked_late() {
+    let mut g = Gen(0x5851_f42d_4c95_7f2d);
+    let (mut kept, mut late) = (crate::Lfu::default(), crate::Lfu::unordered());
+    for round in 0..50 {
+        for _ in 0..400 {
+            let key = g.below(500) as u32;
+            for p in [&mut kept, &mut late] {
+                p.insert(&key, 1, None);
+            }
+        }
+        let a: Vec<u32> = (0..20)
+            .filter_map(|_| kept.victim(&mut |k| k % 7 == 0))
+            .collect();
+        let b: Vec<u32> = (0..20)
+            .filter_map(|_| late.victim(&mut |k| k % 7 == 0))
+            .collect();
+        assert_eq!(a, b, "round {round}");
+        late.unorder();
+    }
+}
