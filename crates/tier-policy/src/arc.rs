@@ -126,3 +126,32 @@ impl<K: Clone + Eq + Hash + Send> Policy<K> for Arc<K> {
         *self = Arc::default();
     }
 }
+
+impl<K: Clone + Eq + Hash + Send> Arc<K> {
+    /// `key` was evicted by another order: it becomes a ghost of its list, as if chosen here,
+    /// so this order stays ready to lead.
+    pub(crate) fn evicted(&mut self, key: &K) {
+        if let Some(&(list @ (T1 | T2), tick)) = self.place.get(key) {
+            self.lists[list].remove(&tick);
+            self.place.remove(key);
+            self.place_in(key, if list == T1 { B1 } else { B2 });
+            self.trim_ghosts();
+        }
+    }
+}
+
+impl<K: Clone + Eq + Hash + Send> crate::auto::Held<K> for Arc<K> {
+    fn holds(&self, key: &K) -> bool {
+        matches!(self.place.get(key), Some(&(T1 | T2, _)))
+    }
+    fn count(&self) -> usize {
+        self.held()
+    }
+    fn held_keys(&self) -> Vec<K> {
+        self.lists[T1]
+            .values()
+            .chain(self.lists[T2].values())
+            .cloned()
+            .collect()
+    }
+}

@@ -1,6 +1,6 @@
 use std::hash::Hash;
 
-use crate::{hash_of, Lfu, Lru, Policy, Prefix};
+use crate::{hash_of, Arc, Lfu, Lru, Policy, Prefix};
 
 /// Most keys each miniature simulation holds; past it the sample rate halves. Also the number
 /// of sampled requests after which the simulations' hits are halved.
@@ -15,6 +15,8 @@ pub enum Expert {
     Prefix,
     /// [`Lfu`], frequency never aged: wins where most blocks are used once (chat traffic).
     Lfu,
+    /// [`Arc`]: recency and frequency lists sized by ghost hits.
+    Arc,
 }
 
 impl Expert {
@@ -24,35 +26,38 @@ impl Expert {
     fn margin(self) -> u64 {
         match self {
             Expert::Lfu => 10,
-            Expert::Lru | Expert::Prefix => 2,
+            Expert::Lru | Expert::Prefix | Expert::Arc => 2,
         }
     }
 }
 
-/// The policy a KV cache should use when nobody knows its trace: LRU, [`Prefix`] or [`Lfu`],
-/// whichever has lately reused the most prefix on this very stream of requests.
+/// The policy a KV cache should use when nobody knows its trace: LRU, [`Prefix`], [`Lfu`] or
+/// [`Arc`], whichever has lately reused the most prefix on this very stream of requests.
 ///
 /// Traces differ: some reward recency (a conversation's next turn comes soon), some hot heads
-/// shared by many requests, and chat traffic, where most blocks are used once, rewards counting
-/// uses across evictions. A policy tuned to one loses on the others. `Auto` keeps all three
-/// orders of the keys it holds and evicts by the leader's. The leader is elected by three
-/// miniature simulations (spatial sampling, as in SHARDS by Waldspurger et al., FAST '15):
-/// every request for a sampled key (one whose hash falls below a threshold) is replayed on a
-/// small cache per order, scaled to the real one's occupancy by the sample rate. Each counts
-/// its leading-run hits (a sampled key found while every sampled key before it in its batch was
-/// found too: the prefix an engine reuses), halved every `SAMPLED_KEYS` sampled requests so
-/// the past fades, and a challenger leads once its count exceeds the leader's by its
-/// [`Expert::margin`] and by more than sampling noise. LRU leads at the start, so on a trace where no order wins `Auto` is LRU
-/// exactly (the experts, as in LeCaR and CACHEUS, but elected by simulation, not regret).
+/// shared by many requests, chat traffic (most blocks used once) counting uses across
+/// evictions, and the stream a lower tier sees (its hot blocks absorbed by the tier above)
+/// ARC's balance of recency and frequency. A policy tuned to one loses on the others. `Auto`
+/// keeps the four orders of the keys it holds and evicts by the leader's. The leader is
+/// elected by four miniature simulations (spatial sampling, as in SHARDS by Waldspurger et
+/// al., FAST '15): every request for a sampled key (one whose hash falls below a threshold) is
+/// replayed on a small cache per order, scaled to the real one's occupancy by the sample rate.
+/// Each counts its leading-run hits (a sampled key found while every sampled key before it in
+/// its batch was found too: the prefix an engine reuses), halved every `SAMPLED_KEYS` sampled
+/// requests so the past fades, and a challenger leads once its count exceeds the leader's by
+/// its [`Expert::margin`] and by more than sampling noise. LRU leads at the start, so on a
+/// trace where no order wins `Auto` is LRU exactly (experts, as in LeCaR and CACHEUS, but
+/// elected by simulation, not regret).
 ///
-/// Cost: per held key an LRU link, a prefix entry and an LFU count (with 32 bytes of sketch;
-/// LFU's heap is kept only while it leads); the simulations know keys by their 64-bit hash and
-/// hold at most `SAMPLED_KEYS` (16,384) each: when more are sampled the threshold halves and
-/// the keys above it are dropped, whatever the cache's size.
+/// Cost: per held key an LRU link, a prefix entry, an ARC entry and an LFU count (with 32
+/// bytes of sketch; LFU's heap is kept only while it leads); the simulations know keys by their
+/// 64-bit hash and hold at most `SAMPLED_KEYS` (16,384) each: when more are sampled the
+/// threshold halves and the keys above it are dropped, whatever the cache's size.
 pub struct Auto<K> {
     lru: Lru<K>,
     prefix: Prefix<K>,
     lfu: Lfu<K>,
+    arc: Arc<K>,
     leader: Expert,
     held: usize,
     /// A key is sampled when its hash is below this; halves as the sample grows.
@@ -62,6 +67,7 @@ pub struct Auto<K> {
     lru_sim: Miniature<Lru<u64>>,
     prefix_sim: Miniature<Prefix<u64>>,
     lfu_sim: Miniature<Lfu<u64>>,
+    arc_sim: Miniature<Arc<u64>>,
     /// Sampled requests since the simulations' hits were last halved.
     since_decay: usize,
 }
@@ -127,12 +133,14 @@ impl<K: Clone + Eq + Hash + Send + 'static> Default for Auto<K> {
             lru: Lru::default(),
             prefix: Prefix::default(),
             lfu: Lfu::unordered(),
+            arc: Arc::default(),
             leader: Expert::Lru,
             held: 0,
             threshold: u64::MAX,
             lru_sim: Miniature::new(Lru::default()),
             prefix_sim: Miniature::new(Prefix::default()),
             lfu_sim: Miniature::new(Lfu::default()),
+            arc_sim: Miniature::new(Arc::default()),
             since_decay: 0,
         }
     }
@@ -163,10 +171,12 @@ impl<K: Clone + Eq + Hash + Send + 'static> Auto<K> {
         self.lru_sim.request(key, after, starts, room);
         self.prefix_sim.request(key, after, starts, room);
         self.lfu_sim.request(key, after, starts, room);
+        self.arc_sim.request(key, after, starts, room);
         let most = [
             self.lru_sim.policy.count(),
             self.prefix_sim.policy.count(),
             self.lfu_sim.policy.count(),
+            self.arc_sim.policy.count(),
         ];
         if most.into_iter().max().unwrap_or(0) > SAMPLED_KEYS {
             self.halve_rate();
@@ -177,6 +187,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Auto<K> {
             self.lru_sim.hits /= 2;
             self.prefix_sim.hits /= 2;
             self.lfu_sim.hits /= 2;
+            self.arc_sim.hits /= 2;
         }
         self.elect();
     }
@@ -187,9 +198,10 @@ impl<K: Clone + Eq + Hash + Send + 'static> Auto<K> {
             Expert::Lru => self.lru_sim.hits,
             Expert::Prefix => self.prefix_sim.hits,
             Expert::Lfu => self.lfu_sim.hits,
+            Expert::Arc => self.arc_sim.hits,
         };
         let mut best = (self.leader, hits(self.leader));
-        for challenger in [Expert::Lru, Expert::Prefix, Expert::Lfu] {
+        for challenger in [Expert::Lru, Expert::Prefix, Expert::Lfu, Expert::Arc] {
             let h = hits(challenger);
             let lead = h.saturating_sub(best.1);
             // Ahead by the margin, and by more than three standard deviations of the best
@@ -224,6 +236,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Auto<K> {
         drop_above(&mut self.lru_sim, threshold, room);
         drop_above(&mut self.prefix_sim, threshold, room);
         drop_above(&mut self.lfu_sim, threshold, room);
+        drop_above(&mut self.arc_sim, threshold, room);
     }
 }
 
@@ -234,6 +247,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Policy<K> for Auto<K> {
         self.lru.insert(key, weight, after);
         self.prefix.insert(key, weight, after);
         self.lfu.insert(key, weight, after);
+        self.arc.insert(key, weight, after);
         self.held += self.lru.len() - before;
     }
 
@@ -242,6 +256,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Policy<K> for Auto<K> {
         self.lru.touch(key, after);
         self.prefix.touch(key, after);
         self.lfu.touch(key, after);
+        self.arc.touch(key, after);
     }
 
     fn remove(&mut self, key: &K) {
@@ -249,11 +264,13 @@ impl<K: Clone + Eq + Hash + Send + 'static> Policy<K> for Auto<K> {
         self.lru.remove(key);
         self.prefix.remove(key);
         self.lfu.remove(key);
+        self.arc.remove(key);
         self.held -= before - self.lru.len();
         let hash = hash_of(key);
         self.lru_sim.policy.remove(&hash);
         self.prefix_sim.policy.remove(&hash);
         self.lfu_sim.policy.remove(&hash);
+        self.arc_sim.policy.remove(&hash);
     }
 
     fn victim(&mut self, keep: &mut dyn FnMut(&K) -> bool) -> Option<K> {
@@ -261,6 +278,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Policy<K> for Auto<K> {
             Expert::Lru => self.lru.victim(keep)?,
             Expert::Prefix => self.prefix.victim(keep)?,
             Expert::Lfu => self.lfu.victim(keep)?,
+            Expert::Arc => self.arc.victim(keep)?,
         };
         // The followers forget the key; prefix ages as if it had chosen it, so it stays ready
         // to lead; LFU keeps its count.
@@ -272,6 +290,9 @@ impl<K: Clone + Eq + Hash + Send + 'static> Policy<K> for Auto<K> {
         }
         if self.leader != Expert::Lfu {
             self.lfu.remove(&key);
+        }
+        if self.leader != Expert::Arc {
+            self.arc.evicted(&key);
         }
         self.held -= 1;
         Some(key)

@@ -75,8 +75,8 @@ pub enum PolicyKind {
     Radix,
     /// Least frequently used, counts never aged and kept past eviction (see [`Lfu`]).
     Lfu,
-    /// The default: LRU, `prefix` or `lfu`, whichever miniature simulations of the recent
-    /// requests favour (see [`Auto`]); never below LRU on any trace measured.
+    /// The default: LRU, `prefix`, `lfu` or `arc`, whichever miniature simulations of the
+    /// recent requests favour (see [`Auto`]); never below LRU on any trace measured.
     #[default]
     Auto,
 }
