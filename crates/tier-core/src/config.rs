@@ -111,9 +111,9 @@ impl<'de> Deserialize<'de> for ByteSize {
 
 /// A duration in seconds (`30`, `0.5`) or with a unit (`"500ms"`, `"2s"`, `"1m"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Seconds(pub Duration);
+pub struct TimeSpan(pub Duration);
 
-impl<'de> Deserialize<'de> for Seconds {
+impl<'de> Deserialize<'de> for TimeSpan {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
         #[serde(untagged)]
@@ -167,7 +167,7 @@ pub struct PolicyConfig {
     /// top tier's capacity, or 1 GiB).
     pub queue_bytes: Option<ByteSize>,
     /// Bound on flush and close.
-    pub flush_timeout: Option<Seconds>,
+    pub flush_timeout: Option<TimeSpan>,
     /// Requests of a key before its page is written below (default 1: every page).
     pub admit_after: u32,
 }
@@ -287,8 +287,8 @@ pub fn deserialize_at<T: DeserializeOwned>(
     })
 }
 
-/// What a factory gets: the entry's name, parameters, where it sits, and the eviction hook to
-/// install if the kind has one (write-back).
+/// What a kind's factory gets: the entry's name, where it sits and its parameters (a tier that
+/// must hand evicted pages down gets its listener later, from [`TierPlan::open`]).
 pub struct TierContext {
     /// Instance name.
     pub name: String,
@@ -324,13 +324,13 @@ pub trait TierPlan: Send {
 pub type NamedPlan = (String, Box<dyn TierPlan>);
 
 /// Turns a config entry into a [`TierPlan`], validating it.
-pub type TierFactory =
+pub type KindFactory =
     Arc<dyn Fn(&TierContext) -> Result<Box<dyn TierPlan>, TierError> + Send + Sync>;
 
 /// Kind name -> factory.
 #[derive(Clone, Default)]
 pub struct Registry {
-    kinds: BTreeMap<String, TierFactory>,
+    kinds: BTreeMap<String, KindFactory>,
 }
 
 impl Registry {

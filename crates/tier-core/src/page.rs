@@ -131,21 +131,22 @@ impl<'a> PageData<'a> {
         }
     }
 
-    /// The content as shared regions a tier may keep: shared regions are kept as they are,
-    /// lent ones copied (all of a page's lent regions into one buffer).
+    /// The content as shared regions a tier may keep: shared regions are kept as they are
+    /// (never copied), each lent one is copied into a buffer of its own (counted in
+    /// [`copied_bytes`]).
     pub fn into_shared(self) -> PageData<'static> {
-        if self.regions.iter().all(|r| matches!(r, Region::Shared(_))) {
-            let regions = self
-                .regions
-                .into_iter()
-                .filter_map(|r| match r {
-                    Region::Shared(b) => Some(Region::Shared(b)),
-                    Region::Lent(_) => None,
-                })
-                .collect();
-            return PageData::from_regions(regions);
-        }
-        PageData::from(self.to_bytes())
+        let regions = self
+            .regions
+            .into_iter()
+            .map(|r| match r {
+                Region::Shared(b) => Region::Shared(b),
+                Region::Lent(l) => {
+                    LENT_COPIED.fetch_add(l.len() as u64, Relaxed);
+                    Region::Shared(Bytes::copy_from_slice(l))
+                }
+            })
+            .collect();
+        PageData::from_regions(regions)
     }
 
     /// The regions as `Bytes`: shared ones without copying, lent ones copied.
@@ -475,6 +476,26 @@ pub enum Lookup {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A page of shared and lent regions keeps its shared regions as they are (same memory)
+    /// and copies only the lent ones.
+    #[test]
+    fn a_mixed_page_keeps_its_shared_regions() {
+        let shared = Bytes::from(vec![1u8; 64]);
+        let lent = vec![2u8; 16];
+        let page =
+            PageData::from_regions(vec![Region::Shared(shared.clone()), Region::Lent(&lent)]);
+        let kept = page.into_shared();
+        let regions = kept.shared_regions();
+        assert_eq!(regions.len(), 2);
+        assert_eq!(
+            regions[0].as_ptr(),
+            shared.as_ptr(),
+            "the shared region was copied"
+        );
+        assert_eq!(&regions[1][..], &lent[..]);
+        assert_eq!(kept.lent_bytes(), 0);
+    }
 
     #[test]
     fn regions_scatter_across_other_boundaries() {

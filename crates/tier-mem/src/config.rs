@@ -11,7 +11,7 @@
 //! ```
 
 use serde::Deserialize;
-use tier_core::config::{ByteSize, OpenFuture, Registry, Seconds, TierContext, TierPlan};
+use tier_core::config::{ByteSize, OpenFuture, Registry, TierContext, TierPlan, TimeSpan};
 use tier_core::{EvictionListener, TierError};
 
 use crate::{resolve_policy, MemTier, PolicyKind};
@@ -21,8 +21,8 @@ use crate::{resolve_policy, MemTier, PolicyKind};
 struct MemParams {
     capacity: ByteSize,
     policy: Option<PolicyKind>,
-    ttl: Option<Seconds>,
-    tti: Option<Seconds>,
+    ttl: Option<TimeSpan>,
+    tti: Option<TimeSpan>,
 }
 
 struct MemPlan {

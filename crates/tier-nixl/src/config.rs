@@ -47,7 +47,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde::Deserialize;
-use tier_core::config::{ByteSize, OpenFuture, Registry, Seconds, TierContext, TierPlan};
+use tier_core::config::{ByteSize, OpenFuture, Registry, TierContext, TierPlan, TimeSpan};
 use tier_core::{EvictionListener, TierError};
 
 use crate::{
@@ -76,7 +76,7 @@ struct FileParams {
     page_checksum: PageChecksum,
     staging_bytes: Option<ByteSize>,
     staging_buffers: Option<usize>,
-    transfer_timeout: Option<Seconds>,
+    transfer_timeout: Option<TimeSpan>,
     max_abandoned: Option<ByteSize>,
     runtime_dir: Option<PathBuf>,
     #[serde(default)]
@@ -166,7 +166,7 @@ struct ObjParams {
     lanes: Option<usize>,
     concurrency: Option<usize>,
     max_page: Option<ByteSize>,
-    transfer_timeout: Option<Seconds>,
+    transfer_timeout: Option<TimeSpan>,
     max_abandoned: Option<ByteSize>,
     runtime_dir: Option<PathBuf>,
     capacity: Option<ByteSize>,

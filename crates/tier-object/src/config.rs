@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use object_store::ObjectStore;
 use serde::Deserialize;
-use tier_core::config::{ByteSize, OpenFuture, Registry, Seconds, TierContext, TierPlan};
+use tier_core::config::{ByteSize, OpenFuture, Registry, TierContext, TierPlan, TimeSpan};
 use tier_core::{EvictionListener, TierError};
 
 use crate::{ObjectTier, ObjectTierConfig, S3Settings};
@@ -39,7 +39,7 @@ struct ObjectParams {
     region: Option<String>,
     dir: Option<PathBuf>,
     concurrency: Option<usize>,
-    op_timeout: Option<Seconds>,
+    op_timeout: Option<TimeSpan>,
     #[serde(default)]
     create_only: bool,
     capacity: Option<ByteSize>,

@@ -13,7 +13,7 @@ const B2: usize = 3;
 /// size of T1 toward the list that would have kept it. Sizes count keys: the cache size is the
 /// number of keys held when the tier asks for a victim.
 #[derive(Debug)]
-pub struct Arc<K> {
+pub struct AdaptiveReplacement<K> {
     place: Map<K, (usize, u64)>,
     lists: [BTreeMap<u64, K>; 4],
     next: u64,
@@ -21,9 +21,9 @@ pub struct Arc<K> {
     target: usize,
 }
 
-impl<K> Default for Arc<K> {
+impl<K> Default for AdaptiveReplacement<K> {
     fn default() -> Self {
-        Arc {
+        AdaptiveReplacement {
             place: Map::default(),
             lists: Default::default(),
             next: 0,
@@ -32,7 +32,7 @@ impl<K> Default for Arc<K> {
     }
 }
 
-impl<K: Clone + Eq + Hash + Send> Arc<K> {
+impl<K: Clone + Eq + Hash + Send> AdaptiveReplacement<K> {
     fn held(&self) -> usize {
         self.lists[T1].len() + self.lists[T2].len()
     }
@@ -76,7 +76,7 @@ impl<K: Clone + Eq + Hash + Send> Arc<K> {
     }
 }
 
-impl<K: Clone + Eq + Hash + Send> Policy<K> for Arc<K> {
+impl<K: Clone + Eq + Hash + Send> Policy<K> for AdaptiveReplacement<K> {
     fn insert(&mut self, key: &K, _weight: u64, _after: Option<&K>) {
         let c = self.held().max(1);
         match self.place.get(key).map(|&(l, _)| l) {
@@ -123,11 +123,11 @@ impl<K: Clone + Eq + Hash + Send> Policy<K> for Arc<K> {
     }
 
     fn clear(&mut self) {
-        *self = Arc::default();
+        *self = AdaptiveReplacement::default();
     }
 }
 
-impl<K: Clone + Eq + Hash + Send> Arc<K> {
+impl<K: Clone + Eq + Hash + Send> AdaptiveReplacement<K> {
     /// `key` was evicted by another order: it becomes a ghost of its list, as if chosen here,
     /// so this order stays ready to lead.
     pub(crate) fn evicted(&mut self, key: &K) {
@@ -140,7 +140,7 @@ impl<K: Clone + Eq + Hash + Send> Arc<K> {
     }
 }
 
-impl<K: Clone + Eq + Hash + Send> crate::auto::Held<K> for Arc<K> {
+impl<K: Clone + Eq + Hash + Send> crate::auto::Held<K> for AdaptiveReplacement<K> {
     fn holds(&self, key: &K) -> bool {
         matches!(self.place.get(key), Some(&(T1 | T2, _)))
     }

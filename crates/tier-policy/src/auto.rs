@@ -1,6 +1,6 @@
 use std::hash::Hash;
 
-use crate::{hash_of, Arc, Lfu, Lru, Policy, Prefix};
+use crate::{hash_of, AdaptiveReplacement, Lfu, Lru, Policy, Prefix};
 
 /// Most keys each miniature simulation holds; past it the sample rate halves. Also the number
 /// of sampled requests after which the simulations' hits are halved.
@@ -15,7 +15,7 @@ pub enum Expert {
     Prefix,
     /// [`Lfu`], frequency never aged: wins where most blocks are used once (chat traffic).
     Lfu,
-    /// [`Arc`]: recency and frequency lists sized by ghost hits.
+    /// [`AdaptiveReplacement`]: recency and frequency lists sized by ghost hits.
     Arc,
 }
 
@@ -32,7 +32,7 @@ impl Expert {
 }
 
 /// The policy a KV cache should use when nobody knows its trace: LRU, [`Prefix`], [`Lfu`] or
-/// [`Arc`], whichever has lately reused the most prefix on this very stream of requests.
+/// [`AdaptiveReplacement`], whichever has lately reused the most prefix on this very stream of requests.
 ///
 /// Traces differ: some reward recency (a conversation's next turn comes soon), some hot heads
 /// shared by many requests, chat traffic (most blocks used once) counting uses across
@@ -57,7 +57,7 @@ pub struct Auto<K> {
     lru: Lru<K>,
     prefix: Prefix<K>,
     lfu: Lfu<K>,
-    arc: Arc<K>,
+    arc: AdaptiveReplacement<K>,
     leader: Expert,
     held: usize,
     /// A key is sampled when its hash is below this; halves as the sample grows.
@@ -67,7 +67,7 @@ pub struct Auto<K> {
     lru_sim: Miniature<Lru<u64>>,
     prefix_sim: Miniature<Prefix<u64>>,
     lfu_sim: Miniature<Lfu<u64>>,
-    arc_sim: Miniature<Arc<u64>>,
+    arc_sim: Miniature<AdaptiveReplacement<u64>>,
     /// Sampled requests since the simulations' hits were last halved.
     since_decay: usize,
 }
@@ -133,14 +133,14 @@ impl<K: Clone + Eq + Hash + Send + 'static> Default for Auto<K> {
             lru: Lru::default(),
             prefix: Prefix::default(),
             lfu: Lfu::unordered(),
-            arc: Arc::default(),
+            arc: AdaptiveReplacement::default(),
             leader: Expert::Lru,
             held: 0,
             threshold: u64::MAX,
             lru_sim: Miniature::new(Lru::default()),
             prefix_sim: Miniature::new(Prefix::default()),
             lfu_sim: Miniature::new(Lfu::default()),
-            arc_sim: Miniature::new(Arc::default()),
+            arc_sim: Miniature::new(AdaptiveReplacement::default()),
             since_decay: 0,
         }
     }

@@ -18,7 +18,7 @@ mod sieve;
 
 use std::hash::Hash;
 
-pub use arc::Arc;
+pub use arc::AdaptiveReplacement;
 pub use auto::{Auto, Expert};
 pub use lfu::Lfu;
 pub use lru::Lru;
@@ -117,7 +117,7 @@ impl PolicyKind {
             PolicyKind::Tinylfu => return None,
             PolicyKind::Sieve => Box::new(Sieve::default()),
             PolicyKind::S3fifo => Box::new(S3Fifo::default()),
-            PolicyKind::Arc => Box::new(Arc::default()),
+            PolicyKind::Arc => Box::new(AdaptiveReplacement::default()),
             PolicyKind::Prefix => Box::new(Prefix::default()),
             PolicyKind::Radix => Box::new(Prefix::leaf_lru()),
             PolicyKind::Lfu => Box::new(Lfu::default()),
