@@ -45,7 +45,7 @@ impl Expert {
 /// Each counts its leading-run hits (a sampled key found while every sampled key before it in
 /// its batch was found too: the prefix an engine reuses), halved every `SAMPLED_KEYS` sampled
 /// requests so the past fades, and a challenger leads once its count exceeds the leader's by
-/// its [`Expert::margin`] and by more than sampling noise. LRU leads at the start, so on a
+/// its margin (2%, 10% for LFU) and by more than sampling noise. LRU leads at the start, so on a
 /// trace where no order wins `Auto` is LRU exactly (experts, as in LeCaR and CACHEUS, but
 /// elected by simulation, not regret).
 ///
