@@ -303,6 +303,45 @@ async fn pages_are_written_below_only_from_their_nth_request() {
     }
 }
 
+/// Engines put a page once and read it again: in write-through with `admit_after = 2` the read
+/// that admits the page copies it down (it used to stay in the top tier only, for good), and
+/// a later put's version is the one that stays below.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_read_that_admits_a_page_copies_it_down() {
+    let (h, lower) = one_page_over(WritePolicy::WriteThrough, 2);
+    let k = key(5);
+    let below = |k: &PageKey| {
+        let (lower, k) = (Arc::clone(&lower), k.clone());
+        async move { tier_tests::read_page(&*lower, k, 4096).await }
+    };
+    put_one(&h, &k, 1).await;
+    h.flush().await.unwrap();
+    assert_eq!(
+        below(&k).await.0.unwrap(),
+        Lookup::Miss,
+        "not admitted at its put"
+    );
+    let (r, _) = tier_tests::read_page(&h, k.clone(), 4096).await;
+    assert_eq!(r.unwrap(), Lookup::Hit);
+    h.flush().await.unwrap();
+    let (r, buf) = below(&k).await;
+    assert_eq!(r.unwrap(), Lookup::Hit, "the admitting read copied it down");
+    content::verify(&k, 1, &buf).unwrap();
+    put_one(&h, &k, 2).await;
+    let (r, _) = tier_tests::read_page(&h, k.clone(), 4096).await;
+    assert_eq!(r.unwrap(), Lookup::Hit);
+    h.flush().await.unwrap();
+    let (r, buf) = below(&k).await;
+    assert_eq!(r.unwrap(), Lookup::Hit);
+    content::verify(&k, 2, &buf).expect("the newest version below");
+    assert_eq!(
+        h.hierarchy_stats().copied_down,
+        2,
+        "one copy per admitted version"
+    );
+    h.close().await.unwrap();
+}
+
 /// Admission never makes a stale page readable: a page admitted below, then rewritten while
 /// the sketch no longer admits it (a fresh hierarchy over the same lower tier), is served in
 /// its newest version or not at all.

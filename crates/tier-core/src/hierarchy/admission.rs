@@ -81,20 +81,26 @@ impl Admission {
         self.threshold.load(Relaxed) > 1
     }
 
-    /// Counts one request of each key.
-    pub fn record(&self, keys: &[PageKey]) {
+    /// Counts one request of each key; answers, per key, whether this request is the one that
+    /// admits it (its count reached the threshold just now). Empty when nothing is counted.
+    pub fn record(&self, keys: &[PageKey]) -> Vec<bool> {
         if !self.counting() {
-            return;
+            return Vec::new();
         }
+        let threshold = self.threshold.load(Relaxed);
         let mut sketch = self.sketch.lock().unwrap_or_else(|e| e.into_inner());
         let sketch = sketch.get_or_insert_with(|| Sketch {
             counters: vec![0; ROWS * WIDTH],
             added: 0,
             hasher: std::hash::RandomState::new(),
         });
-        for key in keys {
-            sketch.add(key);
-        }
+        keys.iter()
+            .map(|key| {
+                let before = u32::from(sketch.estimate(key));
+                sketch.add(key);
+                before < threshold && u32::from(sketch.estimate(key)) >= threshold
+            })
+            .collect()
     }
 
     /// Whether `key` has been requested often enough to be written below.
@@ -131,9 +137,10 @@ mod tests {
             early < 50,
             "{early} keys seen once admitted (collisions only)"
         );
-        a.record(&[k(1), k(2)]);
+        assert_eq!(a.record(&[k(1), k(2)]), [false, false]);
         assert!(!a.admits(&k(1)));
-        a.record(&[k(1)]);
+        assert_eq!(a.record(&[k(1)]), [true], "the third request admits");
         assert!(a.admits(&k(1)) && !a.admits(&k(2)));
+        assert_eq!(a.record(&[k(1)]), [false], "admitted once, not again");
     }
 }

@@ -65,8 +65,9 @@ pub struct HierarchyPolicy {
     /// Bound on `flush` and `close`.
     pub flush_timeout: Duration,
     /// Requests of a key (puts and reads through the hierarchy) before its page is written
-    /// below: write-through copies it at a put, write-back demotes it on eviction, only from
-    /// then on; otherwise its copies below are removed (never served stale). 1: every page.
+    /// below: write-through copies it at the read that admits it (if the top tier holds it)
+    /// and at every put from then on, write-back demotes it on eviction from then on;
+    /// otherwise its copies below are removed (never served stale). 1: every page.
     pub admit_after: u32,
 }
 
@@ -419,7 +420,8 @@ impl Hierarchy {
         let mut results: Vec<PutResult> = pages.iter().map(|p| p.check_len(limit)).collect();
         let valid: Vec<usize> = (0..pages.len()).filter(|&i| results[i].is_ok()).collect();
         let keys: Vec<PageKey> = valid.iter().map(|&i| pages[i].key.clone()).collect();
-        self.admission.record(&keys);
+        // Whether a put admits its pages is asked as they are queued (`admits`).
+        let _ = self.admission.record(&keys);
         let lower = self.inner.levels.len() > 1;
         let sender = match self.policy.write {
             WritePolicy::WriteThrough if lower => self.sender(),
@@ -488,8 +490,8 @@ impl Hierarchy {
 
     async fn get_unmetered(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
         let keys: Vec<PageKey> = slots.iter().map(|s| s.key.clone()).collect();
-        self.admission.record(&keys);
-        // What a promotion must find unchanged to copy a lower hit up.
+        let admitted_now = self.admission.record(&keys);
+        // What a promotion (or a copy down of a page this read admits) must find unchanged.
         let generations = self.motion.generations(&keys);
         let mut results: Vec<Option<GetResult>> = (0..slots.len()).map(|_| None).collect();
         let mut first_error: Vec<Option<TierError>> = (0..slots.len()).map(|_| None).collect();
@@ -548,6 +550,18 @@ impl Hierarchy {
             }
             if !promote.is_empty() {
                 self.promote(depth, promote, &generations).await;
+            }
+            if depth == 0 && self.policy.write == WritePolicy::WriteThrough {
+                // A page put before its key was admitted went no further than the top tier:
+                // the read that admits it copies it down.
+                let admitted: Vec<(usize, Page<'static>)> = (0..slots.len())
+                    .filter(|&i| admitted_now.get(i) == Some(&true))
+                    .filter(|&i| matches!(results[i], Some(Ok(Lookup::Hit))))
+                    .map(|i| (i, Page::new(slots[i].key.clone(), slots[i].buf.to_vec())))
+                    .collect();
+                if !admitted.is_empty() {
+                    self.copy_down_admitted(admitted, &generations);
+                }
             }
             if depth == 0 {
                 // Pages in motion are served before the lower tiers are asked; a key whose
@@ -724,6 +738,47 @@ impl Hierarchy {
 
     /// Copies pages read at level `found_at` into every level above, each only if no put,
     /// remove or clear touched its key since the read began (`generations`, by slot).
+    /// Queues for every lower tier the pages a read found in the top tier and admitted (see
+    /// [`HierarchyPolicy::admit_after`]), those no put or remove touched since the read began
+    /// and with nothing in motion, when the queue has room (a copy skipped waits for the page's
+    /// next put). Decided and queued under the keys' stripes, so a later put's version is
+    /// queued after this one and supersedes it.
+    fn copy_down_admitted(&self, candidates: Vec<(usize, Page<'static>)>, generations: &[u64]) {
+        let Some(tx) = self.sender().filter(|_| self.inner.levels.len() > 1) else {
+            return;
+        };
+        let mut held = HashMap::new();
+        let pages: Vec<Page<'static>> = candidates
+            .into_iter()
+            .filter(|(i, p)| self.motion.may_promote(&p.key, generations[*i], &mut held))
+            .map(|(_, p)| p)
+            .collect();
+        let bytes: u64 = pages.iter().map(|p| p.data.len() as u64).sum();
+        if pages.is_empty() || !self.motion.has_room(bytes) {
+            return;
+        }
+        let moving: Vec<Moving> = pages
+            .into_iter()
+            .map(|p| Moving {
+                seq: self.motion.track(&p.key, Some(p.data.clone())),
+                key: p.key,
+                data: Some(p.data),
+            })
+            .collect();
+        let job = Job {
+            targets: 1..self.inner.levels.len(),
+            pages: moving,
+            demotion: false,
+        };
+        if let Err(mpsc::error::SendError(job)) = tx.send(job) {
+            for p in &job.pages {
+                self.motion
+                    .done(&p.key, p.seq, p.data.as_ref().map_or(0, |d| d.len() as u64));
+            }
+        }
+        drop(held);
+    }
+
     async fn promote(
         &self,
         found_at: usize,
