@@ -3,6 +3,7 @@
 
 mod buffers;
 mod completions;
+mod config;
 mod errors;
 mod store;
 
@@ -24,6 +25,7 @@ fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
         .import("atexit")?
         .call_method1("register", (close_all,))?;
     m.add_class::<completions::CompletionQueue>()?;
+    m.add_function(wrap_pyfunction!(config::config_json, m)?)?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -75,6 +75,37 @@ def test_bad_keys_and_configs_are_typed():
     assert issubclass(kvtier.ConfigError, kvtier.KvtierError)
 
 
+def test_errors_are_the_matching_builtins_too():
+    """Code that catches builtins catches kvtier's errors: a refused config or key is a
+    ValueError, an unusable buffer a BufferError, failed storage an OSError (a timeout a
+    TimeoutError), each still a KvtierError with its ``.key``."""
+    for cls, builtin in [(kvtier.ConfigError, ValueError), (kvtier.InvalidKey, ValueError),
+                         (kvtier.InvalidPage, ValueError), (kvtier.InvalidBuffer, BufferError),
+                         (kvtier.Unavailable, OSError), (kvtier.Timeout, TimeoutError),
+                         (kvtier.Timeout, kvtier.Unavailable)]:
+        assert issubclass(cls, builtin) and issubclass(cls, kvtier.KvtierError), cls
+    with pytest.raises(ValueError, match="capacity"):
+        kvtier.Store({"tiers": [{"kind": "mem"}]})
+    with kvtier.Store(MEM) as s:
+        with pytest.raises(ValueError) as bad_key:
+            s.put(["bad\x00key"], [b"x"])
+        assert isinstance(bad_key.value, kvtier.InvalidKey)
+        with pytest.raises(BufferError):
+            s.get_into(["k"], [b"read-only"])
+
+
+def test_a_toml_config_needs_no_python_toml_reader(tmp_path):
+    """Engine configs are parsed by kvtier's own reader (Python 3.10 has no tomllib)."""
+    from kvtier._engine import load_config
+    path = tmp_path / "h.toml"
+    path.write_text('[hierarchy]\nadmit_after = 2\n[[tiers]]\nkind = "mem"\ncapacity = "1MiB"\n')
+    assert load_config({"config": str(path)}) == {
+        "hierarchy": {"admit_after": 2}, "tiers": [{"kind": "mem", "capacity": "1MiB"}]}
+    path.write_text("[[tiers]\nkind =")
+    with pytest.raises(kvtier.ConfigError, match="h.toml"):
+        load_config({"config": str(path)})
+
+
 def test_config_from_toml_file(tmp_path):
     path = tmp_path / "h.toml"
     path.write_text('[[tiers]]\nkind = "mem"\ncapacity = "1MiB"\n')

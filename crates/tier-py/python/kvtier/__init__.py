@@ -60,6 +60,7 @@ from ._kvtier import (  # noqa: E402
     InvalidKey,
     InvalidPage,
     KvtierError,
+    Timeout,
     Unavailable,
     __version__,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "InvalidPage",
     "InvalidBuffer",
     "Unavailable",
+    "Timeout",
     "__version__",
 ]
 

@@ -10,10 +10,10 @@ import logging
 import os
 import threading
 import time
-import tomllib
 from typing import Any, Callable, Optional, Tuple
 
 from . import ConfigError, Store, Unavailable
+from ._kvtier import config_json
 
 logger = logging.getLogger(__name__)
 
@@ -29,10 +29,9 @@ def load_config(extra: dict, where: str = "extra_config") -> dict:
             text = open(path, encoding="utf-8").read()
         except OSError as e:
             raise ConfigError(f"cannot read kvtier config {path}: {e}") from None
-        try:
-            return json.loads(text) if str(path).endswith(".json") else tomllib.loads(text)
-        except ValueError as e:
-            raise ConfigError(f"kvtier config {path}: {e}") from None
+        # Parsed by the parser the store uses (TOML or JSON), handed over as JSON.
+        config: dict = json.loads(config_json(text, str(path)))
+        return config
     if extra.get("tiers"):
         return {"tiers": extra["tiers"], "hierarchy": extra.get("hierarchy", {})}
     raise ConfigError(f'kvtier needs {where}["config"] (a TOML or JSON path) or {where}["tiers"]')
