@@ -8,8 +8,8 @@
 //!
 //! The index is authoritative for the process that owns the storage folders (an exclusive lock
 //! file makes that one process). It is rebuilt by scanning at start. Cost per page, for
-//! 64-character keys, in heap bytes: about 480 under the default policy, `auto` (which keeps
-//! both an LRU and a prefix order), 235 under `lru` (hash-map slot with the page's length,
+//! 64-character keys, in heap bytes: about 705 under the default policy, `auto` (which keeps
+//! an LRU, a prefix, an ARC and an LFU order), 235 under `lru` (hash-map slot with the page's length,
 //! generation and checksum, the key's shared string, and the policy's entries; the
 //! `footprint` test counts both). Nothing else in the tier grows
 //! with the pages stored.
@@ -286,7 +286,7 @@ mod footprint {
             return;
         }
         let default = per_page(PolicyKind::default());
-        assert!(default < 500.0, "default policy: {default} bytes per page");
+        assert!(default < 750.0, "default policy: {default} bytes per page");
         let lru = per_page(PolicyKind::Lru);
         assert!(lru < 255.0, "lru: {lru} bytes per page");
     }
