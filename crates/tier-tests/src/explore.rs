@@ -64,6 +64,10 @@ pub struct Scenario {
     pub tiny_queue: bool,
     /// Schedules past which the search stops and fails (the scenario is too big).
     pub max_schedules: usize,
+    /// The hierarchy's `admit_after`: requests of a key before its page is written below.
+    /// Above 1, a page not admitted is lost when the top tier evicts it: misses are allowed,
+    /// a stale or foreign page never is.
+    pub admit_after: u32,
 }
 
 /// What an exploration covered.
@@ -228,6 +232,7 @@ async fn schedule(scenario: &Scenario, replay: &[usize]) -> Schedule {
     let policy = HierarchyPolicy {
         write: scenario.write,
         queue_bytes: Some(if scenario.tiny_queue { 1 } else { 1 << 20 }),
+        admit_after: scenario.admit_after,
         ..HierarchyPolicy::default()
     };
     let demotions = (scenario.write == WritePolicy::WriteBack).then_some(queue);
@@ -353,7 +358,8 @@ async fn schedule(scenario: &Scenario, replay: &[usize]) -> Schedule {
     }
     let mut events = std::mem::take(&mut *lock(&log.events));
     events.sort_by_key(|e| e.start);
-    let (_, violations) = check(&names, &events, scenario.tiny_queue);
+    let may_lose = scenario.tiny_queue || scenario.admit_after > 1;
+    let (_, violations) = check(&names, &events, may_lose);
     problems.extend(violations.into_iter().map(|(_, _, v)| v));
     if !problems.is_empty() {
         let story = events.iter().map(|e| {

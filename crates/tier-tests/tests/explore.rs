@@ -34,6 +34,7 @@ fn write_back_demotions_land_in_order() {
         drops: false,
         tiny_queue: false,
         max_schedules: 200_000,
+        admit_after: 1,
     });
 }
 
@@ -49,6 +50,7 @@ fn write_back_pages_are_readable_in_motion() {
         drops: false,
         tiny_queue: false,
         max_schedules: 200_000,
+        admit_after: 1,
     });
 }
 
@@ -67,6 +69,7 @@ fn write_back_remove_races_a_demotion() {
         drops: true,
         tiny_queue: false,
         max_schedules: 200_000,
+        admit_after: 1,
     });
 }
 
@@ -82,6 +85,7 @@ fn write_back_promotion_never_overwrites_a_put() {
         drops: true,
         tiny_queue: false,
         max_schedules: 200_000,
+        admit_after: 1,
     });
 }
 
@@ -97,6 +101,7 @@ fn write_through_remove_races_the_copy_down() {
         drops: true,
         tiny_queue: false,
         max_schedules: 200_000,
+        admit_after: 1,
     });
 }
 
@@ -112,6 +117,7 @@ fn write_through_overwrites_race_their_copies() {
         drops: true,
         tiny_queue: false,
         max_schedules: 200_000,
+        admit_after: 1,
     });
 }
 
@@ -127,6 +133,7 @@ fn write_back_with_a_full_queue_serves_nothing_stale() {
         drops: true,
         tiny_queue: true,
         max_schedules: 200_000,
+        admit_after: 1,
     });
 }
 
@@ -145,6 +152,7 @@ fn write_through_remove_forgets_a_queued_copy() {
         drops: true,
         tiny_queue: false,
         max_schedules: 200_000,
+        admit_after: 1,
     });
 }
 
@@ -163,5 +171,25 @@ fn write_through_puts_dropped_while_waiting_for_room_leave_nothing() {
         drops: true,
         tiny_queue: true,
         max_schedules: 200_000,
+        admit_after: 1,
+    });
+}
+
+/// With `admit_after = 2` in write-through the read that admits a page copies it down; a put
+/// of a newer version racing that read, and the page's eviction from the one-page top tier,
+/// never leave the older version to be served from below.
+#[test]
+fn write_through_the_read_that_admits_a_page_races_a_put() {
+    use Step::*;
+    run(Scenario {
+        name: "write_through_the_read_that_admits_a_page_races_a_put",
+        write: WritePolicy::WriteThrough,
+        top_pages: 1,
+        clients: vec![vec![Put(0), Get(0), Put(1), Get(0)], vec![Put(0)]],
+        keys: 2,
+        drops: true,
+        tiny_queue: false,
+        max_schedules: 200_000,
+        admit_after: 2,
     });
 }
