@@ -5,7 +5,7 @@ VENV ?= $(or $(KVTIER_VENV),/opt/kvtier/venv)
 LMCACHE_VENV ?= $(or $(KVTIER_LMCACHE_VENV),/opt/kvtier/venv-lmcache)
 VLLM_VENV ?= $(or $(KVTIER_VLLM_VENV),/opt/kvtier/venv-vllm)
 
-.PHONY: setup run test tests pytests wheel lint bench bench-sglang bench-lmcache bench-vllm
+.PHONY: setup run test tests pytests wheel lint soak bench bench-sglang bench-lmcache bench-vllm
 
 setup:
 	bash scripts/setup.sh all
@@ -19,12 +19,19 @@ run:
 test: setup
 	bash scripts/with-s3.sh $(MAKE) --no-print-directory tests
 
+# The nightly soak (`make soak`) is checked to be built and selected: listed, not run.
 tests:
 	cargo nextest run --workspace --no-fail-fast
+	cargo nextest list -p tier-nixl --test soak --run-ignored only | grep -q soak_1m_operations_stays_flat
 	cargo test --workspace --doc
 	cargo run --example dram_tier
 	cargo run --example custom_tier
 	$(MAKE) --no-print-directory pytests
+
+# Nightly: the 1,000,000-operation soak of the NIXL FILE tier (about ten minutes on 2 cores),
+# ignored by `make test`, which checks only that it is built and selected.
+soak: setup
+	cargo nextest run -p tier-nixl --test soak --run-ignored only
 
 # The kvtier wheel (PyO3 + maturin) into target/wheels/.
 wheel:
