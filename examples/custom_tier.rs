@@ -7,11 +7,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use serde::Deserialize;
-use tier_core::config::{HierarchyConfig, OpenFuture, Registry, TierContext, TierPlan};
 use tier_core::{
     async_trait, Bytes, EvictionListener, GetResult, Page, PageKey, PutResult, ReadSlot,
     RemoveResult, StatsRecorder, StorageTier, TierError, TierInfo, TierStats,
 };
+use tier_hierarchy::config::{HierarchyConfig, OpenFuture, Registry, TierContext, TierPlan};
 use tier_tests::suite::{run_all, DynTier};
 use tier_tests::TierFactory;
 
@@ -178,8 +178,7 @@ impl TierFactory for Factory {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut registry = Registry::default();
-    tier_mem::config::register(&mut registry);
+    let mut registry = tier_builtin::registry();
     register(&mut registry);
     let config = HierarchyConfig::from_toml(CONFIG)?;
     for (name, plan) in registry.plan(&config)? {

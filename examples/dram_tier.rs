@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier};
-use tier_mem::MemTier;
+use tier_mem::{MemTier, MemTierConfig};
 
 const PAGE_BYTES: usize = 64 << 10;
 const CAPACITY: u64 = 64 << 20;
@@ -14,7 +14,10 @@ const BATCH: usize = 128;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let tier = MemTier::builder(CAPACITY).name("dram").build()?;
+    let tier = MemTier::open(MemTierConfig {
+        name: "dram".into(),
+        ..MemTierConfig::new(CAPACITY)
+    })?;
     let keys: Vec<PageKey> = (0..PAGES)
         .map(|i| {
             PageKey::new(format!(

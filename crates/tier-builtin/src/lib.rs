@@ -1,15 +1,34 @@
 //! The tier kinds kvtier ships, registered in one place: what a config file may name under
-//! `kind` in the `kvtier` command and in the Python package alike.
+//! `kind` in the `kvtier` command and in the Python package alike. Each kind's module reads
+//! its entry's parameters into the tier's own config and opens the tier; the tier crates know
+//! nothing of config files.
 
-use tier_core::config::Registry;
+mod mem;
+mod nixl;
+mod object;
+
+pub use object::store_of;
+
+use tier_core::TierError;
+use tier_hierarchy::config::{Registry, TierContext};
 
 /// A registry of every built-in kind: `mem` (DRAM), `nixl-file`, `nixl-obj` and `object`.
 pub fn registry() -> Registry {
     let mut registry = Registry::default();
-    tier_mem::config::register(&mut registry);
-    tier_nixl::config::register(&mut registry);
-    tier_object::config::register(&mut registry);
+    mem::register(&mut registry);
+    nixl::register(&mut registry);
+    object::register(&mut registry);
     registry
+}
+
+/// `e` with its field placed under the entry's (`capacity` -> `tiers[1].capacity`).
+fn field_error(ctx: &TierContext, e: TierError) -> TierError {
+    match e {
+        TierError::Config { field, message } => {
+            TierError::config(format!("{}.{field}", ctx.field), message)
+        }
+        other => other,
+    }
 }
 
 #[cfg(test)]

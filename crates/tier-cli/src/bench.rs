@@ -12,8 +12,9 @@ use futures::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde::Serialize;
-use tier_core::config::{HierarchyConfig, Registry, TierContext};
-use tier_core::{Bytes, Hierarchy, Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
+use tier_core::{Bytes, Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
+use tier_hierarchy::config::{HierarchyConfig, Registry, TierContext};
+use tier_hierarchy::Hierarchy;
 
 /// One measured operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -144,7 +145,7 @@ impl Baseline {
                     field: "tiers[0]".into(),
                     params: top.params.clone(),
                 };
-                let (store, _, prefix) = tier_object::config::store_of(&ctx)?;
+                let (store, _, prefix) = tier_builtin::store_of(&ctx)?;
                 Some(Baseline::Objects {
                     store,
                     prefix: format!("{prefix}-bench-baseline"),

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use tier_core::config::HierarchyConfig;
 use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
+use tier_hierarchy::config::HierarchyConfig;
 
 use crate::registry;
 

@@ -13,8 +13,9 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use tier_builtin::registry;
-use tier_core::config::HierarchyConfig;
-use tier_core::{serve_metrics, Hierarchy, TierError};
+use tier_core::TierError;
+use tier_hierarchy::config::HierarchyConfig;
+use tier_hierarchy::{serve_metrics, Hierarchy};
 
 #[derive(Parser)]
 #[command(
@@ -170,7 +171,7 @@ async fn run(cli: Cli) -> Result<(), String> {
                 policy.promote,
                 policy.queue_bytes.map_or(
                     "a quarter of the top tier's capacity (1GiB if it has none)".into(),
-                    |b| { tier_core::config::ByteSize(b).to_string() }
+                    |b| { tier_hierarchy::config::ByteSize(b).to_string() }
                 ),
                 policy.flush_timeout,
                 policy.admit_after
@@ -454,8 +455,8 @@ async fn run_hierarchy_sweep(
         }
     };
     let writes = [
-        tier_core::WritePolicy::WriteThrough,
-        tier_core::WritePolicy::WriteBack,
+        tier_hierarchy::WritePolicy::WriteThrough,
+        tier_hierarchy::WritePolicy::WriteBack,
     ];
     let terminal = std::io::stderr().is_terminal();
     let mut all = Vec::new();

@@ -3,7 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use tier_core::{Bytes, Hierarchy, Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
+use tier_core::{Bytes, Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
+use tier_hierarchy::Hierarchy;
 
 use crate::sim::{self, Curve, Ratio};
 use crate::trace::Request;
@@ -363,7 +364,9 @@ pub fn render(
 
 /// The eviction policy of a config's top tier, as its kind resolves it: the one named, else
 /// `lru` for a DRAM tier with an expiry, else the default.
-pub fn top_policy(config: &tier_core::config::HierarchyConfig) -> Option<tier_policy::PolicyKind> {
+pub fn top_policy(
+    config: &tier_hierarchy::config::HierarchyConfig,
+) -> Option<tier_policy::PolicyKind> {
     let top = config.tiers.first()?;
     match top.params.get("policy") {
         Some(serde_json::Value::String(name)) => name.parse().ok(),

@@ -6,7 +6,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use tier_core::{Bytes, Page, PageKey, ReadSlot, StorageTier};
-use tier_mem::MemTier;
+use tier_mem::{MemTier, MemTierConfig};
 
 const BATCH: usize = 128;
 
@@ -39,7 +39,7 @@ async fn rss_of_full_tier() {
     const CAPACITY: u64 = 1 << 30;
     const PAGE: usize = 64 << 10;
     let before = rss_bytes();
-    let tier = MemTier::builder(CAPACITY).build().unwrap();
+    let tier = MemTier::open(MemTierConfig::new(CAPACITY)).unwrap();
     // Write 1.25x the capacity so the tier is full and evicting.
     let ks = keys((CAPACITY as usize / PAGE) * 5 / 4);
     for chunk in ks.chunks(BATCH) {
@@ -67,7 +67,7 @@ async fn throughput(page: usize, total: usize) {
         .iter()
         .map(|k| Bytes::from(vec![k.as_str().as_bytes()[7]; page]))
         .collect();
-    let tier = MemTier::builder(2 * total as u64).build().unwrap();
+    let tier = MemTier::open(MemTierConfig::new(2 * total as u64)).unwrap();
     let mut dest = vec![vec![0u8; page]; BATCH];
 
     // Baseline: copy the same source pages into the same destination buffers.

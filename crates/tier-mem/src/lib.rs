@@ -8,7 +8,6 @@
 //! any call can miss them: moka removes a page from its map before it calls the listener, so
 //! a call that misses waits for the maintenance under way to finish.
 
-pub mod config;
 mod policy_map;
 
 use std::sync::Arc;
@@ -27,51 +26,70 @@ pub use tier_policy::PolicyKind;
 
 use policy_map::PolicyMap;
 
-/// Builds a [`MemTier`].
+/// A [`MemTier`]'s settings: [`MemTierConfig::new`] gives the defaults, fields are set
+/// directly, [`MemTier::open`] validates them.
 #[derive(Clone)]
-pub struct MemTierBuilder {
-    name: String,
-    capacity_bytes: u64,
-    policy: Option<PolicyKind>,
-    ttl: Option<Duration>,
-    tti: Option<Duration>,
-    listener: Option<EvictionListener>,
+pub struct MemTierConfig {
+    /// Instance name (for logs, stats and metrics).
+    pub name: String,
+    /// Bytes the tier holds at most (keys plus pages).
+    pub capacity_bytes: u64,
+    /// The eviction policy; `None`: [`PolicyKind::Auto`], or `lru` for a tier with an expiry.
+    pub policy: Option<PolicyKind>,
+    /// Drops pages this long after they were stored (policies `lru` and `tinylfu` only).
+    pub ttl: Option<Duration>,
+    /// Drops pages not read or written for this long (policies `lru` and `tinylfu` only).
+    pub tti: Option<Duration>,
+    /// Gets every page evicted for room or expiry (how a hierarchy demotes them).
+    pub on_evict: Option<EvictionListener>,
 }
 
-impl MemTierBuilder {
-    /// Names the tier (for logs and stats).
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = name.into();
-        self
-    }
-    /// Chooses the eviction policy (default: [`PolicyKind::Auto`], or `lru` for a tier with
-    /// an expiry).
-    pub fn policy(mut self, policy: PolicyKind) -> Self {
-        self.policy = Some(policy);
-        self
-    }
-    /// Drops pages this long after they were stored (policies `lru` and `tinylfu` only).
-    pub fn time_to_live(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
-        self
-    }
-    /// Drops pages not read or written for this long (policies `lru` and `tinylfu` only).
-    pub fn time_to_idle(mut self, tti: Duration) -> Self {
-        self.tti = Some(tti);
-        self
-    }
-    /// Hands every page evicted for room or expiry to `listener`.
-    pub fn on_evict(mut self, listener: EvictionListener) -> Self {
-        self.listener = Some(listener);
-        self
+impl MemTierConfig {
+    /// Defaults for a tier of `capacity_bytes`.
+    pub fn new(capacity_bytes: u64) -> Self {
+        Self {
+            name: "mem".into(),
+            capacity_bytes,
+            policy: None,
+            ttl: None,
+            tti: None,
+            on_evict: None,
+        }
     }
 
-    /// Builds the tier. Fails if the capacity is zero, or if an expiry is asked of a policy
-    /// other than moka's.
-    pub fn build(self) -> Result<MemTier, TierError> {
+    /// The policy the tier runs: the one chosen, else the default, or `lru` with an expiry
+    /// (only moka's policies expire pages).
+    pub fn resolved_policy(&self) -> PolicyKind {
+        match self.policy {
+            Some(policy) => policy,
+            None if self.ttl.is_some() || self.tti.is_some() => PolicyKind::Lru,
+            None => PolicyKind::default(),
+        }
+    }
+
+    /// Checks the settings: a capacity of at least one byte, an expiry only with a policy
+    /// that has one.
+    pub fn validate(&self) -> Result<(), TierError> {
         if self.capacity_bytes == 0 {
             return Err(TierError::config("capacity", "must be at least 1 byte"));
         }
+        let policy = self.resolved_policy();
+        if let (Some(field), false) = (
+            [("ttl", self.ttl), ("tti", self.tti)]
+                .iter()
+                .find_map(|(f, d)| d.map(|_| *f)),
+            matches!(policy, PolicyKind::Lru | PolicyKind::Tinylfu),
+        ) {
+            return Err(TierError::config(
+                field,
+                format!("expiry needs policy \"lru\" or \"tinylfu\"; policy \"{policy}\" has none"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn open(self) -> Result<MemTier, TierError> {
+        self.validate()?;
         let stats = Arc::new(StatsRecorder::default());
         // An entry weighs its key too, so the largest page leaves room for the longest key.
         let max_page = self
@@ -85,34 +103,21 @@ impl MemTierBuilder {
             max_page_bytes: Some(max_page),
             persistent: false,
         };
-        let policy = resolve_policy(self.policy, self.ttl.is_some() || self.tti.is_some());
+        let policy = self.resolved_policy();
         // moka is the engine for LRU and TinyLFU (and their expiry); this crate's map for the rest.
         let own = match policy {
             PolicyKind::Lru | PolicyKind::Tinylfu => None,
             other => other.build::<PageKey>(),
         };
         let engine = match own {
-            Some(order) => {
-                if let Some(field) = [("ttl", self.ttl), ("tti", self.tti)]
-                    .iter()
-                    .find_map(|(f, d)| d.map(|_| *f))
-                {
-                    return Err(TierError::config(
-                        field,
-                        format!(
-                            "expiry needs policy \"lru\" or \"tinylfu\"; policy \"{policy}\" has none",
-                        ),
-                    ));
-                }
-                Engine::Map(PolicyMap::new(
-                    order,
-                    self.capacity_bytes,
-                    self.listener.clone(),
-                    Arc::clone(&stats),
-                ))
-            }
+            Some(order) => Engine::Map(PolicyMap::new(
+                order,
+                self.capacity_bytes,
+                self.on_evict.clone(),
+                Arc::clone(&stats),
+            )),
             None => Engine::Moka {
-                settles: self.listener.is_some(),
+                settles: self.on_evict.is_some(),
                 cache: self.moka(policy, Arc::clone(&stats)),
             },
         };
@@ -124,7 +129,7 @@ impl MemTierBuilder {
     }
 
     fn moka(self, policy: PolicyKind, stats: Arc<StatsRecorder>) -> Cache<PageKey, Bytes> {
-        let listener = self.listener.clone();
+        let listener = self.on_evict.clone();
         let mut builder = Cache::builder()
             .name(&self.name)
             .max_capacity(self.capacity_bytes)
@@ -158,16 +163,6 @@ impl MemTierBuilder {
     }
 }
 
-/// The policy a tier uses when its config names none: the default, or `lru` where an expiry
-/// is asked for (only moka's policies expire pages).
-pub(crate) fn resolve_policy(chosen: Option<PolicyKind>, expiring: bool) -> PolicyKind {
-    match chosen {
-        Some(policy) => policy,
-        None if expiring => PolicyKind::Lru,
-        None => PolicyKind::default(),
-    }
-}
-
 /// What an entry costs against capacity: key plus page bytes (saturating at `u32::MAX`).
 fn entry_weight(key: &PageKey, page_len: usize) -> u32 {
     u32::try_from(key.len() + page_len).unwrap_or(u32::MAX)
@@ -192,16 +187,9 @@ pub struct MemTier {
 }
 
 impl MemTier {
-    /// Starts a builder for a tier holding at most `capacity_bytes` (keys plus pages).
-    pub fn builder(capacity_bytes: u64) -> MemTierBuilder {
-        MemTierBuilder {
-            name: "mem".into(),
-            capacity_bytes,
-            policy: None,
-            ttl: None,
-            tti: None,
-            listener: None,
-        }
+    /// A tier with `config`'s settings, once they are validated.
+    pub fn open(config: MemTierConfig) -> Result<MemTier, TierError> {
+        config.open()
     }
 
     /// A shared reference to a page's bytes, without copying them.

@@ -7,7 +7,7 @@ use rstest::rstest;
 use tier_core::{
     EvictedPage, EvictionCause, Lookup, Page, PageKey, ReadSlot, StorageTier, TierError,
 };
-use tier_mem::{MemTier, PolicyKind};
+use tier_mem::{MemTier, MemTierConfig, PolicyKind};
 
 fn key(i: usize) -> PageKey {
     PageKey::new(format!("{i:064x}")).unwrap()
@@ -36,11 +36,12 @@ fn collector() -> (Arc<Mutex<Vec<EvictedPage>>>, tier_core::EvictionListener) {
 #[tokio::test]
 async fn evicted_pages_reach_the_listener_with_their_bytes(#[case] policy: PolicyKind) {
     let (seen, listener) = collector();
-    let tier = MemTier::builder(1 << 20)
-        .policy(policy)
-        .on_evict(listener)
-        .build()
-        .unwrap();
+    let tier = MemTier::open(MemTierConfig {
+        policy: Some(policy),
+        on_evict: Some(listener),
+        ..MemTierConfig::new(1 << 20)
+    })
+    .unwrap();
     for i in 0..64 {
         for r in tier.put(&[page(i, 64 << 10)]).await {
             r.unwrap();
@@ -67,10 +68,11 @@ async fn evicted_pages_reach_the_listener_with_their_bytes(#[case] policy: Polic
 
 #[tokio::test]
 async fn lru_keeps_the_recently_read_page() {
-    let tier = MemTier::builder(4 * ((64 << 10) + 64))
-        .policy(PolicyKind::Lru)
-        .build()
-        .unwrap();
+    let tier = MemTier::open(MemTierConfig {
+        policy: Some(PolicyKind::Lru),
+        ..MemTierConfig::new(4 * ((64 << 10) + 64))
+    })
+    .unwrap();
     for i in 0..4 {
         tier.put(&[page(i, 64 << 10)]).await;
     }
@@ -93,10 +95,11 @@ async fn lru_keeps_the_recently_read_page() {
 #[tokio::test]
 async fn removal_and_overwrite_are_not_evictions() {
     let (seen, listener) = collector();
-    let tier = MemTier::builder(1 << 20)
-        .on_evict(listener)
-        .build()
-        .unwrap();
+    let tier = MemTier::open(MemTierConfig {
+        on_evict: Some(listener),
+        ..MemTierConfig::new(1 << 20)
+    })
+    .unwrap();
     tier.put(&[page(1, 1024)]).await;
     tier.put(&[page(1, 2048)]).await;
     tier.remove(&[key(1)]).await;
@@ -109,12 +112,13 @@ async fn removal_and_overwrite_are_not_evictions() {
 #[tokio::test]
 async fn expired_pages_are_handed_down_as_expired() {
     let (seen, listener) = collector();
-    let tier = MemTier::builder(1 << 20)
-        .policy(PolicyKind::Tinylfu)
-        .time_to_live(Duration::from_millis(50))
-        .on_evict(listener)
-        .build()
-        .unwrap();
+    let tier = MemTier::open(MemTierConfig {
+        policy: Some(PolicyKind::Tinylfu),
+        ttl: Some(Duration::from_millis(50)),
+        on_evict: Some(listener),
+        ..MemTierConfig::new(1 << 20)
+    })
+    .unwrap();
     tier.put(&[page(1, 4096)]).await;
     tokio::time::sleep(Duration::from_millis(120)).await;
     assert_eq!(tier.exists(&[key(1)]).await.unwrap(), 0);
@@ -126,11 +130,12 @@ async fn expired_pages_are_handed_down_as_expired() {
 
 #[tokio::test]
 async fn idle_pages_expire_but_read_ones_stay() {
-    let tier = MemTier::builder(1 << 20)
-        .policy(PolicyKind::Tinylfu)
-        .time_to_idle(Duration::from_secs(2))
-        .build()
-        .unwrap();
+    let tier = MemTier::open(MemTierConfig {
+        policy: Some(PolicyKind::Tinylfu),
+        tti: Some(Duration::from_secs(2)),
+        ..MemTierConfig::new(1 << 20)
+    })
+    .unwrap();
     tier.put(&[page(1, 4096), page(2, 4096)]).await;
     // Read every 100 ms for well over the idle time: a stall under 1.9 s cannot fail this.
     let start = std::time::Instant::now();
@@ -147,7 +152,7 @@ async fn idle_pages_expire_but_read_ones_stay() {
 
 #[tokio::test]
 async fn zero_capacity_is_a_config_error() {
-    match MemTier::builder(0).build() {
+    match MemTier::open(MemTierConfig::new(0)) {
         Err(TierError::Config { field, .. }) => assert_eq!(field, "capacity"),
         other => panic!("{:?}", other.map(|_| ())),
     }
@@ -155,7 +160,7 @@ async fn zero_capacity_is_a_config_error() {
 
 #[tokio::test]
 async fn a_page_larger_than_the_tier_is_refused_not_silently_dropped() {
-    let tier = MemTier::builder(64 << 10).build().unwrap();
+    let tier = MemTier::open(MemTierConfig::new(64 << 10)).unwrap();
     let results = tier.put(&[page(1, 64 << 10), page(2, 1024)]).await;
     assert!(
         matches!(results[0], Err(TierError::PageTooLarge { .. })),
@@ -166,7 +171,7 @@ async fn a_page_larger_than_the_tier_is_refused_not_silently_dropped() {
 
 #[tokio::test]
 async fn shared_reads_do_not_copy() {
-    let tier = MemTier::builder(1 << 20).build().unwrap();
+    let tier = MemTier::open(MemTierConfig::new(1 << 20)).unwrap();
     let p = page(1, 4096);
     tier.put(std::slice::from_ref(&p)).await;
     let shared = tier.get_shared(&key(1)).await.unwrap();
@@ -180,16 +185,18 @@ async fn shared_reads_do_not_copy() {
 /// Expiry is moka's: asked of another policy, it is refused, naming the field.
 #[tokio::test]
 async fn expiry_under_a_policy_without_it_is_refused() {
-    let err = MemTier::builder(1 << 20)
-        .policy(PolicyKind::S3fifo)
-        .time_to_idle(Duration::from_secs(1))
-        .build()
-        .err()
-        .expect("s3fifo with tti must be refused");
+    let err = MemTier::open(MemTierConfig {
+        policy: Some(PolicyKind::S3fifo),
+        tti: Some(Duration::from_secs(1)),
+        ..MemTierConfig::new(1 << 20)
+    })
+    .err()
+    .expect("s3fifo with tti must be refused");
     assert!(err.to_string().contains("tti"), "{err}");
-    assert!(MemTier::builder(1 << 20)
-        .policy(PolicyKind::Lru)
-        .time_to_idle(Duration::from_secs(1))
-        .build()
-        .is_ok());
+    assert!(MemTier::open(MemTierConfig {
+        policy: Some(PolicyKind::Lru),
+        tti: Some(Duration::from_secs(1)),
+        ..MemTierConfig::new(1 << 20)
+    })
+    .is_ok());
 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use tier_core::TierError;
-use tier_mem::{MemTier, PolicyKind};
+use tier_mem::{MemTier, MemTierConfig, PolicyKind};
 use tier_tests::suite::DynTier;
 use tier_tests::TierFactory;
 
@@ -14,17 +14,19 @@ struct MemFactory(PolicyKind);
 #[tier_core::async_trait]
 impl TierFactory for MemFactory {
     async fn open(&self) -> Result<DynTier, TierError> {
-        Ok(Arc::new(
-            MemTier::builder(256 << 20).policy(self.0).build()?,
-        ))
+        Ok(Arc::new(MemTier::open(MemTierConfig {
+            policy: Some(self.0),
+            ..MemTierConfig::new(256 << 20)
+        })?))
     }
 
     async fn open_bounded(&self, capacity_bytes: u64) -> Option<Result<DynTier, TierError>> {
         Some(
-            MemTier::builder(capacity_bytes)
-                .policy(self.0)
-                .build()
-                .map(|t| Arc::new(t) as DynTier),
+            MemTier::open(MemTierConfig {
+                policy: Some(self.0),
+                ..MemTierConfig::new(capacity_bytes)
+            })
+            .map(|t| Arc::new(t) as DynTier),
         )
     }
 }

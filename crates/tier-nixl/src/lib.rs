@@ -4,7 +4,6 @@
 extern crate nixl_sys;
 
 mod batch;
-pub mod config;
 pub mod file;
 mod nixl;
 pub mod obj;

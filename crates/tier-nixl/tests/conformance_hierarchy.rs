@@ -4,8 +4,9 @@ mod common;
 
 use std::sync::Arc;
 
-use tier_core::{DemotionQueue, Hierarchy, HierarchyPolicy, StorageTier, TierError, WritePolicy};
-use tier_mem::MemTier;
+use tier_core::{StorageTier, TierError};
+use tier_hierarchy::{Hierarchy, HierarchyPolicy, WritePolicy};
+use tier_mem::{MemTier, MemTierConfig};
 use tier_nixl::{NixlFileConfig, NixlFileTier, PathModeChoice};
 use tier_tests::suite::DynTier;
 use tier_tests::TierFactory;
@@ -17,13 +18,13 @@ impl TierFactory for DramOverFile {
     async fn open(&self) -> Result<DynTier, TierError> {
         let file = self.0.open().await?;
         // 1 MiB: the suite's cases write far more, so pages are read from the files.
-        let dram: DynTier = Arc::new(MemTier::builder(1 << 20).build()?);
-        Ok(Arc::new(Hierarchy::new(
-            "dram/nixl-file",
-            vec![dram, file],
-            HierarchyPolicy::default(),
-            None,
-        )?))
+        let dram: DynTier = Arc::new(MemTier::open(MemTierConfig::new(1 << 20))?);
+        Ok(Arc::new(
+            Hierarchy::builder("dram/nixl-file")
+                .tier(dram)
+                .tier(file)
+                .build()?,
+        ))
     }
 
     fn root(&self) -> Option<std::path::PathBuf> {
@@ -36,11 +37,6 @@ tier_tests::conformance_suite!(DramOverFile(common::FileFactory::new(PathModeCho
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_back_demotes_evicted_pages_into_files() {
     let tmp = tempfile::tempdir().unwrap();
-    let queue = DemotionQueue::new();
-    let dram = MemTier::builder(1 << 20)
-        .on_evict(queue.listener(0))
-        .build()
-        .unwrap();
     let file = Arc::new(
         NixlFileTier::open(NixlFileConfig::new([tmp.path().join("d")]))
             .await
@@ -50,13 +46,18 @@ async fn write_back_demotes_evicted_pages_into_files() {
         write: WritePolicy::WriteBack,
         ..HierarchyPolicy::default()
     };
-    let h = Hierarchy::new(
-        "wb",
-        vec![Arc::new(dram), file.clone()],
-        policy,
-        Some(queue),
-    )
-    .unwrap();
+    let h = Hierarchy::builder("wb")
+        .policy(policy)
+        .tier_with(|on_evict| {
+            let dram = MemTierConfig {
+                on_evict,
+                ..MemTierConfig::new(1 << 20)
+            };
+            Ok(Arc::new(MemTier::open(dram)?) as _)
+        })
+        .tier(file.clone())
+        .build()
+        .unwrap();
     let pages: Vec<tier_core::Page> = (0..64)
         .map(|i| {
             let k = tier_core::PageKey::new(format!("wb{i:062x}")).unwrap();
@@ -92,13 +93,11 @@ async fn the_suite_moves_pages_between_levels() {
     let files = common::FileFactory::new(PathModeChoice::On);
     let file = files.open().await.unwrap();
     let factory = tier_tests::movement::Recording::new(move || {
-        let dram: DynTier = Arc::new(MemTier::builder(1 << 20).build()?);
-        Hierarchy::new(
-            "dram/nixl-file",
-            vec![dram, Arc::clone(&file)],
-            HierarchyPolicy::default(),
-            None,
-        )
+        let dram: DynTier = Arc::new(MemTier::open(MemTierConfig::new(1 << 20))?);
+        Hierarchy::builder("dram/nixl-file")
+            .tier(dram)
+            .tier(Arc::clone(&file))
+            .build()
     });
     let m = factory
         .run(&["integrity_batches", "integrity_page_sizes", "overwrite"])

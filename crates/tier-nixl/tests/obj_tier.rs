@@ -199,10 +199,8 @@ async fn a_config_file_puts_dram_over_nixl_obj() {
         s.access_key,
         s.secret_key
     );
-    let mut registry = tier_core::config::Registry::default();
-    tier_mem::config::register(&mut registry);
-    tier_nixl::config::register(&mut registry);
-    let config = tier_core::config::HierarchyConfig::from_toml(&toml).unwrap();
+    let registry = tier_builtin::registry();
+    let config = tier_hierarchy::config::HierarchyConfig::from_toml(&toml).unwrap();
     let h = registry.build(&config).await.unwrap();
     // 64 pages of 64 KiB: four times the DRAM tier, so most are read back from S3.
     for chunk in pages(0..64, 65536).chunks(16) {
@@ -244,7 +242,7 @@ async fn a_config_file_puts_dram_over_nixl_obj() {
     ] {
         let text = format!("[[tiers]]\nkind = \"nixl-obj\"\n{params}");
         let err = registry
-            .plan(&tier_core::config::HierarchyConfig::from_toml(&text).unwrap())
+            .plan(&tier_hierarchy::config::HierarchyConfig::from_toml(&text).unwrap())
             .err()
             .unwrap_or_else(|| panic!("{params} was accepted"))
             .to_string();
@@ -274,15 +272,14 @@ async fn a_dead_server_under_a_hierarchy(#[case] kind: &str) {
     } else {
         Arc::new(NixlObjTier::open(config).await.unwrap())
     };
-    let dram: Arc<dyn StorageTier> = Arc::new(tier_mem::MemTier::builder(8 << 20).build().unwrap());
+    let dram: Arc<dyn StorageTier> =
+        Arc::new(tier_mem::MemTier::open(tier_mem::MemTierConfig::new(8 << 20)).unwrap());
     let h = Arc::new(
-        tier_core::Hierarchy::new(
-            "dram/s3",
-            vec![dram, Arc::clone(&lower)],
-            tier_core::HierarchyPolicy::default(),
-            None,
-        )
-        .unwrap(),
+        tier_hierarchy::Hierarchy::builder("dram/s3")
+            .tier(dram)
+            .tier(Arc::clone(&lower))
+            .build()
+            .unwrap(),
     );
     let held = pages(0..64, 65536);
     for chunk in held.chunks(16) {

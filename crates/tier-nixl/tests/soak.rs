@@ -9,8 +9,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tier_core::{Hierarchy, HierarchyPolicy, Lookup, Page, PageKey, ReadSlot, StorageTier};
-use tier_mem::MemTier;
+use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier};
+use tier_hierarchy::Hierarchy;
+use tier_mem::{MemTier, MemTierConfig};
 use tier_nixl::{live_registrations, live_transfers};
 use tier_nixl::{NixlFileConfig, NixlFileTier};
 use tier_tests::content;
@@ -132,14 +133,12 @@ async fn soak(ops: u64) {
         ..Faults::default()
     };
     let faulty = Arc::new(FaultyTier::new(file, faults));
-    let dram: Arc<dyn StorageTier> = Arc::new(MemTier::builder(4 << 20).build().unwrap());
-    let h = Hierarchy::new(
-        "soak",
-        vec![dram, faulty.clone()],
-        HierarchyPolicy::default(),
-        None,
-    )
-    .unwrap();
+    let dram: Arc<dyn StorageTier> = Arc::new(MemTier::open(MemTierConfig::new(4 << 20)).unwrap());
+    let h = Hierarchy::builder("soak")
+        .tier(dram)
+        .tier(faulty.clone())
+        .build()
+        .unwrap();
     let mut rng = Rng::new(rng::seed(7));
     let mut counts = [0u64; 4];
     let mut known = HashMap::with_capacity(KEYS as usize);

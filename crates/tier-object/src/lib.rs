@@ -27,7 +27,6 @@ use tier_core::{
 };
 
 mod catalog;
-pub mod config;
 mod s3;
 
 use catalog::Catalog;

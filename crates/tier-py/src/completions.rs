@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBool;
-use tier_core::{Hierarchy, Lookup, StorageTier, TierError};
+use tier_core::{Lookup, StorageTier, TierError};
+use tier_hierarchy::Hierarchy;
 
 use crate::buffers::{lent_pages, read_slots, Lent};
 use crate::errors::to_py;

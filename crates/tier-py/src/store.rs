@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tier_builtin::registry;
-use tier_core::config::HierarchyConfig;
-use tier_core::{serve_metrics, Hierarchy, PageKey, StorageTier, TierError, TierStats};
+use tier_core::{PageKey, StorageTier, TierError, TierStats};
+use tier_hierarchy::config::HierarchyConfig;
+use tier_hierarchy::{serve_metrics, Hierarchy};
 use tokio::task::JoinHandle;
 
 use crate::buffers::{lent_pages, read_slots, Lent};

@@ -233,6 +233,6 @@ def test_metrics_endpoint_and_warnings_reach_python(caplog):
         assert sample("kvtier_tier_call_errors_total", tier="nowhere", op="put") >= 2
         with pytest.raises(kvtier.ConfigError):
             s.serve_metrics("not an address")
-    failed = [r for r in caplog.records if r.name.startswith("tier_core") and "tier call failed" in r.getMessage()]
+    failed = [r for r in caplog.records if r.name.startswith("tier_hierarchy") and "tier call failed" in r.getMessage()]
     assert failed, [r.getMessage() for r in caplog.records]
     assert "nowhere" in failed[0].getMessage()

@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tier_core::{
-    async_trait, GetResult, Hierarchy, Lookup, Page, PageKey, PutResult, ReadSlot, RemoveResult,
-    StorageTier, TierError, TierInfo, TierStats,
+    async_trait, GetResult, Lookup, Page, PageKey, PutResult, ReadSlot, RemoveResult, StorageTier,
+    TierError, TierInfo, TierStats,
 };
+use tier_hierarchy::Hierarchy;
 
 use crate::model::ModelTier;
 use crate::suite::{DynTier, TierFactory};

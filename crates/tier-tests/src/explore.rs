@@ -15,9 +15,10 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
 use tier_core::{
-    async_trait, DemotionQueue, GetResult, Hierarchy, HierarchyPolicy, Page, PageKey, PutResult,
-    ReadSlot, RemoveResult, StorageTier, TierError, TierInfo, TierStats, WritePolicy,
+    async_trait, GetResult, Page, PageKey, PutResult, ReadSlot, RemoveResult, StorageTier,
+    TierError, TierInfo, TierStats,
 };
+use tier_hierarchy::{Hierarchy, HierarchyPolicy, WritePolicy};
 use tokio::sync::oneshot;
 
 use crate::history::{check, perform, Answer, Call, Event};
@@ -214,16 +215,8 @@ fn run_schedule(scenario: &Scenario, replay: &[usize]) -> Schedule {
 
 async fn schedule(scenario: &Scenario, replay: &[usize]) -> Schedule {
     let gates = Arc::new(Gates::default());
-    let queue = DemotionQueue::new();
-    let listener = (scenario.write == WritePolicy::WriteBack).then(|| queue.listener(0));
-    let top: DynTier = Arc::new(GatedTier {
-        name: "top",
-        inner: Arc::new(ModelTier::bounded(
-            (scenario.top_pages * LEN) as u64,
-            listener,
-        )),
-        gates: Arc::clone(&gates),
-    });
+    let top_bytes = (scenario.top_pages * LEN) as u64;
+    let top_gates = Arc::clone(&gates);
     let lower: DynTier = Arc::new(GatedTier {
         name: "lower",
         inner: Arc::new(ModelTier::default()),
@@ -235,8 +228,18 @@ async fn schedule(scenario: &Scenario, replay: &[usize]) -> Schedule {
         admit_after: scenario.admit_after,
         ..HierarchyPolicy::default()
     };
-    let demotions = (scenario.write == WritePolicy::WriteBack).then_some(queue);
-    let h = match Hierarchy::new("explored", vec![top, lower], policy, demotions) {
+    let built = Hierarchy::builder("explored")
+        .policy(policy)
+        .tier_with(move |on_evict| {
+            Ok(Arc::new(GatedTier {
+                name: "top",
+                inner: Arc::new(ModelTier::bounded(top_bytes, on_evict)),
+                gates: top_gates,
+            }) as DynTier)
+        })
+        .tier(lower)
+        .build();
+    let h = match built {
         Ok(h) => Arc::new(h),
         Err(e) => {
             return Schedule {

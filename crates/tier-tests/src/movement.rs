@@ -3,7 +3,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use tier_core::{async_trait, Hierarchy, TierError};
+use tier_core::{async_trait, TierError};
+use tier_hierarchy::Hierarchy;
 
 use crate::suite::{self, DynTier, TierFactory};
 

@@ -1,7 +1,7 @@
 //! Every schedule of small scenarios on kvtier's hierarchy (see `tier_tests::explore`): the
 //! queue and in-flight set under write-back and write-through, with dropped calls.
 
-use tier_core::WritePolicy;
+use tier_hierarchy::WritePolicy;
 use tier_tests::explore::{explore, Scenario, Step};
 
 fn run(scenario: Scenario) {

@@ -5,9 +5,9 @@
 use std::path::Path;
 
 use serde::Serialize;
-use tier_core::config::{HierarchyConfig, Registry};
 use tier_core::TierError;
-use tier_core::WritePolicy;
+use tier_hierarchy::config::{HierarchyConfig, Registry};
+use tier_hierarchy::WritePolicy;
 use tier_mem::PolicyKind;
 
 use crate::replay;

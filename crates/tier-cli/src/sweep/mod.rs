@@ -5,8 +5,8 @@
 pub mod hierarchy;
 
 use serde::Serialize;
-use tier_core::config::{HierarchyConfig, Registry};
 use tier_core::TierError;
+use tier_hierarchy::config::{HierarchyConfig, Registry};
 use tier_mem::PolicyKind;
 
 use crate::replay;
@@ -201,9 +201,7 @@ mod tests {
     use crate::trace;
 
     fn registry() -> Registry {
-        let mut registry = Registry::default();
-        tier_mem::config::register(&mut registry);
-        registry
+        tier_builtin::registry()
     }
 
     /// The real LRU tier and the LRU simulation agree exactly, at every capacity; every

@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use tier_core::{Hierarchy, HierarchyPolicy, Lookup, PageKey, StorageTier};
+use tier_core::{Lookup, PageKey, StorageTier};
+use tier_hierarchy::Hierarchy;
 
 use super::{
     exists, expect_pages, keys, open, page_len, put_all, read, versioned, CaseResult, DynTier,
@@ -19,14 +20,11 @@ type OverFaulty = (DynTier, Arc<ModelTier>, Arc<FaultyTier>, Arc<Hierarchy>);
 pub(super) fn over_faulty(tier: DynTier, faults: Faults) -> Result<OverFaulty, String> {
     let faulty = Arc::new(FaultyTier::new(Arc::clone(&tier), faults));
     let top = Arc::new(ModelTier::default());
-    let levels: Vec<DynTier> = vec![top.clone(), faulty.clone()];
-    let h = Hierarchy::new(
-        "suite/faulty-lower",
-        levels,
-        HierarchyPolicy::default(),
-        None,
-    )
-    .map_err(|e| format!("could not build the hierarchy: {e}"))?;
+    let h = Hierarchy::builder("suite/faulty-lower")
+        .tier(top.clone())
+        .tier(faulty.clone())
+        .build()
+        .map_err(|e| format!("could not build the hierarchy: {e}"))?;
     Ok((tier, top, faulty, Arc::new(h)))
 }
 

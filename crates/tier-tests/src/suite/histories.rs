@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use tier_core::{DemotionQueue, Hierarchy, HierarchyPolicy, WritePolicy};
+use tier_hierarchy::{Hierarchy, HierarchyPolicy, WritePolicy};
 
 use super::{fds_back_to, open, open_fds, over_faulty, page_len, CaseResult, DynTier, TierFactory};
 use crate::faulty::Faults;
@@ -129,21 +129,12 @@ fn small_top_over(
         queue_bytes: Some(queue_bytes),
         ..HierarchyPolicy::default()
     };
-    let (top, demotions) = match write {
-        WritePolicy::WriteBack => {
-            let queue = DemotionQueue::new();
-            let top = ModelTier::bounded(3 * 4096, Some(queue.listener(0)));
-            (top, Some(queue))
-        }
-        WritePolicy::WriteThrough => (ModelTier::bounded(3 * 4096, None), None),
-    };
-    Hierarchy::new(
-        "suite/small-top",
-        vec![Arc::new(top), tier],
-        policy,
-        demotions,
-    )
-    .map_err(|e| format!("could not build the hierarchy: {e}"))
+    Hierarchy::builder("suite/small-top")
+        .policy(policy)
+        .tier_with(|on_evict| Ok(Arc::new(ModelTier::bounded(3 * 4096, on_evict)) as _))
+        .tier(tier)
+        .build()
+        .map_err(|e| format!("could not build the hierarchy: {e}"))
 }
 
 async fn remove_history_keys(tier: &DynTier, plan: &HistoryPlan) {

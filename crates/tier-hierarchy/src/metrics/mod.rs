@@ -11,28 +11,26 @@
 //! (SGLang, LMCache, vLLM), where a library must not take the one process-wide recorder, and
 //! each hierarchy keeps its own registry that one endpoint serves.
 
-use std::fmt;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
-use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+mod encode;
+mod serve;
+
+pub(crate) use encode::encode;
+pub use serve::serve_metrics;
+
 use crate::{
-    GetResult, HierarchyStats, Lookup, Page, PageKey, PutResult, ReadSlot, RemoveResult,
-    StorageTier, TierError, TierInfo, TierStats,
+    GetResult, Lookup, Page, PageKey, PutResult, ReadSlot, RemoveResult, StorageTier, TierError,
+    TierInfo, TierStats,
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -390,269 +388,4 @@ impl StorageTier for Metered {
     async fn clear(&self) -> Result<(), TierError> {
         self.meter.clear(self.inner.clear()).await
     }
-}
-
-/// The counters a hierarchy and its tiers keep, as they were when scraped.
-#[derive(Debug)]
-struct Snapshot {
-    hierarchy: String,
-    stats: HierarchyStats,
-}
-
-type LevelValue = fn(&crate::LevelStats) -> u64;
-
-impl Collector for Snapshot {
-    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), fmt::Error> {
-        let per_tier: [(&str, &str, Shape, LevelValue); 10] = [
-            (
-                "tier_hits",
-                "Reads that found their page",
-                Shape::Counter,
-                |l| l.stats.hits,
-            ),
-            ("tier_misses", "Reads that did not", Shape::Counter, |l| {
-                l.stats.misses
-            }),
-            ("tier_stored_pages", "Pages stored", Shape::Counter, |l| {
-                l.stats.puts
-            }),
-            (
-                "tier_removed_pages",
-                "Pages removed on request",
-                Shape::Counter,
-                |l| l.stats.removes,
-            ),
-            (
-                "tier_read_bytes",
-                "Bytes returned by hits",
-                Shape::Counter,
-                |l| l.stats.bytes_read,
-            ),
-            ("tier_written_bytes", "Bytes stored", Shape::Counter, |l| {
-                l.stats.bytes_written
-            }),
-            (
-                "tier_errors",
-                "Per-page or per-call failures",
-                Shape::Counter,
-                |l| l.stats.errors,
-            ),
-            (
-                "tier_evictions",
-                "Pages the tier let go on its own (capacity, expiry)",
-                Shape::Counter,
-                |l| l.stats.evictions,
-            ),
-            (
-                "tier_served_pages",
-                "Pages this tier served for the hierarchy",
-                Shape::Counter,
-                |l| l.served,
-            ),
-            (
-                "tier_resident_bytes",
-                "Bytes the tier holds now, where it tracks them",
-                Shape::Gauge,
-                |l| l.stats.resident_bytes.unwrap_or(0),
-            ),
-        ];
-        for (name, help, kind, value) in per_tier {
-            let mut family = encoder.encode_descriptor(name, help, None, kind.metric_type())?;
-            for level in &self.stats.levels {
-                if kind == Shape::Gauge && level.stats.resident_bytes.is_none() {
-                    continue;
-                }
-                let labels = TierLabels {
-                    hierarchy: self.hierarchy.clone(),
-                    tier: level.info.name.clone(),
-                    kind: level.info.kind.clone(),
-                };
-                let metric = family.encode_family(&labels)?;
-                encode_value(kind, value(level), metric)?;
-            }
-        }
-        let s = &self.stats;
-        let whole: [(&str, &str, Shape, u64); 11] = [
-            (
-                "hierarchy_promotions",
-                "Pages copied up after a lower hit",
-                Shape::Counter,
-                s.promotions,
-            ),
-            (
-                "hierarchy_copied_down",
-                "Pages the background queue wrote below",
-                Shape::Counter,
-                s.copied_down,
-            ),
-            (
-                "hierarchy_demotions",
-                "Evicted pages demoted one tier down",
-                Shape::Counter,
-                s.demotions,
-            ),
-            (
-                "hierarchy_demotions_dropped",
-                "Evicted pages not carried down (queue full)",
-                Shape::Counter,
-                s.demotions_dropped,
-            ),
-            (
-                "hierarchy_not_admitted",
-                "Pages not written below (requested fewer than admit_after times)",
-                Shape::Counter,
-                s.not_admitted,
-            ),
-            (
-                "hierarchy_served_in_flight",
-                "Reads served from pages on their way down",
-                Shape::Counter,
-                s.served_in_flight,
-            ),
-            (
-                "hierarchy_moved_bytes",
-                "Bytes moved between tiers",
-                Shape::Counter,
-                s.bytes_moved,
-            ),
-            (
-                "hierarchy_lower_errors",
-                "Failures of lower tiers",
-                Shape::Counter,
-                s.lower_errors,
-            ),
-            (
-                "hierarchy_queue_pages",
-                "Pages waiting in the background queue",
-                Shape::Gauge,
-                s.queue_depth as u64,
-            ),
-            (
-                "hierarchy_queue_bytes",
-                "Bytes of pages in motion (queued, held in memory)",
-                Shape::Gauge,
-                s.queue_bytes,
-            ),
-            (
-                "hierarchy_stale_below_keys",
-                "Keys only the top tier serves after a failed copy down",
-                Shape::Gauge,
-                s.stale_below as u64,
-            ),
-        ];
-        let labels = HierarchyLabels {
-            hierarchy: self.hierarchy.clone(),
-        };
-        for (name, help, kind, value) in whole {
-            let mut family = encoder.encode_descriptor(name, help, None, kind.metric_type())?;
-            encode_value(kind, value, family.encode_family(&labels)?)?;
-        }
-        Ok(())
-    }
-}
-
-/// How a snapshot value is exposed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Shape {
-    Counter,
-    Gauge,
-}
-
-impl Shape {
-    fn metric_type(self) -> MetricType {
-        match self {
-            Shape::Counter => MetricType::Counter,
-            Shape::Gauge => MetricType::Gauge,
-        }
-    }
-}
-
-fn encode_value(
-    kind: Shape,
-    value: u64,
-    metric: prometheus_client::encoding::MetricEncoder<'_>,
-) -> Result<(), fmt::Error> {
-    if kind == Shape::Gauge {
-        ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX)).encode(metric)
-    } else {
-        ConstCounter::new(value).encode(metric)
-    }
-}
-
-/// The exposition of one hierarchy: its live call families and a snapshot of its counters.
-pub(crate) fn encode(families: &CallFamilies, stats: HierarchyStats) -> String {
-    let mut registry = Registry::with_prefix("kvtier");
-    families.register(&mut registry);
-    registry.register_collector(Box::new(Snapshot {
-        hierarchy: families.hierarchy.clone(),
-        stats,
-    }));
-    let mut out = String::new();
-    // Writing into a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
-    out
-}
-
-/// Serves `text()` over HTTP on `addr` (`GET /metrics`, Prometheus' default path, or `/`)
-/// until the returned task is aborted. Returns the bound address (`addr` may ask for port 0)
-/// and the task. Must run inside a tokio runtime.
-pub async fn serve_metrics(
-    addr: SocketAddr,
-    text: impl Fn() -> String + Send + Sync + 'static,
-) -> Result<(SocketAddr, JoinHandle<()>), TierError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|e| TierError::config("metrics_addr", format!("cannot listen on {addr}: {e}")))?;
-    let bound = listener
-        .local_addr()
-        .map_err(|e| TierError::config("metrics_addr", format!("{addr}: {e}")))?;
-    let text = Arc::new(text);
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((mut socket, _)) = listener.accept().await else {
-                continue;
-            };
-            let text = Arc::clone(&text);
-            tokio::spawn(async move {
-                // A scrape is one small request; a client that sends nothing in 5 s is let go.
-                let mut head = vec![0u8; 8192];
-                let mut len = 0;
-                let read = tokio::time::timeout(Duration::from_secs(5), async {
-                    while len < head.len() {
-                        let n = socket.read(&mut head[len..]).await?;
-                        if n == 0 {
-                            break;
-                        }
-                        len += n;
-                        if head[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-                            break;
-                        }
-                    }
-                    Ok::<(), std::io::Error>(())
-                })
-                .await;
-                if !matches!(read, Ok(Ok(()))) {
-                    return;
-                }
-                let request = String::from_utf8_lossy(&head[..len]);
-                let path = request.split_whitespace().nth(1).unwrap_or("");
-                let (status, body) = match path {
-                    "/metrics" | "/" => ("200 OK", text()),
-                    _ => ("404 Not Found", "not found: try /metrics\n".to_owned()),
-                };
-                let response = format!(
-                    "HTTP/1.1 {status}\r\nContent-Type: application/openmetrics-text; \
-                     version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: \
-                     close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(5),
-                    socket.write_all(response.as_bytes()),
-                )
-                .await;
-            });
-        }
-    });
-    Ok((bound, task))
 }

@@ -6,8 +6,8 @@
 //!   tier serves; its errors are counted.
 //! - `put`: to the top tier, then, by [`WritePolicy`], either write-through (to every lower
 //!   tier, in the background, through a queue bounded in bytes that applies backpressure) or
-//!   write-back (a page goes down only when the tier above evicts it, through
-//!   [`DemotionQueue`]).
+//!   write-back (a page goes down only when the tier above evicts it, through the demotion
+//!   queue the [`HierarchyBuilder`] wires to each tier's eviction hook).
 //! - `remove` and `clear` take effect in every tier at once: queued copies of removed pages
 //!   never land, a promotion never brings one back.
 //! - `flush` waits for queued writes (bounded by `flush_timeout`); `close` drains and stops.
@@ -17,10 +17,12 @@
 //! [`motion::Motion`]; the queue and its writer live in [`queue`].
 
 mod admission;
+mod builder;
 mod motion;
 mod queue;
 
-pub use queue::DemotionQueue;
+pub use builder::HierarchyBuilder;
+pub(crate) use queue::DemotionQueue;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -171,14 +173,17 @@ pub struct Hierarchy {
 const DEFAULT_QUEUE_BYTES: u64 = 1 << 30;
 
 impl Hierarchy {
-    /// Composes `tiers` (fastest first). With [`WritePolicy::WriteBack`], pass the
-    /// [`DemotionQueue`] whose listeners the tiers were built with. Must run inside a tokio
-    /// runtime (it starts the background writer).
-    pub fn new(
-        name: impl Into<String>,
+    /// A builder of a hierarchy named `name` (its metrics' label).
+    pub fn builder(name: impl Into<String>) -> HierarchyBuilder {
+        HierarchyBuilder::new(name.into())
+    }
+
+    /// Composes `tiers` (fastest first), whose eviction hooks, if any, came from `queue`.
+    pub(crate) fn compose(
+        name: String,
         tiers: Vec<Arc<dyn StorageTier>>,
         policy: HierarchyPolicy,
-        demotions: Option<Arc<DemotionQueue>>,
+        queue: Arc<DemotionQueue>,
     ) -> Result<Self, TierError> {
         if tiers.is_empty() {
             return Err(TierError::config(
@@ -198,7 +203,6 @@ impl Hierarchy {
                 "the queue must hold at least one byte",
             ));
         }
-        let queue = demotions.unwrap_or_else(DemotionQueue::new);
         let rx = queue
             .rx
             .lock()
@@ -218,7 +222,6 @@ impl Hierarchy {
         });
         queue.motion.set_bound(bound);
         queue.admission.set_threshold(policy.admit_after);
-        let name = name.into();
         let families = CallFamilies::new(&name);
         let inner = Arc::new(Inner {
             levels: tiers

@@ -3,11 +3,9 @@
 
 use std::sync::Arc;
 
-use tier_core::{
-    DemotionQueue, Hierarchy, HierarchyPolicy, Lookup, Page, PageKey, ReadSlot, StorageTier,
-    TierError, WritePolicy,
-};
-use tier_mem::MemTier;
+use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
+use tier_hierarchy::{Hierarchy, HierarchyPolicy, WritePolicy};
+use tier_mem::{MemTier, MemTierConfig};
 use tier_tests::content;
 use tier_tests::faulty::{Faults, FaultyTier};
 use tier_tests::suite::DynTier;
@@ -22,16 +20,22 @@ fn policy(write: WritePolicy) -> HierarchyPolicy {
 
 /// DRAM (`top` bytes) over DRAM (256 MiB), wired for `write`.
 fn dram_over_dram(top: u64, write: WritePolicy) -> Result<Hierarchy, TierError> {
-    let queue = DemotionQueue::new();
-    let mut upper = MemTier::builder(top).name("upper");
-    if write == WritePolicy::WriteBack {
-        upper = upper.on_evict(queue.listener(0));
-    }
-    let tiers: Vec<DynTier> = vec![
-        Arc::new(upper.build()?),
-        Arc::new(MemTier::builder(256 << 20).name("lower").build()?),
-    ];
-    Hierarchy::new("dram/dram", tiers, policy(write), Some(queue))
+    let lower = MemTier::open(MemTierConfig {
+        name: "lower".into(),
+        ..MemTierConfig::new(256 << 20)
+    })?;
+    Hierarchy::builder("dram/dram")
+        .policy(policy(write))
+        .tier_with(move |on_evict| {
+            let upper = MemTierConfig {
+                name: "upper".into(),
+                on_evict,
+                ..MemTierConfig::new(top)
+            };
+            Ok(Arc::new(MemTier::open(upper)?) as DynTier)
+        })
+        .tier(Arc::new(lower))
+        .build()
 }
 
 /// DRAM over DRAM with a 1 MiB top tier: the suite's cases write far more than that, so pages
@@ -47,12 +51,14 @@ impl TierFactory for HierarchyFactory {
 
 mod write_through {
     tier_tests::conformance_suite!(super::HierarchyFactory(
-        tier_core::WritePolicy::WriteThrough
+        tier_hierarchy::WritePolicy::WriteThrough
     ));
 }
 
 mod write_back {
-    tier_tests::conformance_suite!(super::HierarchyFactory(tier_core::WritePolicy::WriteBack));
+    tier_tests::conformance_suite!(super::HierarchyFactory(
+        tier_hierarchy::WritePolicy::WriteBack
+    ));
 }
 
 fn key(i: usize) -> PageKey {
@@ -118,15 +124,17 @@ async fn every_page_stays_readable_after_eviction_from_the_top(#[case] write: Wr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_lower_tier_never_fails_what_the_top_serves() {
     let lower = Arc::new(FaultyTier::new(
-        Arc::new(MemTier::builder(64 << 20).build().unwrap()),
+        Arc::new(MemTier::open(MemTierConfig::new(64 << 20)).unwrap()),
         Faults::default(),
     ));
     lower.set_failing(true);
-    let tiers: Vec<DynTier> = vec![
-        Arc::new(MemTier::builder(64 << 20).build().unwrap()),
-        lower.clone(),
-    ];
-    let h = Hierarchy::new("dram/faulty", tiers, HierarchyPolicy::default(), None).unwrap();
+    let h = Hierarchy::builder("dram/faulty")
+        .tier(Arc::new(
+            MemTier::open(MemTierConfig::new(64 << 20)).unwrap(),
+        ))
+        .tier(lower.clone())
+        .build()
+        .unwrap();
     let pages: Vec<Page<'static>> = (0..16)
         .map(|i| Page::new(key(i), content::page(&key(i), 2, 4096)))
         .collect();
@@ -161,17 +169,23 @@ async fn a_failing_lower_tier_never_fails_what_the_top_serves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_compositions_are_config_errors() {
     assert!(matches!(
-        Hierarchy::new("empty", vec![], HierarchyPolicy::default(), None),
+        Hierarchy::builder("empty").build(),
         Err(TierError::Config { field, .. }) if field == "tiers"
     ));
-    let queue = DemotionQueue::new();
-    let one = || -> Vec<DynTier> { vec![Arc::new(MemTier::builder(1 << 20).build().unwrap())] };
-    let _first =
-        Hierarchy::new("a", one(), HierarchyPolicy::default(), Some(queue.clone())).unwrap();
+    let one = || Arc::new(MemTier::open(MemTierConfig::new(1 << 20)).unwrap()) as DynTier;
+    let never_admitting = HierarchyPolicy {
+        admit_after: 0,
+        ..HierarchyPolicy::default()
+    };
     assert!(matches!(
-        Hierarchy::new("b", one(), HierarchyPolicy::default(), Some(queue)),
-        Err(TierError::Config { field, .. }) if field == "demotions"
+        Hierarchy::builder("b").policy(never_admitting).tier(one()).build(),
+        Err(TierError::Config { field, .. }) if field == "admit_after"
     ));
+    let failing = Hierarchy::builder("c")
+        .tier_with(|_| Err(TierError::config("capacity", "must be at least 1 byte")))
+        .tier(one())
+        .build();
+    assert!(matches!(failing, Err(TierError::Config { field, .. }) if field == "capacity"));
 }
 
 /// DRAM with room for one 4 KiB page (LRU) over DRAM, wired for `write`.
@@ -182,23 +196,32 @@ fn one_page_over_dram(write: WritePolicy) -> Hierarchy {
 /// As [`one_page_over_dram`], writing below only from a key's `admit_after`th request; also
 /// returns the lower tier.
 fn one_page_over(write: WritePolicy, admit_after: u32) -> (Hierarchy, DynTier) {
-    let queue = DemotionQueue::new();
-    let mut upper = MemTier::builder(4096 + 512)
-        .name("one-page")
-        .policy(tier_mem::PolicyKind::Lru);
-    if write == WritePolicy::WriteBack {
-        upper = upper.on_evict(queue.listener(0));
-    }
-    let lower: DynTier = Arc::new(MemTier::builder(64 << 20).name("lower").build().unwrap());
-    let tiers: Vec<DynTier> = vec![Arc::new(upper.build().unwrap()), Arc::clone(&lower)];
+    let lower: DynTier = Arc::new(
+        MemTier::open(MemTierConfig {
+            name: "lower".into(),
+            ..MemTierConfig::new(64 << 20)
+        })
+        .unwrap(),
+    );
     let policy = HierarchyPolicy {
         admit_after,
         ..policy(write)
     };
-    (
-        Hierarchy::new("one/dram", tiers, policy, Some(queue)).unwrap(),
-        lower,
-    )
+    let h = Hierarchy::builder("one/dram")
+        .policy(policy)
+        .tier_with(|on_evict| {
+            let upper = MemTierConfig {
+                name: "one-page".into(),
+                policy: Some(tier_mem::PolicyKind::Lru),
+                on_evict,
+                ..MemTierConfig::new(4096 + 512)
+            };
+            Ok(Arc::new(MemTier::open(upper)?) as DynTier)
+        })
+        .tier(Arc::clone(&lower))
+        .build()
+        .unwrap();
+    (h, lower)
 }
 
 async fn put_one(h: &Hierarchy, k: &PageKey, version: u64) {
@@ -237,19 +260,25 @@ async fn write_back_serves_the_newest_version_while_demotions_land() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_put_dropped_while_waiting_leaves_nothing_behind() {
     let lower = Arc::new(FaultyTier::new(
-        Arc::new(MemTier::builder(64 << 20).build().unwrap()),
+        Arc::new(MemTier::open(MemTierConfig::new(64 << 20)).unwrap()),
         Faults {
             latency: std::time::Duration::from_millis(200),
             ..Faults::default()
         },
     ));
-    let tiers: Vec<DynTier> = vec![Arc::new(MemTier::builder(64 << 20).build().unwrap()), lower];
     let policy = HierarchyPolicy {
         queue_bytes: Some(4096),
         flush_timeout: std::time::Duration::from_secs(10),
         ..HierarchyPolicy::default()
     };
-    let h = Hierarchy::new("dram/slow", tiers, policy, None).unwrap();
+    let h = Hierarchy::builder("dram/slow")
+        .policy(policy)
+        .tier(Arc::new(
+            MemTier::open(MemTierConfig::new(64 << 20)).unwrap(),
+        ))
+        .tier(lower)
+        .build()
+        .unwrap();
     // The first copy down takes 200 ms; the second fills the queue behind it.
     put_one(&h, &key(1), 1).await;
     put_one(&h, &key(3), 1).await;
@@ -356,16 +385,22 @@ async fn a_page_not_admitted_leaves_no_stale_copy_below() {
     h.close().await.unwrap();
     // A new hierarchy (fresh counts) over the same lower tier: v3 is its first request.
     let top: DynTier = Arc::new(
-        MemTier::builder(4096 + 512)
-            .policy(tier_mem::PolicyKind::Lru)
-            .build()
-            .unwrap(),
+        MemTier::open(MemTierConfig {
+            policy: Some(tier_mem::PolicyKind::Lru),
+            ..MemTierConfig::new(4096 + 512)
+        })
+        .unwrap(),
     );
     let policy = HierarchyPolicy {
         admit_after: 2,
         ..policy(WritePolicy::WriteThrough)
     };
-    let h = Hierarchy::new("again", vec![top, Arc::clone(&lower)], policy, None).unwrap();
+    let h = Hierarchy::builder("again")
+        .policy(policy)
+        .tier(top)
+        .tier(Arc::clone(&lower))
+        .build()
+        .unwrap();
     put_one(&h, &k, 3).await;
     put_one(&h, &key(8), 1).await; // evicts v3 from the top
     h.flush().await.unwrap();
@@ -461,27 +496,25 @@ async fn a_page_being_evicted_is_neither_missed_nor_resurrected(
     #[values(DuringEviction::Read, DuringEviction::Check, DuringEviction::Remove)]
     call: DuringEviction,
 ) {
-    let queue = DemotionQueue::new();
-    let demote = queue.listener(0);
-    let upper = MemTier::builder(4096 + 512)
-        .policy(engine)
-        .on_evict(Arc::new(move |page| {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            demote(page)
-        }))
+    let lower: DynTier = Arc::new(MemTier::open(MemTierConfig::new(64 << 20)).unwrap());
+    let h = Hierarchy::builder("slow-evictions")
+        .policy(policy(WritePolicy::WriteBack))
+        .tier_with(move |on_evict| {
+            let demote = on_evict.expect("write-back hands the top tier a hook");
+            let upper = MemTierConfig {
+                policy: Some(engine),
+                on_evict: Some(Arc::new(move |page| {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    demote(page)
+                })),
+                ..MemTierConfig::new(4096 + 512)
+            };
+            Ok(Arc::new(MemTier::open(upper)?) as DynTier)
+        })
+        .tier(lower)
         .build()
         .unwrap();
-    let lower: DynTier = Arc::new(MemTier::builder(64 << 20).build().unwrap());
-    let tiers: Vec<DynTier> = vec![Arc::new(upper), lower];
-    let h = Arc::new(
-        Hierarchy::new(
-            "slow-evictions",
-            tiers,
-            policy(WritePolicy::WriteBack),
-            Some(queue),
-        )
-        .unwrap(),
-    );
+    let h = Arc::new(h);
     let (k, other) = (key(1), key(2));
     put_one(&h, &k, 1).await;
     // Evicts `k`: the listener holds it for 100 ms on a worker thread.

@@ -1,4 +1,4 @@
-//! The `object` kind for config files.
+//! The `object` kind: an object_store tier ([`tier_object::ObjectTier`]).
 //!
 //! ```toml
 //! [[tiers]]
@@ -22,10 +22,9 @@ use std::sync::Arc;
 
 use object_store::ObjectStore;
 use serde::Deserialize;
-use tier_core::config::{ByteSize, OpenFuture, Registry, TierContext, TierPlan, TimeSpan};
 use tier_core::{EvictionListener, TierError};
-
-use crate::{ObjectTier, ObjectTierConfig, S3Settings};
+use tier_hierarchy::config::{ByteSize, OpenFuture, Registry, TierContext, TierPlan, TimeSpan};
+use tier_object::{ObjectTier, ObjectTierConfig, S3Settings};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -1,4 +1,4 @@
-//! The `nixl-file` and `nixl-obj` kinds for config files.
+//! The `nixl-file` and `nixl-obj` kinds: NIXL's FILE and OBJ tiers ([`tier_nixl`]).
 //!
 //! ```toml
 //! [[tiers]]
@@ -47,10 +47,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde::Deserialize;
-use tier_core::config::{ByteSize, OpenFuture, Registry, TierContext, TierPlan, TimeSpan};
-use tier_core::{EvictionListener, TierError};
-
-use crate::{
+use tier_core::EvictionListener;
+use tier_hierarchy::config::{ByteSize, OpenFuture, Registry, TierContext, TierPlan, TimeSpan};
+use tier_nixl::{
     DirectIo, Durability, FileEngine, FilePlugin, NixlFileConfig, NixlFileTier, NixlObjConfig,
     NixlObjTier, PageChecksum, PathModeChoice, RequestChecksum,
 };
@@ -233,27 +232,18 @@ impl TierPlan for ObjPlan {
     }
 }
 
-fn field_error(ctx: &TierContext, e: TierError) -> TierError {
-    match e {
-        TierError::Config { field, message } => {
-            TierError::config(format!("{}.{field}", ctx.field), message)
-        }
-        other => other,
-    }
-}
-
 /// Registers the `nixl-file` and `nixl-obj` kinds.
 pub fn register(registry: &mut Registry) {
     registry.register("nixl-obj", |ctx: &TierContext| {
         let params: ObjParams = ctx.params()?;
         let config = to_obj_config(&ctx.name, params);
-        config.validate().map_err(|e| field_error(ctx, e))?;
+        config.validate().map_err(|e| crate::field_error(ctx, e))?;
         Ok(Box::new(ObjPlan(config)) as Box<dyn TierPlan>)
     });
     registry.register("nixl-file", |ctx: &TierContext| {
         let params: FileParams = ctx.params()?;
         let config = to_config(&ctx.name, params);
-        config.validate().map_err(|e| field_error(ctx, e))?;
+        config.validate().map_err(|e| crate::field_error(ctx, e))?;
         Ok(Box::new(FilePlan(config)) as Box<dyn TierPlan>)
     });
 }

@@ -30,10 +30,8 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 
-use crate::{
-    DemotionQueue, EvictionListener, Hierarchy, HierarchyPolicy, StorageTier, TierError,
-    WritePolicy,
-};
+use crate::hierarchy::DemotionQueue;
+use crate::{EvictionListener, Hierarchy, HierarchyPolicy, StorageTier, TierError, WritePolicy};
 
 /// A byte count written as a number or with a unit: `4096`, `"64KiB"`, `"8GiB"`, `"1.5GB"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -396,7 +394,7 @@ impl Registry {
                 (policy.write == WritePolicy::WriteBack && i < last).then(|| queue.listener(i));
             tiers.push(plan.open(hook).await?);
         }
-        Hierarchy::new("hierarchy", tiers, policy, Some(queue))
+        Hierarchy::compose("hierarchy".to_owned(), tiers, policy, queue)
     }
 }
 
