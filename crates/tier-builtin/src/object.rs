@@ -67,7 +67,7 @@ impl TierPlan for ObjectPlan {
 
     fn open(self: Box<Self>, _on_evict: Option<EvictionListener>) -> OpenFuture {
         Box::pin(async move {
-            let tier = ObjectTier::new(self.store, self.config)?;
+            let tier = ObjectTier::open(self.store, self.config)?;
             tier.load_catalog().await?;
             Ok(Arc::new(tier) as _)
         })
@@ -157,7 +157,7 @@ pub fn register(registry: &mut Registry) {
             config.op_timeout = t.0;
         }
         // Checks prefix and limits now, so `kvtier check` reports them.
-        ObjectTier::new(Arc::clone(&store), config.clone()).map_err(|e| match e {
+        ObjectTier::open(Arc::clone(&store), config.clone()).map_err(|e| match e {
             TierError::Config { field: f, message } => TierError::config(field(&f), message),
             other => other,
         })?;

@@ -133,7 +133,7 @@ async fn main() {
         &server.secret_key,
     );
     let store = settings.build().unwrap();
-    let plain = ObjectTier::new(Arc::clone(&store), ObjectTierConfig::new("tier")).unwrap();
+    let plain = ObjectTier::open(Arc::clone(&store), ObjectTierConfig::new("tier")).unwrap();
     let nixl = NixlObjTier::open(NixlObjConfig::new(settings.clone(), "nixl"))
         .await
         .unwrap();

@@ -49,7 +49,7 @@ fn open_target(
                     .unwrap(),
             ),
             "object" => Arc::new(
-                ObjectTier::new(s3().build().unwrap(), ObjectTierConfig::new(PREFIX)).unwrap(),
+                ObjectTier::open(s3().build().unwrap(), ObjectTierConfig::new(PREFIX)).unwrap(),
             ),
             other => panic!("unknown target {other}"),
         }
@@ -273,7 +273,8 @@ async fn object_tiers_survive_kill_9() {
                 }
                 let tier: Arc<dyn StorageTier> = if kind == "object" {
                     Arc::new(
-                        ObjectTier::new(Arc::clone(&store), ObjectTierConfig::new(PREFIX)).unwrap(),
+                        ObjectTier::open(Arc::clone(&store), ObjectTierConfig::new(PREFIX))
+                            .unwrap(),
                     )
                 } else {
                     Arc::new(

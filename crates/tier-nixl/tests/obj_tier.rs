@@ -77,7 +77,7 @@ tier_tests::s3_outage_suite!(NixlObj);
 async fn pages_are_plain_objects_shared_with_the_object_store_tier() {
     let f = ObjFactory::new();
     let nixl = NixlObjTier::open(f.config()).await.unwrap();
-    let plain = ObjectTier::new(store_of(&f.server), ObjectTierConfig::new(&f.prefix)).unwrap();
+    let plain = ObjectTier::open(store_of(&f.server), ObjectTierConfig::new(&f.prefix)).unwrap();
     for r in nixl.put(&pages(0..16, 65536)).await {
         r.unwrap();
     }
@@ -268,7 +268,7 @@ async fn a_dead_server_under_a_hierarchy(#[case] kind: &str) {
     let lower: Arc<dyn StorageTier> = if kind == "object" {
         let mut c = ObjectTierConfig::new(&f.prefix);
         c.op_timeout = bound;
-        Arc::new(ObjectTier::new(config.s3.build().unwrap(), c).unwrap())
+        Arc::new(ObjectTier::open(config.s3.build().unwrap(), c).unwrap())
     } else {
         Arc::new(NixlObjTier::open(config).await.unwrap())
     };
@@ -379,7 +379,7 @@ async fn hostile_keys_stay_single_objects_under_the_prefix() {
     let f = ObjFactory::new();
     let store = store_of(&f.server);
     let nixl = NixlObjTier::open(f.config()).await.unwrap();
-    let plain = ObjectTier::new(Arc::clone(&store), ObjectTierConfig::new("plain/ns")).unwrap();
+    let plain = ObjectTier::open(Arc::clone(&store), ObjectTierConfig::new("plain/ns")).unwrap();
     let names = [
         "../../etc/passwd",
         "a/b",
@@ -476,7 +476,7 @@ async fn tiers_opened_and_dropped_while_others_move_pages() {
 async fn a_timed_out_page_leaves_its_batch_mates_served_whole() {
     let f = ObjFactory::new();
     let big = 256 << 20;
-    let plain = ObjectTier::new(store_of(&f.server), ObjectTierConfig::new(&f.prefix)).unwrap();
+    let plain = ObjectTier::open(store_of(&f.server), ObjectTierConfig::new(&f.prefix)).unwrap();
     for r in plain
         .put(&[Page::new(key(1), content::page(&key(1), 1, big))])
         .await

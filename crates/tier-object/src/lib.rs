@@ -61,7 +61,7 @@ pub struct ObjectTier {
 
 impl ObjectTier {
     /// A tier over `store`; checks the config (no request is made).
-    pub fn new(store: Arc<dyn ObjectStore>, config: ObjectTierConfig) -> Result<Self, TierError> {
+    pub fn open(store: Arc<dyn ObjectStore>, config: ObjectTierConfig) -> Result<Self, TierError> {
         Ok(Self {
             objects: Arc::new(Objects::new(store, config)?),
             order: WriteOrder::new(),

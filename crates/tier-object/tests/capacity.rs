@@ -32,7 +32,8 @@ async fn objects_under(store: &Arc<dyn ObjectStore>, prefix: &str) -> usize {
 async fn a_bounded_tier_evicts_what_it_found_at_open_and_leaves_nested_prefixes_alone() {
     let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
     for prefix in ["models/a", "models/a/nested"] {
-        let unbounded = ObjectTier::new(Arc::clone(&store), ObjectTierConfig::new(prefix)).unwrap();
+        let unbounded =
+            ObjectTier::open(Arc::clone(&store), ObjectTierConfig::new(prefix)).unwrap();
         for r in unbounded.put(&pages(10, 1024)).await {
             r.unwrap();
         }
@@ -41,7 +42,7 @@ async fn a_bounded_tier_evicts_what_it_found_at_open_and_leaves_nested_prefixes_
     let mut config = ObjectTierConfig::new("models/a");
     config.capacity_bytes = Some(4 * 1024);
     config.policy = PolicyKind::S3fifo;
-    let bounded = ObjectTier::new(Arc::clone(&store), config).unwrap();
+    let bounded = ObjectTier::open(Arc::clone(&store), config).unwrap();
     assert_eq!(
         bounded.load_catalog().await.unwrap(),
         10,
@@ -72,10 +73,10 @@ async fn capacity_zero_and_tinylfu_are_refused() {
     let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
     let mut config = ObjectTierConfig::new("p");
     config.capacity_bytes = Some(0);
-    assert!(ObjectTier::new(Arc::clone(&store), config).is_err());
+    assert!(ObjectTier::open(Arc::clone(&store), config).is_err());
     let mut config = ObjectTierConfig::new("p");
     config.capacity_bytes = Some(1 << 20);
     config.policy = PolicyKind::Tinylfu;
-    let err = ObjectTier::new(store, config).err().unwrap().to_string();
+    let err = ObjectTier::open(store, config).err().unwrap().to_string();
     assert!(err.contains("policy"), "{err}");
 }

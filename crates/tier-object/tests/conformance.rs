@@ -116,7 +116,7 @@ impl TierFactory for StoreFactory {
 
     async fn open(&self) -> Result<DynTier, TierError> {
         self.opened.fetch_add(1, Ordering::Relaxed);
-        Ok(Arc::new(ObjectTier::new(
+        Ok(Arc::new(ObjectTier::open(
             Arc::clone(&self.store),
             ObjectTierConfig::new(&self.prefix),
         )?))
@@ -128,7 +128,7 @@ impl TierFactory for StoreFactory {
         config.capacity_bytes = Some(capacity_bytes);
         config.policy = self.policy;
         let opened = async {
-            let tier = ObjectTier::new(Arc::clone(&self.store), config)?;
+            let tier = ObjectTier::open(Arc::clone(&self.store), config)?;
             tier.load_catalog().await?;
             Ok(Arc::new(tier) as DynTier)
         };

@@ -12,8 +12,8 @@ fn key(i: usize) -> PageKey {
 }
 
 async fn check(store: Arc<dyn ObjectStore>) {
-    let outer = ObjectTier::new(Arc::clone(&store), ObjectTierConfig::new("models")).unwrap();
-    let inner = ObjectTier::new(store, ObjectTierConfig::new("models/llama")).unwrap();
+    let outer = ObjectTier::open(Arc::clone(&store), ObjectTierConfig::new("models")).unwrap();
+    let inner = ObjectTier::open(store, ObjectTierConfig::new("models/llama")).unwrap();
     let pages: Vec<Page<'static>> = (0..4)
         .map(|i| Page::new(key(i), vec![i as u8; 1000]))
         .collect();

@@ -26,7 +26,7 @@ fn quick(settings: &mut S3Settings) {
 fn tier(store: Arc<dyn ObjectStore>, prefix: &str, op_timeout: Duration) -> ObjectTier {
     let mut config = ObjectTierConfig::new(prefix);
     config.op_timeout = op_timeout;
-    ObjectTier::new(store, config).unwrap()
+    ObjectTier::open(store, config).unwrap()
 }
 
 async fn read(tier: &ObjectTier, i: usize, len: usize) -> (Result<Lookup, TierError>, Vec<u8>) {
@@ -60,13 +60,13 @@ fn bad_prefixes_and_settings_are_config_errors() {
     let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
     for bad in ["", "a/../b"] {
         assert!(
-            matches!(ObjectTier::new(Arc::clone(&store), ObjectTierConfig::new(bad)), Err(TierError::Config { field, .. }) if field == "prefix")
+            matches!(ObjectTier::open(Arc::clone(&store), ObjectTierConfig::new(bad)), Err(TierError::Config { field, .. }) if field == "prefix")
         );
     }
     let mut config = ObjectTierConfig::new("p");
     config.concurrency = 0;
     assert!(
-        matches!(ObjectTier::new(store, config), Err(TierError::Config { field, .. }) if field == "concurrency")
+        matches!(ObjectTier::open(store, config), Err(TierError::Config { field, .. }) if field == "concurrency")
     );
 }
 
@@ -83,7 +83,7 @@ async fn pages_over_the_threshold_go_up_in_parts() {
     .unwrap();
     let mut config = ObjectTierConfig::new("parts");
     config.multipart_threshold = 8 << 20;
-    let t = ObjectTier::new(Arc::clone(&store), config).unwrap();
+    let t = ObjectTier::open(Arc::clone(&store), config).unwrap();
     let len = 20 << 20;
     let batch = vec![
         Page::new(key(1), content::page(&key(1), 3, len)),

@@ -260,7 +260,7 @@ impl NixlObjTier {
         control_config.max_page_bytes = config.max_page_bytes;
         control_config.capacity_bytes = config.capacity_bytes;
         control_config.policy = config.policy;
-        let control = ObjectTier::new(config.s3.build()?, control_config)?;
+        let control = ObjectTier::open(config.s3.build()?, control_config)?;
         control.load_catalog().await?;
         let shared = tokio::task::spawn_blocking(move || -> Result<Shared, TierError> {
             let runtime = crate::runtime::load(config.runtime_dir.as_deref())?;
