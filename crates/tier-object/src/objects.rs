@@ -1,0 +1,440 @@
+//! [`Objects`]: the tier's requests to its store, shared with the tasks its writes run in.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::{FutureExt, StreamExt};
+use object_store::path::{Path, PathPart};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
+use tier_core::{
+    GetResult, Page, PageData, PageKey, PutResult, ReadSlot, RemoveResult, StatsRecorder,
+    TierError, TierInfo, TierStats,
+};
+
+use crate::catalog::Catalog;
+use crate::names::{escape, parse_prefix};
+use crate::{ObjectId, ObjectTierConfig};
+
+/// Longest escaped object name (stores that keep objects as files need it under NAME_MAX).
+const MAX_NAME: usize = 200;
+
+/// The tier's requests; shared with the tasks its writes run in.
+pub(crate) struct Objects {
+    pub(crate) store: Arc<dyn ObjectStore>,
+    pub(crate) prefix: Path,
+    pub(crate) config: ObjectTierConfig,
+    pub(crate) backend: String,
+    pub(crate) stats: StatsRecorder,
+    pub(crate) catalog: Option<Catalog>,
+}
+
+/// Keys taken for deletion, given back to the catalog if the deletion never started.
+pub(crate) struct GiveBack {
+    pub(crate) objects: Arc<Objects>,
+    pub(crate) keys: Vec<PageKey>,
+}
+
+impl Drop for GiveBack {
+    fn drop(&mut self) {
+        if let Some(catalog) = &self.objects.catalog {
+            catalog.give_back(std::mem::take(&mut self.keys));
+        }
+    }
+}
+
+impl Objects {
+    pub(crate) fn new(
+        store: Arc<dyn ObjectStore>,
+        mut config: ObjectTierConfig,
+    ) -> Result<Self, TierError> {
+        if !(1..=1024).contains(&config.concurrency) {
+            return Err(TierError::config("concurrency", "must be 1 to 1024"));
+        }
+        if config.op_timeout.is_zero() {
+            return Err(TierError::config("op_timeout", "must be positive"));
+        }
+        let prefix = parse_prefix(&config.prefix)?;
+        let catalog = match config.capacity_bytes {
+            None => None,
+            Some(0) => {
+                return Err(TierError::config(
+                    "capacity",
+                    "must be at least 1 byte (or unset)",
+                ))
+            }
+            Some(capacity) => {
+                // A page larger than the bound would only be stored to be evicted.
+                config.max_page_bytes = config
+                    .max_page_bytes
+                    .min(usize::try_from(capacity).unwrap_or(usize::MAX));
+                let policy = config.policy.build().ok_or_else(|| {
+                    TierError::config(
+                        "policy",
+                        "tinylfu is moka's, for DRAM tiers; an object tier takes lru, sieve, s3fifo, arc or prefix",
+                    )
+                })?;
+                Some(Catalog::new(policy, capacity))
+            }
+        };
+        Ok(Self {
+            catalog,
+            backend: format!("object store {store}"),
+            store,
+            prefix,
+            config,
+            stats: StatsRecorder::default(),
+        })
+    }
+
+    /// The object a page is stored as, or `KeyRejected` if its escaped name is too long for
+    /// stores that keep objects as files.
+    pub(crate) fn object_path(&self, key: &PageKey) -> Result<Path, TierError> {
+        let name = escape(key);
+        if name.len() > MAX_NAME {
+            return Err(TierError::KeyRejected {
+                key: key.clone(),
+                reason: "the key escaped as an object name exceeds 200 bytes",
+            });
+        }
+        Ok(self.prefix.clone().join(PathPart::from(name.as_str())))
+    }
+
+    pub(crate) fn error(&self, key: Option<&PageKey>, e: object_store::Error) -> TierError {
+        let message = match &e {
+            object_store::Error::Unauthenticated { .. }
+            | object_store::Error::PermissionDenied { .. } => {
+                format!("authentication failed: {e}")
+            }
+            _ => e.to_string(),
+        };
+        TierError::Backend {
+            backend: self.backend.clone(),
+            key: key.cloned(),
+            message,
+        }
+    }
+
+    pub(crate) async fn bounded<T>(
+        &self,
+        op: &'static str,
+        fut: impl std::future::Future<Output = Result<T, TierError>>,
+    ) -> Result<T, TierError> {
+        tokio::time::timeout(self.config.op_timeout, fut)
+            .await
+            .unwrap_or(Err(TierError::Timeout {
+                op,
+                after: self.config.op_timeout,
+            }))
+    }
+
+    pub(crate) async fn put_one(&self, page: &Page<'_>) -> PutResult {
+        page.check_len(Some(self.config.max_page_bytes))?;
+        let path = self.object_path(&page.key)?;
+        let mode = if self.config.create_only {
+            PutMode::Create
+        } else {
+            PutMode::Overwrite
+        };
+        self.bounded("object put", async {
+            let result = if page.data.len() > self.config.multipart_threshold {
+                self.put_multipart(&path, &page.data).await
+            } else {
+                let opts = PutOptions {
+                    mode,
+                    ..Default::default()
+                };
+                self.store
+                    .put_opts(
+                        &path,
+                        PutPayload::from_iter(page.data.shared_regions()),
+                        opts,
+                    )
+                    .await
+                    .map(|_| ())
+            };
+            match result {
+                Ok(()) => Ok(()),
+                // Create-only: the key is already stored, by this or another writer.
+                Err(object_store::Error::AlreadyExists { .. }) if self.config.create_only => Ok(()),
+                Err(e) => Err(self.error(Some(&page.key), e)),
+            }
+        })
+        .await
+    }
+
+    pub(crate) async fn put_multipart(
+        &self,
+        path: &Path,
+        data: &PageData<'_>,
+    ) -> object_store::Result<()> {
+        let upload = self.store.put_multipart(path).await?;
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, 8 << 20);
+        for region in data.shared_regions() {
+            writer.put(region);
+        }
+        writer.finish().await.map(|_| ())
+    }
+
+    pub(crate) async fn get_one(&self, slot: &mut ReadSlot<'_>) -> GetResult {
+        let path = match self.object_path(&slot.key) {
+            Ok(path) => path,
+            Err(_) => return slot.answer(None, &self.stats),
+        };
+        let key = slot.key.clone();
+        let fetched = self
+            .bounded("object get", async {
+                match self.store.get(&path).await {
+                    Ok(result) => result
+                        .bytes()
+                        .await
+                        .map(Some)
+                        .map_err(|e| self.error(Some(&key), e)),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(self.error(Some(&key), e)),
+                }
+            })
+            .await;
+        match fetched {
+            Ok(page) => slot.answer(page.as_deref(), &self.stats),
+            Err(e) => {
+                self.stats.errors(1);
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) async fn present(&self, key: &PageKey) -> Result<bool, TierError> {
+        Ok(self.stored_len(key).await?.is_some())
+    }
+
+    /// The stored length of a key's object (`None`: absent), by one HEAD.
+    pub async fn stored_len(&self, key: &PageKey) -> Result<Option<u64>, TierError> {
+        Ok(self.object_id(key).await?.map(|id| id.len))
+    }
+
+    pub(crate) async fn object_id(&self, key: &PageKey) -> Result<Option<ObjectId>, TierError> {
+        let Ok(path) = self.object_path(key) else {
+            return Ok(None);
+        };
+        self.bounded("object head", async {
+            match self.store.head(&path).await {
+                Ok(meta) => Ok(Some(ObjectId {
+                    len: meta.size,
+                    e_tag: meta.e_tag,
+                    version: meta.version,
+                    modified: meta.last_modified.timestamp_nanos_opt(),
+                })),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(self.error(Some(key), e)),
+            }
+        })
+        .await
+    }
+
+    /// Checks that the store answers for this tier's prefix, by one HEAD of a name no page
+    /// uses; the error says why not (unreachable, authentication, ...).
+    pub async fn check_access(&self) -> Result<(), TierError> {
+        let probe = self
+            .prefix
+            .clone()
+            .join(PathPart::from(".kvtier-access-check"));
+        self.bounded("object head", async {
+            match self.store.head(&probe).await {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(self.error(None, e)),
+            }
+        })
+        .await
+    }
+
+    /// [`Self::stored_len`] of each key, `concurrency` HEADs in flight.
+    pub(crate) async fn object_ids(
+        &self,
+        keys: &[PageKey],
+    ) -> Vec<Result<Option<ObjectId>, TierError>> {
+        let jobs: Vec<Job<'_, Result<Option<ObjectId>, TierError>>> = keys
+            .iter()
+            .map(|k| -> Job<'_, Result<Option<ObjectId>, TierError>> {
+                Box::pin(self.object_id(k))
+            })
+            .collect();
+        run_ordered(jobs, self.config.concurrency).await
+    }
+}
+
+impl Objects {
+    pub(crate) fn info(&self) -> TierInfo {
+        TierInfo {
+            name: self.config.name.clone(),
+            kind: "object".into(),
+            capacity_bytes: self.catalog.as_ref().map(Catalog::capacity),
+            max_page_bytes: Some(self.config.max_page_bytes),
+            persistent: true,
+        }
+    }
+
+    pub(crate) fn stats(&self) -> TierStats {
+        self.stats
+            .snapshot(self.catalog.as_ref().map(Catalog::bytes))
+    }
+
+    pub(crate) async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
+        // A key repeated in the batch: only its last valid page is written.
+        let last = Page::last_valid(pages, Some(self.config.max_page_bytes));
+        let jobs: Vec<Job<'_, PutResult>> = pages
+            .iter()
+            .enumerate()
+            .map(|(i, page)| -> Job<'_, PutResult> {
+                if last.get(&page.key) != Some(&i) {
+                    let checked = page.check_len(Some(self.config.max_page_bytes));
+                    Box::pin(async move { checked })
+                } else {
+                    Box::pin(self.put_one(page))
+                }
+            })
+            .collect();
+        let results = run_ordered(jobs, self.config.concurrency).await;
+        let mut after = None;
+        for (page, r) in pages.iter().zip(&results) {
+            match r {
+                Ok(()) => {
+                    self.stats.put(page.data.len());
+                    if let Some(catalog) = &self.catalog {
+                        let evicted = catalog.insert(&page.key, page.data.len() as u64, after);
+                        (0..evicted).for_each(|_| self.stats.eviction());
+                    }
+                    after = Some(&page.key);
+                }
+                Err(_) => self.stats.errors(1),
+            }
+        }
+        results
+    }
+
+    pub(crate) async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
+        let jobs: Vec<Job<'_, GetResult>> = slots
+            .iter_mut()
+            .map(|slot| -> Job<'_, GetResult> { Box::pin(self.get_one(slot)) })
+            .collect();
+        let results = run_ordered(jobs, self.config.concurrency).await;
+        if let Some(catalog) = &self.catalog {
+            let mut after = None;
+            for (slot, r) in slots.iter().zip(&results) {
+                if matches!(r, Ok(tier_core::Lookup::Hit)) {
+                    catalog.touch(&slot.key, after);
+                    after = Some(&slot.key);
+                }
+            }
+        }
+        results
+    }
+
+    pub(crate) async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
+        // HEADs run concurrently, a window at a time; the run ends at the first absent key.
+        let mut run = 0;
+        for window in keys.chunks(self.config.concurrency) {
+            let jobs: Vec<Job<'_, Result<bool, TierError>>> = window
+                .iter()
+                .map(|k| -> Job<'_, Result<bool, TierError>> { Box::pin(self.present(k)) })
+                .collect();
+            let present = run_ordered(jobs, self.config.concurrency)
+                .await
+                .into_iter()
+                .collect::<Result<Vec<bool>, TierError>>()?;
+            let lead = present.iter().take_while(|p| **p).count();
+            run += lead;
+            if lead < window.len() {
+                break;
+            }
+        }
+        Ok(run)
+    }
+
+    pub(crate) async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
+        let jobs: Vec<Job<'_, RemoveResult>> = keys
+            .iter()
+            .map(|key| -> Job<'_, RemoveResult> { Box::pin(self.remove_one(key)) })
+            .collect();
+        run_ordered(jobs, self.config.concurrency).await
+    }
+
+    /// The objects directly under the prefix. Only those are the tier's: a page name never
+    /// holds a `/`, so anything deeper (another tier's prefix nested in this one, `models`
+    /// over `models/llama`) is not ours.
+    pub(crate) async fn list(&self) -> Result<Vec<object_store::ObjectMeta>, TierError> {
+        self.bounded("object list", async {
+            self.store
+                .list_with_delimiter(Some(&self.prefix))
+                .await
+                .map(|listing| listing.objects)
+                .map_err(|e| self.error(None, e))
+        })
+        .await
+    }
+
+    pub(crate) async fn clear(&self) -> Result<(), TierError> {
+        if let Some(catalog) = &self.catalog {
+            catalog.clear();
+        }
+        let listed = self.list().await?;
+        let jobs: Vec<Job<'_, Result<(), TierError>>> = listed
+            .iter()
+            .map(|meta| -> Job<'_, Result<(), TierError>> {
+                Box::pin(self.delete_path(&meta.location, None))
+            })
+            .collect();
+        run_ordered(jobs, self.config.concurrency)
+            .await
+            .into_iter()
+            .collect()
+    }
+}
+
+impl Objects {
+    pub(crate) async fn remove_one(&self, key: &PageKey) -> RemoveResult {
+        let was = self.present(key).await?;
+        if was {
+            self.delete_path(&self.object_path(key)?, Some(key)).await?;
+            self.stats.removed();
+        }
+        if let Some(catalog) = &self.catalog {
+            catalog.remove(key);
+        }
+        Ok(was)
+    }
+
+    pub(crate) async fn delete_path(
+        &self,
+        path: &Path,
+        key: Option<&PageKey>,
+    ) -> Result<(), TierError> {
+        self.bounded("object delete", async {
+            match self.store.delete(path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(self.error(key, e)),
+            }
+        })
+        .await
+    }
+}
+
+/// One request of a batch.
+type Job<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Runs `jobs` with at most `limit` in flight; results in input order. A finished request
+/// frees its slot at once, whatever the ones before it are doing (ordered buffering would
+/// hold it until they finish: a third of the throughput on an S3 server whose latency varies).
+async fn run_ordered<T: Send>(jobs: Vec<Job<'_, T>>, limit: usize) -> Vec<T> {
+    let indexed: Vec<Job<'_, (usize, T)>> = jobs
+        .into_iter()
+        .enumerate()
+        .map(|(i, job)| -> Job<'_, (usize, T)> { Box::pin(job.map(move |t| (i, t))) })
+        .collect();
+    let mut done: Vec<(usize, T)> = futures::stream::iter(indexed)
+        .buffer_unordered(limit)
+        .collect()
+        .await;
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, t)| t).collect()
+}
