@@ -1,12 +1,9 @@
-//! Moving batches of pages between a staging buffer and files through a NIXL FILE backend, in
-//! path mode or legacy fd mode. Runs on blocking threads; every fd and registration a batch
+//! Moving batches of pages between memory and files, by one of two engines: NIXL's FILE
+//! backend ([`nixl`], path or fd mode) or kvtier's own syscalls ([`syscalls`]). Runs on blocking threads; every fd and registration a batch
 //! takes is held by its transfer, released once it settles (see [`crate::nixl::Held`]).
 
-use std::ffi::OsStr;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,71 +11,16 @@ use std::time::Duration;
 use tier_core::{PageKey, TierError};
 
 use super::checksum;
-use crate::batch::{move_isolating, BatchOutcome, Failure};
-use crate::nixl::{next_dev_id, Backend, Desc, Finished, Held, MemKind, Unsettled, XferOp};
+use crate::batch::{move_isolating, BatchOutcome};
+use crate::nixl::{Backend, Held, XferOp};
 use crate::staging::align_up;
 use crate::{FileEngine, READ_ATTEMPTS};
 
-/// How files are handed to NIXL.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FileMode {
-    /// NIXL opens files itself from a path in the registration metaInfo (NIXL >= 1.3).
-    Path,
-    /// kvtier opens each file and registers its fd as the device id.
-    Fd,
-}
+mod nixl;
+mod syscalls;
 
-impl std::fmt::Display for FileMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Path => "path",
-            Self::Fd => "fd",
-        })
-    }
-}
-
-/// Registers an existing file by path (`ro:<path>`) and looks for it among the process's open
-/// files: a path-mode NIXL opens it at registration, an older one ignores the metaInfo and
-/// opens nothing. Nothing fails on either (probing with a missing path, as NIXL's docs
-/// suggest, makes a path-mode NIXL log an error at every start). Fd mode, which every NIXL
-/// supports, is the answer whenever the probe cannot tell.
-pub fn probe_path_mode(backend: &Arc<Backend>) -> FileMode {
-    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let Ok(dir) = tempfile::Builder::new()
-        .prefix(&format!(
-            "kvtier-path-mode-probe-{}-{n}-",
-            std::process::id()
-        ))
-        .tempdir()
-    else {
-        return FileMode::Fd;
-    };
-    let path = dir.path().join("probe");
-    if std::fs::write(&path, [0u8; 4096]).is_err() {
-        return FileMode::Fd;
-    }
-    let meta = format!("ro:{}", path.display());
-    let desc = Desc {
-        addr: 0,
-        len: 4096,
-        dev_id: next_dev_id(),
-        meta: meta.as_bytes(),
-    };
-    let Ok(registration) = backend.register(MemKind::File, &[desc]) else {
-        return FileMode::Fd;
-    };
-    let opened = std::fs::read_dir("/proc/self/fd").is_ok_and(|fds| {
-        fds.flatten()
-            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == path))
-    });
-    drop(registration);
-    if opened {
-        FileMode::Path
-    } else {
-        FileMode::Fd
-    }
-}
+pub use nixl::{probe_path_mode, FileMode};
+use syscalls::move_by_syscalls;
 
 /// One page to move: its file, its length, and the DRAM regions of its bytes.
 #[derive(Clone)]
@@ -96,24 +38,6 @@ pub struct Xfer {
     /// For a read: the checksum the tier's index knows for the file, so it is not read from
     /// the file.
     pub checksum: Option<u32>,
-}
-
-impl Xfer {
-    /// Each part's DRAM descriptor and the file range it maps to, for a file registered as
-    /// `dev_id`.
-    fn descs(&self, dev_id: u64) -> impl Iterator<Item = (Desc<'static>, Desc<'static>)> + '_ {
-        let mut offset = 0;
-        self.parts.iter().map(move |&(addr, len)| {
-            let file = Desc {
-                addr: offset,
-                len,
-                dev_id,
-                meta: &[],
-            };
-            offset += len;
-            (Desc::dram(addr, len), file)
-        })
-    }
 }
 
 /// A FILE backend and how to use it.
@@ -237,84 +161,6 @@ impl FileIo {
             );
         }
         self.backend_error(Some(&item.key), message)
-    }
-
-    fn transfer(
-        &self,
-        op: XferOp,
-        items: &[Xfer],
-        which: &[usize],
-        memory: &Arc<Held>,
-    ) -> Result<(), Failure> {
-        // Fd mode: open every file first; the transfer holds them with their registration.
-        let mut files: Vec<File> = Vec::new();
-        let mut metas: Vec<Vec<u8>> = Vec::new();
-        let mut dev_ids = Vec::with_capacity(which.len());
-        for &i in which {
-            let item = &items[i];
-            match self.mode {
-                FileMode::Fd => {
-                    let file = open_page(&item.path, op, item.direct, self.sync).map_err(|e| {
-                        Failure::Item(
-                            i,
-                            TierError::io(op_name(op), Some(&item.key), Some(item.path.clone()), e),
-                        )
-                    })?;
-                    dev_ids.push(file.as_raw_fd() as u64);
-                    files.push(file);
-                }
-                FileMode::Path => {
-                    metas.push(path_meta(&item.path, op, item.direct, self.sync));
-                    dev_ids.push(next_dev_id());
-                }
-            }
-        }
-        let files_reg: Vec<Desc<'_>> = which
-            .iter()
-            .enumerate()
-            .map(|(n, &i)| Desc {
-                addr: 0,
-                len: items[i].len,
-                dev_id: dev_ids[n],
-                meta: metas.get(n).map_or(&[][..], Vec::as_slice),
-            })
-            .collect();
-        let (local, remote): (Vec<Desc<'_>>, Vec<Desc<'_>>) = which
-            .iter()
-            .enumerate()
-            .flat_map(|(n, &i)| items[i].descs(dev_ids[n]))
-            .unzip();
-        let registration = self
-            .backend
-            .register(MemKind::File, &files_reg)
-            .map_err(|e| Failure::Batch(format!("{}: registering files: {e}", op_name(op))))?;
-        let mut held = Held::default();
-        held.include(memory);
-        held.files(registration, files);
-        let transfer = self
-            .backend
-            .post(op, &local, MemKind::File, &remote, &held.seal())
-            .map_err(|e| Failure::Batch(format!("{}: posting the transfer: {e}", op_name(op))))?;
-        // Writes only read memory: a caller's pages need no waiting for (see Abandoned).
-        match transfer.finish(self.timeout) {
-            Finished::Done => Ok(()),
-            Finished::Failed(e) => Err(Failure::Batch(format!("{}: transfer: {e}", op_name(op)))),
-            Finished::Unsettled(Unsettled::Failed(e)) if op == XferOp::Write => {
-                // Its other writes land in temp files that are removed, never renamed in.
-                Err(Failure::Abandoned(format!(
-                    "{}: transfer: {e}",
-                    op_name(op)
-                )))
-            }
-            Finished::Unsettled(Unsettled::Failed(e)) if self.checksums => {
-                // A page file replaced mid-read fails a batch read (a short read): its pages
-                // are read again one by one. A late read of the failed batch that lands on a
-                // retried page fails that page's checksum: a miss, never a hit.
-                Err(Failure::Batch(format!("{}: transfer: {e}", op_name(op))))
-            }
-            // I/O may still be running: the transfer keeps what it holds.
-            Finished::Unsettled(why) => Err(Failure::Unsettled(why)),
-        }
     }
 }
 
@@ -485,151 +331,11 @@ pub struct BatchReads {
     pub poisoned: bool,
 }
 
-fn op_name(op: XferOp) -> &'static str {
+pub(super) fn op_name(op: XferOp) -> &'static str {
     match op {
         XferOp::Read => "read page",
         XferOp::Write => "write page",
     }
-}
-
-/// Linux's bound on the parts of one vectored call (`UIO_MAXIOV`).
-const IOV_MAX: usize = 1024;
-
-/// The most a checksummed read moves before it checksums what it moved: small enough to be
-/// checksummed from the core's own cache (a whole 2 MiB page has left it).
-const HASH_CHUNK: usize = 256 << 10;
-
-/// Moves one page with `preadv`/`pwritev` on the calling thread. The parts' addresses are
-/// memory the caller keeps valid (and, for reads, exclusively lent) for the call. A read
-/// given `crc` adds each piece's bytes to it as soon as they are read.
-fn move_by_syscalls(
-    op: XferOp,
-    item: &Xfer,
-    sync: bool,
-    mut crc: Option<&mut checksum::Crc>,
-) -> Result<(), TierError> {
-    let io_err =
-        |e: std::io::Error| TierError::io(op_name(op), Some(&item.key), Some(item.path.clone()), e);
-    let file = open_page(&item.path, op, item.direct, sync).map_err(io_err)?;
-    if op == XferOp::Read {
-        // The page's file may have been replaced by one of another length since it was
-        // planned: never serve a cut or overlong page.
-        let stored = file.metadata().map_err(io_err)?.len();
-        if stored != item.len as u64 {
-            return Err(TierError::LengthMismatch {
-                key: item.key.clone(),
-                stored: stored as usize,
-                buffer: item.len,
-            });
-        }
-    }
-    let fd = file.as_raw_fd();
-    // A page's parts in vectored calls: one call for all of them, or one per `HASH_CHUNK`
-    // when checksumming; each resumes after what the previous one moved.
-    let mut iov: Vec<libc::iovec> = item
-        .parts
-        .iter()
-        .filter(|&&(_, len)| len > 0)
-        .map(|&(addr, len)| libc::iovec {
-            iov_base: addr as *mut libc::c_void,
-            iov_len: len,
-        })
-        .collect();
-    let cap = if crc.is_some() {
-        HASH_CHUNK
-    } else {
-        usize::MAX
-    };
-    let mut call: Vec<libc::iovec> = Vec::with_capacity(iov.len().min(IOV_MAX));
-    let mut first = 0;
-    let mut at = 0usize;
-    while first < iov.len() {
-        call.clear();
-        let mut room = cap;
-        for part in &iov[first..] {
-            if room == 0 || call.len() == IOV_MAX {
-                break;
-            }
-            let len = part.iov_len.min(room);
-            call.push(libc::iovec {
-                iov_base: part.iov_base,
-                iov_len: len,
-            });
-            room -= len;
-        }
-        let count = call.len() as libc::c_int;
-        // SAFETY: each iovec is live memory lent for this call (writable for reads).
-        let n = unsafe {
-            match op {
-                XferOp::Write => libc::pwritev(fd, call.as_ptr(), count, at as libc::off_t),
-                XferOp::Read => libc::preadv(fd, call.as_ptr(), count, at as libc::off_t),
-            }
-        };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(io_err(e));
-        }
-        if n == 0 {
-            return Err(io_err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "the file ended before the page did",
-            )));
-        }
-        let mut moved = n as usize;
-        at += moved;
-        while moved > 0 {
-            let part = &mut iov[first];
-            let step = moved.min(part.iov_len);
-            if let Some(crc) = crc.as_deref_mut() {
-                // SAFETY: the call has just written these bytes, into memory lent for it.
-                crc.update(unsafe { std::slice::from_raw_parts(part.iov_base as *const u8, step) });
-            }
-            part.iov_base = (part.iov_base as usize + step) as *mut libc::c_void;
-            part.iov_len -= step;
-            moved -= step;
-            if part.iov_len == 0 {
-                first += 1;
-            }
-        }
-    }
-    Ok(())
-}
-
-fn open_page(path: &Path, op: XferOp, direct: bool, sync: bool) -> std::io::Result<File> {
-    let mut opts = OpenOptions::new();
-    let mut flags = libc::O_CLOEXEC;
-    if direct {
-        flags |= libc::O_DIRECT;
-    }
-    match op {
-        XferOp::Read => {
-            opts.read(true);
-        }
-        XferOp::Write => {
-            // Temp names are unique per write; truncate, as a retry of a failed batch reopens
-            // the file its first attempt created.
-            opts.write(true).create(true).truncate(true).mode(0o644);
-            if sync {
-                flags |= libc::O_DSYNC;
-            }
-        }
-    }
-    if op == XferOp::Read {
-        // Reading a page must not write its inode: without O_NOATIME the first read after a
-        // write updates the access time (relatime). Only the file's owner may ask for it.
-        match opts
-            .clone()
-            .custom_flags(flags | libc::O_NOATIME)
-            .open(path)
-        {
-            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
-            other => return other,
-        }
-    }
-    opts.custom_flags(flags).open(path)
 }
 
 /// Bytes an unprivileged writer may still use on the filesystem holding `dir`.
@@ -642,21 +348,4 @@ fn free_bytes(dir: &Path) -> Option<u64> {
         return None;
     }
     Some(st.f_bavail as u64 * st.f_frsize as u64)
-}
-
-/// Path-mode metaInfo: `<ro|rw>[,create][,direct][,sync]:<path>`.
-fn path_meta(path: &Path, op: XferOp, direct: bool, sync: bool) -> Vec<u8> {
-    let mut meta = match op {
-        XferOp::Read => b"ro".to_vec(),
-        XferOp::Write => b"rw,create".to_vec(),
-    };
-    if direct {
-        meta.extend_from_slice(b",direct");
-    }
-    if sync && op == XferOp::Write {
-        meta.extend_from_slice(b",sync");
-    }
-    meta.push(b':');
-    meta.extend_from_slice(OsStr::as_bytes(path.as_os_str()));
-    meta
 }

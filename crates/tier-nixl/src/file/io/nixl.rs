@@ -1,0 +1,192 @@
+//! The NIXL engine: a batch's files registered with a NIXL FILE backend (by path, or by fd
+//! where NIXL has no path mode) and moved in one transfer.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::sync::Arc;
+
+use tier_core::TierError;
+
+use crate::batch::Failure;
+use crate::nixl::{next_dev_id, Backend, Desc, Finished, Held, MemKind, Unsettled, XferOp};
+
+use super::syscalls::open_page;
+use super::{op_name, FileIo, Xfer};
+/// How files are handed to NIXL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileMode {
+    /// NIXL opens files itself from a path in the registration metaInfo (NIXL >= 1.3).
+    Path,
+    /// kvtier opens each file and registers its fd as the device id.
+    Fd,
+}
+
+impl std::fmt::Display for FileMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Path => "path",
+            Self::Fd => "fd",
+        })
+    }
+}
+
+/// Registers an existing file by path (`ro:<path>`) and looks for it among the process's open
+/// files: a path-mode NIXL opens it at registration, an older one ignores the metaInfo and
+/// opens nothing. Nothing fails on either (probing with a missing path, as NIXL's docs
+/// suggest, makes a path-mode NIXL log an error at every start). Fd mode, which every NIXL
+/// supports, is the answer whenever the probe cannot tell.
+pub fn probe_path_mode(backend: &Arc<Backend>) -> FileMode {
+    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let Ok(dir) = tempfile::Builder::new()
+        .prefix(&format!(
+            "kvtier-path-mode-probe-{}-{n}-",
+            std::process::id()
+        ))
+        .tempdir()
+    else {
+        return FileMode::Fd;
+    };
+    let path = dir.path().join("probe");
+    if std::fs::write(&path, [0u8; 4096]).is_err() {
+        return FileMode::Fd;
+    }
+    let meta = format!("ro:{}", path.display());
+    let desc = Desc {
+        addr: 0,
+        len: 4096,
+        dev_id: next_dev_id(),
+        meta: meta.as_bytes(),
+    };
+    let Ok(registration) = backend.register(MemKind::File, &[desc]) else {
+        return FileMode::Fd;
+    };
+    let opened = std::fs::read_dir("/proc/self/fd").is_ok_and(|fds| {
+        fds.flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == path))
+    });
+    drop(registration);
+    if opened {
+        FileMode::Path
+    } else {
+        FileMode::Fd
+    }
+}
+
+impl Xfer {
+    /// Each part's DRAM descriptor and the file range it maps to, for a file registered as
+    /// `dev_id`.
+    fn descs(&self, dev_id: u64) -> impl Iterator<Item = (Desc<'static>, Desc<'static>)> + '_ {
+        let mut offset = 0;
+        self.parts.iter().map(move |&(addr, len)| {
+            let file = Desc {
+                addr: offset,
+                len,
+                dev_id,
+                meta: &[],
+            };
+            offset += len;
+            (Desc::dram(addr, len), file)
+        })
+    }
+}
+
+impl FileIo {
+    pub(super) fn transfer(
+        &self,
+        op: XferOp,
+        items: &[Xfer],
+        which: &[usize],
+        memory: &Arc<Held>,
+    ) -> Result<(), Failure> {
+        // Fd mode: open every file first; the transfer holds them with their registration.
+        let mut files: Vec<File> = Vec::new();
+        let mut metas: Vec<Vec<u8>> = Vec::new();
+        let mut dev_ids = Vec::with_capacity(which.len());
+        for &i in which {
+            let item = &items[i];
+            match self.mode {
+                FileMode::Fd => {
+                    let file = open_page(&item.path, op, item.direct, self.sync).map_err(|e| {
+                        Failure::Item(
+                            i,
+                            TierError::io(op_name(op), Some(&item.key), Some(item.path.clone()), e),
+                        )
+                    })?;
+                    dev_ids.push(file.as_raw_fd() as u64);
+                    files.push(file);
+                }
+                FileMode::Path => {
+                    metas.push(path_meta(&item.path, op, item.direct, self.sync));
+                    dev_ids.push(next_dev_id());
+                }
+            }
+        }
+        let files_reg: Vec<Desc<'_>> = which
+            .iter()
+            .enumerate()
+            .map(|(n, &i)| Desc {
+                addr: 0,
+                len: items[i].len,
+                dev_id: dev_ids[n],
+                meta: metas.get(n).map_or(&[][..], Vec::as_slice),
+            })
+            .collect();
+        let (local, remote): (Vec<Desc<'_>>, Vec<Desc<'_>>) = which
+            .iter()
+            .enumerate()
+            .flat_map(|(n, &i)| items[i].descs(dev_ids[n]))
+            .unzip();
+        let registration = self
+            .backend
+            .register(MemKind::File, &files_reg)
+            .map_err(|e| Failure::Batch(format!("{}: registering files: {e}", op_name(op))))?;
+        let mut held = Held::default();
+        held.include(memory);
+        held.files(registration, files);
+        let transfer = self
+            .backend
+            .post(op, &local, MemKind::File, &remote, &held.seal())
+            .map_err(|e| Failure::Batch(format!("{}: posting the transfer: {e}", op_name(op))))?;
+        // Writes only read memory: a caller's pages need no waiting for (see Abandoned).
+        match transfer.finish(self.timeout) {
+            Finished::Done => Ok(()),
+            Finished::Failed(e) => Err(Failure::Batch(format!("{}: transfer: {e}", op_name(op)))),
+            Finished::Unsettled(Unsettled::Failed(e)) if op == XferOp::Write => {
+                // Its other writes land in temp files that are removed, never renamed in.
+                Err(Failure::Abandoned(format!(
+                    "{}: transfer: {e}",
+                    op_name(op)
+                )))
+            }
+            Finished::Unsettled(Unsettled::Failed(e)) if self.checksums => {
+                // A page file replaced mid-read fails a batch read (a short read): its pages
+                // are read again one by one. A late read of the failed batch that lands on a
+                // retried page fails that page's checksum: a miss, never a hit.
+                Err(Failure::Batch(format!("{}: transfer: {e}", op_name(op))))
+            }
+            // I/O may still be running: the transfer keeps what it holds.
+            Finished::Unsettled(why) => Err(Failure::Unsettled(why)),
+        }
+    }
+}
+
+/// Path-mode metaInfo: `<ro|rw>[,create][,direct][,sync]:<path>`.
+fn path_meta(path: &Path, op: XferOp, direct: bool, sync: bool) -> Vec<u8> {
+    let mut meta = match op {
+        XferOp::Read => b"ro".to_vec(),
+        XferOp::Write => b"rw,create".to_vec(),
+    };
+    if direct {
+        meta.extend_from_slice(b",direct");
+    }
+    if sync && op == XferOp::Write {
+        meta.extend_from_slice(b",sync");
+    }
+    meta.push(b':');
+    meta.extend_from_slice(OsStr::as_bytes(path.as_os_str()));
+    meta
+}
