@@ -77,7 +77,10 @@ pub(crate) async fn run_bench(
 }
 
 /// Writes `value` as JSON to `path`, if one was given, and says where.
-pub(crate) fn write_json(path: Option<PathBuf>, value: &impl serde::Serialize) -> Result<(), String> {
+pub(crate) fn write_json(
+    path: Option<PathBuf>,
+    value: &impl serde::Serialize,
+) -> Result<(), String> {
     let Some(path) = path else {
         return Ok(());
     };

@@ -18,8 +18,8 @@ use tier_hierarchy::config::HierarchyConfig;
 use tier_hierarchy::serve_metrics;
 
 use commands::{
-    check_replay_memory, replay_with_progress, run_bench, run_hierarchy_sweep, run_sweep,
-    machine_memory, write_json, HierarchySweep,
+    check_replay_memory, machine_memory, replay_with_progress, run_bench, run_hierarchy_sweep,
+    run_sweep, write_json, HierarchySweep,
 };
 
 #[derive(Parser)]

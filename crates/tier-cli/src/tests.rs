@@ -270,12 +270,11 @@ fn config_errors_name_the_tier_and_field() {
         err.contains("tiers[0].capacity") && err.contains("unit"),
         "{err}"
     );
-    let bad =
-        HierarchyConfig::from_toml("[[tiers]]\nkind = \"nixl-file\"\ndirs = []\n").unwrap();
+    let bad = HierarchyConfig::from_toml("[[tiers]]\nkind = \"nixl-file\"\ndirs = []\n").unwrap();
     let err = registry().plan(&bad).err().unwrap().to_string();
     assert!(err.contains("tiers[0].dirs"), "{err}");
-    let bad = HierarchyConfig::from_toml("[[tiers]]\nkind = \"nixl-file\"\ndirz = [\"/x\"]\n")
-        .unwrap();
+    let bad =
+        HierarchyConfig::from_toml("[[tiers]]\nkind = \"nixl-file\"\ndirz = [\"/x\"]\n").unwrap();
     let err = registry().plan(&bad).err().unwrap().to_string();
     assert!(err.contains("dirz"), "{err}");
     let bad = HierarchyConfig::from_toml(
