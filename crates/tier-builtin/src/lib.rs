@@ -31,6 +31,11 @@ fn field_error(ctx: &TierContext, e: TierError) -> TierError {
     }
 }
 
+/// The README's Rust examples, run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
 #[cfg(test)]
 mod tests {
     #[test]
