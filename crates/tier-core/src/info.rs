@@ -9,7 +9,9 @@ pub struct TierInfo {
     pub capacity_bytes: Option<u64>,
     /// Largest page the tier accepts, if limited.
     pub max_page_bytes: Option<usize>,
-    /// Whether pages survive dropping and reopening the tier.
+    /// Whether pages survive dropping and reopening the tier, once [`flush`] has returned.
+    ///
+    /// [`flush`]: crate::StorageTier::flush
     pub persistent: bool,
 }
 

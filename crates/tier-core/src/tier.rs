@@ -40,4 +40,11 @@ pub trait StorageTier: Send + Sync {
 
     /// Removes every page this tier holds, and nothing it does not own.
     async fn clear(&self) -> Result<(), TierError>;
+
+    /// Waits until every page whose put returned is where [`TierInfo::persistent`] promises
+    /// (a hierarchy: written to its lower tiers). Tiers that store before answering have
+    /// nothing to wait for.
+    async fn flush(&self) -> Result<(), TierError> {
+        Ok(())
+    }
 }

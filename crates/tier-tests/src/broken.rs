@@ -523,4 +523,8 @@ impl StorageTier for FlawedHierarchy {
     async fn clear(&self) -> Result<(), TierError> {
         self.inner.clear().await
     }
+
+    async fn flush(&self) -> Result<(), TierError> {
+        self.inner.flush().await
+    }
 }

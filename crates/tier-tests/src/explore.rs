@@ -69,6 +69,16 @@ pub struct Scenario {
     /// Above 1, a page not admitted is lost when the top tier evicts it: misses are allowed,
     /// a stale or foreign page never is.
     pub admit_after: u32,
+    /// A flaw planted in the lower tier, to show the explorer rejects what it should; `None`
+    /// for every scenario of kvtier's hierarchy.
+    pub flaw: Option<Flaw>,
+}
+
+/// A flaw the explorer's self-tests plant below the hierarchy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flaw {
+    /// The lower tier answers every put of a key it holds as done and keeps the old page.
+    LowerKeepsOldVersions,
 }
 
 /// What an exploration covered.
@@ -128,6 +138,7 @@ struct GatedTier {
     name: &'static str,
     inner: DynTier,
     gates: Arc<Gates>,
+    flaw: Option<Flaw>,
 }
 
 impl GatedTier {
@@ -150,6 +161,13 @@ impl StorageTier for GatedTier {
     async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
         let label = self.label("put", pages.iter().map(|p| p.key.clone()));
         self.gates.pass(label).await;
+        if self.flaw == Some(Flaw::LowerKeepsOldVersions) {
+            let keys: Vec<PageKey> = pages.iter().map(|p| p.key.clone()).collect();
+            let held = matches!(self.inner.exists(&keys[..1]).await, Ok(1));
+            if pages.len() == 1 && held {
+                return vec![Ok(())];
+            }
+        }
         self.inner.put(pages).await
     }
 
@@ -221,6 +239,7 @@ async fn schedule(scenario: &Scenario, replay: &[usize]) -> Schedule {
         name: "lower",
         inner: Arc::new(ModelTier::default()),
         gates: Arc::clone(&gates),
+        flaw: scenario.flaw,
     });
     let policy = HierarchyPolicy {
         write: scenario.write,
@@ -235,6 +254,7 @@ async fn schedule(scenario: &Scenario, replay: &[usize]) -> Schedule {
                 name: "top",
                 inner: Arc::new(ModelTier::bounded(top_bytes, on_evict)),
                 gates: top_gates,
+                flaw: None,
             }) as DynTier)
         })
         .tier(lower)

@@ -176,4 +176,8 @@ impl StorageTier for FaultyTier {
         self.enter("clear").await?;
         self.inner.clear().await
     }
+
+    async fn flush(&self) -> Result<(), TierError> {
+        self.inner.flush().await
+    }
 }

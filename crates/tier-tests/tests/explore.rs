@@ -2,19 +2,26 @@
 //! queue and in-flight set under write-back and write-through, with dropped calls.
 
 use tier_hierarchy::WritePolicy;
-use tier_tests::explore::{explore, Scenario, Step};
+use tier_tests::explore::{explore, Flaw, Scenario, Step};
 
 fn run(scenario: Scenario) {
     let started = std::time::Instant::now();
     match explore(&scenario) {
-        Ok(explored) => println!(
+        Ok(explored) => {
+            assert!(
+                !scenario.drops || explored.with_drop > 0,
+                "scenario `{}` may drop calls but no schedule dropped one",
+                scenario.name
+            );
+            println!(
             "scenario `{}`: {} schedules ({} with a dropped call, up to {} choices each), all checked, in {:?}",
             scenario.name,
             explored.schedules,
             explored.with_drop,
             explored.deepest,
             started.elapsed()
-        ),
+            )
+        }
         Err(e) => panic!("{e}"),
     }
 }
@@ -35,6 +42,7 @@ fn write_back_demotions_land_in_order() {
         tiny_queue: false,
         max_schedules: 200_000,
         admit_after: 1,
+        flaw: None,
     });
 }
 
@@ -51,6 +59,7 @@ fn write_back_pages_are_readable_in_motion() {
         tiny_queue: false,
         max_schedules: 200_000,
         admit_after: 1,
+        flaw: None,
     });
 }
 
@@ -70,6 +79,7 @@ fn write_back_remove_races_a_demotion() {
         tiny_queue: false,
         max_schedules: 200_000,
         admit_after: 1,
+        flaw: None,
     });
 }
 
@@ -86,6 +96,7 @@ fn write_back_promotion_never_overwrites_a_put() {
         tiny_queue: false,
         max_schedules: 200_000,
         admit_after: 1,
+        flaw: None,
     });
 }
 
@@ -102,6 +113,7 @@ fn write_through_remove_races_the_copy_down() {
         tiny_queue: false,
         max_schedules: 200_000,
         admit_after: 1,
+        flaw: None,
     });
 }
 
@@ -118,6 +130,7 @@ fn write_through_overwrites_race_their_copies() {
         tiny_queue: false,
         max_schedules: 200_000,
         admit_after: 1,
+        flaw: None,
     });
 }
 
@@ -134,6 +147,7 @@ fn write_back_with_a_full_queue_serves_nothing_stale() {
         tiny_queue: true,
         max_schedules: 200_000,
         admit_after: 1,
+        flaw: None,
     });
 }
 
@@ -153,6 +167,7 @@ fn write_through_remove_forgets_a_queued_copy() {
         tiny_queue: false,
         max_schedules: 200_000,
         admit_after: 1,
+        flaw: None,
     });
 }
 
@@ -172,6 +187,7 @@ fn write_through_puts_dropped_while_waiting_for_room_leave_nothing() {
         tiny_queue: true,
         max_schedules: 200_000,
         admit_after: 1,
+        flaw: None,
     });
 }
 
@@ -191,5 +207,33 @@ fn write_through_the_read_that_admits_a_page_races_a_put() {
         tiny_queue: false,
         max_schedules: 200_000,
         admit_after: 2,
+        flaw: None,
     });
+}
+
+/// The explorer's self-test: a lower tier that keeps a key's first page through later puts
+/// lets the hierarchy serve a stale page once the top tier evicts the new one, and the
+/// explorer finds a schedule that shows it.
+#[test]
+fn the_explorer_rejects_a_lower_tier_that_keeps_old_versions() {
+    use Step::*;
+    let scenario = Scenario {
+        name: "flawed_lower_keeps_old_versions",
+        write: WritePolicy::WriteThrough,
+        top_pages: 1,
+        clients: vec![vec![Put(0), Put(0), Put(1), Get(0)]],
+        keys: 2,
+        drops: false,
+        tiny_queue: false,
+        max_schedules: 200_000,
+        admit_after: 1,
+        flaw: Some(Flaw::LowerKeepsOldVersions),
+    };
+    match explore(&scenario) {
+        Err(e) => println!("rejected, as it must be: {e}"),
+        Ok(explored) => panic!(
+            "{} schedules of a hierarchy over a lower tier that keeps old pages all passed",
+            explored.schedules
+        ),
+    }
 }

@@ -305,17 +305,22 @@ impl Hierarchy {
         crate::metrics::encode(&self.families, self.hierarchy_stats())
     }
 
-    /// Waits until every queued page has been written below, at most `flush_timeout`.
+    /// Waits until every queued page has been written below, then flushes each tier, at most
+    /// `flush_timeout` in all.
     pub async fn flush(&self) -> Result<(), TierError> {
-        tokio::time::timeout(
-            self.policy.flush_timeout,
-            self.motion.wait_until(|m| m.backlog().0 == 0),
-        )
-        .await
-        .map_err(|_| TierError::Timeout {
-            op: "hierarchy flush",
-            after: self.policy.flush_timeout,
-        })
+        let drained = async {
+            self.motion.wait_until(|m| m.backlog().0 == 0).await;
+            for level in &self.inner.levels {
+                level.tier.flush().await?;
+            }
+            Ok(())
+        };
+        tokio::time::timeout(self.policy.flush_timeout, drained)
+            .await
+            .map_err(|_| TierError::Timeout {
+                op: "hierarchy flush",
+                after: self.policy.flush_timeout,
+            })?
     }
 
     /// Drains the queue, then stops the background writer. Later puts still reach the top tier
@@ -376,8 +381,8 @@ impl StorageTier for Hierarchy {
             kind: "hierarchy".into(),
             capacity_bytes: None,
             max_page_bytes: infos.iter().filter_map(|i| i.max_page_bytes).min(),
-            // Queued copies are lost if the hierarchy is dropped unflushed: `close` it to persist.
-            persistent: false,
+            // Its bottom tier's pages survive; queued copies once flushed (see `flush`).
+            persistent: infos.last().is_some_and(|i| i.persistent),
         }
     }
 
@@ -413,5 +418,9 @@ impl StorageTier for Hierarchy {
 
     async fn clear(&self) -> Result<(), TierError> {
         self.meter.clear(self.clear_unmetered()).await
+    }
+
+    async fn flush(&self) -> Result<(), TierError> {
+        Hierarchy::flush(self).await
     }
 }

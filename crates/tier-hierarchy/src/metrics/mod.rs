@@ -388,4 +388,8 @@ impl StorageTier for Metered {
     async fn clear(&self) -> Result<(), TierError> {
         self.meter.clear(self.inner.clear()).await
     }
+
+    async fn flush(&self) -> Result<(), TierError> {
+        self.inner.flush().await
+    }
 }

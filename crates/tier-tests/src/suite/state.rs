@@ -77,6 +77,9 @@ pub async fn persistence(f: &dyn TierFactory) -> CaseResult {
     let len = page_len(&tier, 64 << 10);
     let pages = versioned(&keys("persist", 32), 4, len);
     put_all(&tier, &pages, 16).await?;
+    tier.flush()
+        .await
+        .map_err(|e| format!("flush before the reopen: {e}"))?;
     drop(tier);
     let tier = open(f).await?;
     expect_pages(&tier, &pages, 16).await?;
