@@ -160,7 +160,20 @@ impl Lent {
             })?;
             return raw_region(py, key, addr, len);
         }
-        let buf = Export::get(obj).map_err(|e| {
+        if let Some(region) = tensor_region(py, key, obj)? {
+            return Ok(region);
+        }
+        let buf = Export::get(obj).or_else(|e| {
+            // A buffer of wider items (float16 pages, say) is viewed as its bytes.
+            let bytes = py
+                .import("builtins")?
+                .getattr("memoryview")?
+                .call1((obj,))?
+                .call_method1("cast", ("B",))
+                .map_err(|_| e)?;
+            Export::get(&bytes)
+        });
+        let buf = buf.map_err(|e| {
             buffer_error(
                 py,
                 Some(key),
@@ -187,6 +200,41 @@ impl Lent {
         self.guards.push(buf);
         Ok(region)
     }
+}
+
+/// A tensor's memory as a raw region (`None` for anything without `data_ptr` and
+/// `is_contiguous`): host memory only, contiguous; the caller keeps the tensor for the call.
+fn tensor_region(
+    py: Python<'_>,
+    key: &str,
+    obj: &Bound<'_, PyAny>,
+) -> PyResult<Option<(usize, usize)>> {
+    if !(obj.hasattr("data_ptr")? && obj.hasattr("is_contiguous")?) {
+        return Ok(None);
+    }
+    if let Ok(device) = obj.getattr("device") {
+        if !device.is_none() {
+            let kind: String = device.getattr("type")?.extract()?;
+            if kind != "cpu" {
+                return Err(buffer_error(
+                    py,
+                    Some(key),
+                    format!("a tensor on {} is not host memory", device.str()?),
+                ));
+            }
+        }
+    }
+    if !obj.call_method0("is_contiguous")?.is_truthy()? {
+        return Err(buffer_error(
+            py,
+            Some(key),
+            "the tensor is not contiguous".into(),
+        ));
+    }
+    let addr: usize = obj.call_method0("data_ptr")?.extract()?;
+    let items: usize = obj.call_method0("numel")?.extract()?;
+    let size: usize = obj.call_method0("element_size")?.extract()?;
+    raw_region(py, key, addr, items * size).map(Some)
 }
 
 /// Checks one raw region: not at address 0, not wrapping the address space.

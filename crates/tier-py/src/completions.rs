@@ -164,9 +164,14 @@ impl Drop for Ticket {
     }
 }
 
-/// Non-blocking calls on a store: each `submit_*` returns an id at once; its completion is
-/// announced on [`CompletionQueue::event_fd`] and taken with [`CompletionQueue::drain`].
-#[pyclass(module = "kvtier._kvtier", frozen)]
+/// Non-blocking calls on a :class:`Store`, completed in kvtier's runtime.
+///
+/// Each ``submit_*`` returns an id at once (or raises at once on bad input, or when
+/// ``max_pending`` calls are running or undrained). A finished call makes :meth:`event_fd`
+/// readable; :meth:`drain` takes every finished call as ``(id, per-key results)``, results as
+/// in :class:`Store`'s blocking calls (:meth:`submit_exists` answers per key whether it is in
+/// the leading run of present keys). The buffers a call uses are held until it is drained.
+#[pyclass(module = "kvtier", frozen)]
 pub struct CompletionQueue {
     hierarchy: Arc<Hierarchy>,
     shared: Arc<Shared>,
@@ -322,8 +327,8 @@ impl CompletionQueue {
 
     /// Submits a presence check; its completion answers per key whether it belongs to the
     /// leading run of present keys.
-    fn submit_exists(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<u64> {
-        let keys = crate::store::keys(py, &keys)?;
+    fn submit_exists(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let keys = crate::store::keys(py, &crate::store::key_list(py, keys)?)?;
         let ticket = self.ticket(py, keys.len(), Lent::default())?;
         let id = ticket.id;
         let hierarchy = Arc::clone(&self.hierarchy);
@@ -335,8 +340,8 @@ impl CompletionQueue {
     }
 
     /// Submits a removal; its completion answers per key whether the page was present.
-    fn submit_remove(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<u64> {
-        let keys = crate::store::keys(py, &keys)?;
+    fn submit_remove(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let keys = crate::store::keys(py, &crate::store::key_list(py, keys)?)?;
         let ticket = self.ticket(py, keys.len(), Lent::default())?;
         let id = ticket.id;
         let hierarchy = Arc::clone(&self.hierarchy);

@@ -2,10 +2,11 @@
 //! the GIL released around all I/O.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyMapping, PyString, PyTuple};
 use tier_builtin::registry;
 use tier_core::{PageKey, StorageTier, TierError, TierStats};
 use tier_hierarchy::config::HierarchyConfig;
@@ -14,7 +15,7 @@ use tokio::task::JoinHandle;
 
 use crate::buffers::{lent_pages, read_slots, Lent};
 use crate::completions::{CompletionQueue, Outcome};
-use crate::errors::to_py;
+use crate::errors::{config_error, to_py};
 
 /// The one runtime of the process, shared by every store and adapter.
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
@@ -35,8 +36,16 @@ pub(crate) fn keys(py: Python<'_>, keys: &[String]) -> PyResult<Vec<PageKey>> {
         .collect()
 }
 
-/// A hierarchy of tiers. Batch calls answer per key; the data never passes through Python.
-#[pyclass(module = "kvtier._kvtier", frozen)]
+/// A tier hierarchy; the page bytes never pass through Python.
+///
+/// ``config`` is a path to a TOML or JSON file, or a mapping with the config-file schema
+/// (``{"hierarchy": {...}, "tiers": [{"kind": "mem", ...}, ...]}``).
+///
+/// A page (in :meth:`put`) or a buffer (in :meth:`get_into`) is a bytes-like object, a CPU
+/// tensor, an ``(address, length)`` pair of host memory the caller keeps valid for the call,
+/// or a list of those: the regions of one page, stored as one page and present only whole.
+/// Batch calls answer per key and release the GIL while they wait.
+#[pyclass(module = "kvtier", frozen)]
 pub struct Store {
     hierarchy: Arc<Hierarchy>,
     /// The metrics endpoint, while one is served; stopped when the store goes.
@@ -157,18 +166,62 @@ fn stats_dict<'py>(py: Python<'py>, s: &TierStats) -> PyResult<Bound<'py, PyDict
     Ok(d)
 }
 
+/// `keys` as strings: any iterable of them, but not one string (whose characters are not keys).
+pub(crate) fn key_list(py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
+    if keys.is_instance_of::<PyString>() {
+        return Err(pyo3::exceptions::PyTypeError::new_err(
+            "keys are an iterable of strings, not one string",
+        ));
+    }
+    let _ = py;
+    keys.try_iter()?.map(|k| k?.extract::<String>()).collect()
+}
+
+/// Points the NIXL runtime lookup at an installed `nixl` package (`kvtier._nixl_from_pip`),
+/// again at each open: a NIXL another library imported meanwhile is the one used.
+fn find_nixl(py: Python<'_>) {
+    if let Ok(package) = py.import("kvtier") {
+        let _ = package.call_method0("_nixl_from_pip");
+    }
+}
+
 #[pymethods]
 impl Store {
-    /// Opens a hierarchy from a TOML document (the config-file schema).
-    #[staticmethod]
-    fn from_toml(py: Python<'_>, text: &str) -> PyResult<Self> {
-        Self::open(py, HierarchyConfig::from_toml(text))
+    #[new]
+    fn new(py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<Self> {
+        find_nixl(py);
+        if config.downcast::<PyMapping>().is_ok() {
+            let text: String = py
+                .import("json")?
+                .call_method1("dumps", (config,))
+                .map_err(|e| config_error(py, format!("the config mapping is not JSON: {e}")))?
+                .extract()?;
+            return Self::open(py, HierarchyConfig::from_json(&text));
+        }
+        let path: PathBuf = config.extract().map_err(|_| {
+            config_error(
+                py,
+                "a config is a path (str or os.PathLike) or a mapping of the config-file schema"
+                    .into(),
+            )
+        })?;
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| config_error(py, format!("cannot read config {}: {e}", path.display())))?;
+        let parsed = if path.extension().is_some_and(|e| e == "json") {
+            HierarchyConfig::from_json(&text)
+        } else {
+            HierarchyConfig::from_toml(&text)
+        };
+        Self::open(py, parsed)
     }
 
-    /// Opens a hierarchy from a JSON document (the config-file schema).
-    #[staticmethod]
-    fn from_json(py: Python<'_>, text: &str) -> PyResult<Self> {
-        Self::open(py, HierarchyConfig::from_json(text))
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<()> {
+        self.close(py)
     }
 
     /// Stores pages. Each page is a buffer, an (address, length) pair, or a list of those
@@ -222,16 +275,16 @@ impl Store {
     }
 
     /// The number of leading keys that are all present (the reusable prefix).
-    fn exists(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<usize> {
-        let keys = self::keys(py, &keys)?;
+    fn exists(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let keys = self::keys(py, &key_list(py, keys)?)?;
         let hierarchy = &self.hierarchy;
         py.allow_threads(|| runtime().block_on(hierarchy.exists(&keys)))
             .map_err(|e| to_py(py, &e))
     }
 
     /// Removes pages; per key `True` (was present), `False`, or the exception.
-    fn remove(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<PyObject>> {
-        let keys = self::keys(py, &keys)?;
+    fn remove(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<PyObject>> {
+        let keys = self::keys(py, &key_list(py, keys)?)?;
         let hierarchy = &self.hierarchy;
         let results = py.allow_threads(|| runtime().block_on(hierarchy.remove(&keys)));
         Ok(Outcome::Remove(results).to_py(py))
