@@ -5,7 +5,7 @@ VENV ?= $(or $(KVTIER_VENV),/opt/kvtier/venv)
 LMCACHE_VENV ?= $(or $(KVTIER_LMCACHE_VENV),/opt/kvtier/venv-lmcache)
 VLLM_VENV ?= $(or $(KVTIER_VLLM_VENV),/opt/kvtier/venv-vllm)
 
-.PHONY: setup run test tests pytests wheel lint soak bench bench-sglang bench-lmcache bench-vllm
+.PHONY: setup run test tests pytests wheel lint pylint soak bench bench-sglang bench-lmcache bench-vllm
 
 setup:
 	bash scripts/setup.sh all
@@ -66,6 +66,16 @@ bench-vllm: setup wheel
 lint: setup
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	$(MAKE) --no-print-directory pylint
+
+# The Python package: ruff (lint and format), mypy --strict (pyproject.toml), and the one stub
+# (`_kvtier.pyi`) checked against the built native module by stubtest.
+pylint: wheel
+	$(VENV)/bin/ruff check crates/tier-py/python
+	$(VENV)/bin/ruff format --check crates/tier-py/python
+	cd crates/tier-py && $(VENV)/bin/mypy python/kvtier
+	$(VENV)/bin/pip install --quiet --force-reinstall --no-deps target/wheels/kvtier-*.whl
+	cd /tmp && $(VENV)/bin/python -m mypy.stubtest kvtier._kvtier
 
 bench: setup
 	cargo bench --workspace

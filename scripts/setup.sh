@@ -3,6 +3,7 @@
 #   scripts/setup.sh build   apt packages for the build (libclang for nixl-sys's bindgen)
 #   scripts/setup.sh nixl    the NIXL runtime (libnixl_capi.so + plugins) from the nixl-cu12 wheel
 #   scripts/setup.sh s3      s3s-fs, a real S3 server the object-storage tests start on loopback
+#   scripts/setup.sh pylint  ruff and mypy in that venv, for make lint
 #   scripts/setup.sh py      the Python venv the kvtier wheel is tested in (torch, SGLang's classes,
 #                            nixl, maturin, pytest), at $KVTIER_VENV (default /opt/kvtier/venv)
 #   scripts/setup.sh lmcache LMCache's venv at $KVTIER_LMCACHE_VENV (default /opt/kvtier/venv-lmcache),
@@ -16,6 +17,8 @@ NIXL_VERSION=1.5.1
 NIXL_DIR=${KVTIER_NIXL_DIR:-/opt/kvtier/nixl}
 S3S_VERSION=0.14.1
 S3S_ROOT=${KVTIER_S3S_ROOT:-/opt/kvtier/s3s}
+RUFF_VERSION=0.17.6
+MYPY_VERSION=2.4.1
 VENV=${KVTIER_VENV:-/opt/kvtier/venv}
 SGLANG_VERSION=0.5.23
 LMCACHE_VENV=${KVTIER_LMCACHE_VENV:-/opt/kvtier/venv-lmcache}
@@ -86,6 +89,17 @@ setup_py() {
   touch "$marker"
 }
 
+# The Python checks of `make lint` (ruff, mypy and its stubtest), pinned, in the base venv.
+setup_pylint() {
+  setup_py
+  if "$VENV/bin/ruff" --version 2>/dev/null | grep -qx "ruff $RUFF_VERSION" &&
+    "$VENV/bin/mypy" --version 2>/dev/null | grep -q "^mypy $MYPY_VERSION "; then
+    return
+  fi
+  echo "setup: installing ruff $RUFF_VERSION and mypy $MYPY_VERSION into $VENV"
+  "$VENV/bin/pip" install --quiet "ruff==$RUFF_VERSION" "mypy==$MYPY_VERSION" "typing_extensions>=4.15"
+}
+
 # An engine's venv on top of the base venv: its own packages first (the engine's pins), then
 # the base venv's through a .pth file, so torch is installed once and pip sees it installed.
 chain_venv() {
@@ -128,8 +142,9 @@ case "${1:-all}" in
   nixl) setup_nixl ;;
   s3) setup_s3 ;;
   py) setup_py ;;
+  pylint) setup_pylint ;;
   lmcache) setup_lmcache ;;
   vllm) setup_vllm ;;
-  all) setup_build; setup_nixl; setup_s3; setup_py; setup_lmcache; setup_vllm ;;
-  *) echo "usage: $0 [build|nixl|s3|py|lmcache|vllm|all]" >&2; exit 2 ;;
+  all) setup_build; setup_nixl; setup_s3; setup_py; setup_pylint; setup_lmcache; setup_vllm ;;
+  *) echo "usage: $0 [build|nixl|s3|py|pylint|lmcache|vllm|all]" >&2; exit 2 ;;
 esac

@@ -355,6 +355,7 @@ impl Store {
 
     /// Serves the metrics at `http://ADDR/metrics` (port 0: any free port) until the store
     /// is dropped or this is called again; returns the bound `(host, port)`.
+    #[pyo3(signature = (addr = "127.0.0.1:0"))]
     fn serve_metrics(&self, py: Python<'_>, addr: &str) -> PyResult<(String, u16)> {
         let parsed: SocketAddr = addr.parse().map_err(|e| {
             to_py(

@@ -19,7 +19,7 @@ def _nixl_packages() -> list[str]:
     else cu12 first. cu13's OBJ plugin needs CUDA's object client library and cannot load
     without it; cu12's loads anywhere. A NIXL imported later in the process (SGLang's own
     backend) then shares the runtime loaded first: the libraries have the same sonames."""
-    loaded = [n for n in ("nixl_cu13", "nixl_cu12") if n in sys.modules]
+    loaded: list[str] = [n for n in ("nixl_cu13", "nixl_cu12") if n in sys.modules]
     return loaded or ["nixl_cu12", "nixl_cu13"]
 
 

@@ -10,7 +10,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 from . import ConfigError, Store, Unavailable
 from ._kvtier import config_json
@@ -20,7 +21,8 @@ logger = logging.getLogger(__name__)
 # Engine instances one config serves on one machine before opening fails.
 MAX_INSTANCES = 64
 
-def load_config(extra: dict, where: str = "extra_config") -> dict:
+
+def load_config(extra: dict[str, Any], where: str = "extra_config") -> dict[str, Any]:
     """The hierarchy config: from ``extra["config"]`` (a TOML or JSON path) or inline from
     ``extra["tiers"]`` and ``extra["hierarchy"]``; ``where`` names ``extra`` in errors."""
     path = extra.get("config")
@@ -30,7 +32,7 @@ def load_config(extra: dict, where: str = "extra_config") -> dict:
         except OSError as e:
             raise ConfigError(f"cannot read kvtier config {path}: {e}") from None
         # Parsed by the parser the store uses (TOML or JSON), handed over as JSON.
-        config: dict = json.loads(config_json(text, str(path)))
+        config: dict[str, Any] = json.loads(config_json(text, str(path)))
         return config
     if extra.get("tiers"):
         return {"tiers": extra["tiers"], "hierarchy": extra.get("hierarchy", {})}
@@ -43,7 +45,7 @@ class RateLimitedLog:
     def __init__(self, logger: logging.Logger, burst: int = 5, every_s: float = 10.0):
         self.logger, self.burst, self.every_s = logger, burst, every_s
         self.lock = threading.Lock()
-        self.seen: dict = {}
+        self.seen: dict[str, Any] = {}
 
     def warn(self, what: str, err: BaseException) -> None:
         now = time.monotonic()
@@ -56,18 +58,23 @@ class RateLimitedLog:
             self.logger.warning("kvtier %s failed (%d so far): %s", what, count, err)
 
 
-def owned_file_tiers(config: dict) -> list:
+def owned_file_tiers(config: dict[str, Any]) -> list[Any]:
     """The NIXL FILE tiers of ``config`` that own their folders (one process each)."""
-    return [t for t in config.get("tiers", [])
-            if t.get("kind") == "nixl-file" and t.get("access", "owner") == "owner"
-            and isinstance(t.get("dirs"), list) and t["dirs"]]
+    return [
+        t
+        for t in config.get("tiers", [])
+        if t.get("kind") == "nixl-file"
+        and t.get("access", "owner") == "owner"
+        and isinstance(t.get("dirs"), list)
+        and t["dirs"]
+    ]
 
 
 class InstanceClaim:
     """Instance ``index`` of the engines sharing one config: a lock held on
     ``<first folder>/.instance-<index>.lock`` while the instance's store is open."""
 
-    def __init__(self, index: int, fd: Optional[int]):
+    def __init__(self, index: int, fd: int | None):
         self.index, self._fd = index, fd
 
     def release(self) -> None:
@@ -76,7 +83,7 @@ class InstanceClaim:
             self._fd = None
 
 
-def _claim(folder: str, index: int) -> Optional[int]:
+def _claim(folder: str, index: int) -> int | None:
     """The lock of instance `index` in `folder`, or None when another instance holds it."""
     path = os.path.join(folder, f".instance-{index}.lock")
     try:
@@ -92,7 +99,9 @@ def _claim(folder: str, index: int) -> Optional[int]:
     return fd
 
 
-def open_instance(config: dict, opener: Callable[[dict], Any] = Store) -> Tuple[Any, InstanceClaim]:
+def open_instance(
+    config: dict[str, Any], opener: Callable[[dict[str, Any]], Any] = Store
+) -> tuple[Any, InstanceClaim]:
     """Opens the store of one engine instance. Engines started from one config (two vLLM
     servers, two LMCache servers on a node) would contend for the folders of its NIXL FILE
     tiers, which one process owns at a time: each instance takes the lowest free index ``k``
@@ -108,23 +117,33 @@ def open_instance(config: dict, opener: Callable[[dict], Any] = Store) -> Tuple[
         if fd is None:
             continue
         claim = InstanceClaim(index, fd)
-        instance = {**config, "tiers": [
-            {**t, "dirs": [os.path.join(str(d), f"instance-{index}") for d in t["dirs"]]}
-            if any(t is o for o in tiers) else t for t in config.get("tiers", [])
-        ]}
+        instance = {
+            **config,
+            "tiers": [
+                {**t, "dirs": [os.path.join(str(d), f"instance-{index}") for d in t["dirs"]]}
+                if any(t is o for o in tiers)
+                else t
+                for t in config.get("tiers", [])
+            ],
+        }
         try:
             store = opener(instance)
         except Unavailable as e:
             # Claimed, yet its folders are in use: another tool (not an engine instance)
             # holds them. The next index.
             claim.release()
-            logger.warning("kvtier: instance %d's folders are in use (%s); trying the next", index, e)
+            logger.warning(
+                "kvtier: instance %d's folders are in use (%s); trying the next", index, e
+            )
             continue
         except BaseException:
             claim.release()
             raise
         if index:
-            logger.info("kvtier: engine instance %d on this config: folders %s", index,
-                        [os.path.join(str(d), f"instance-{index}") for t in tiers for d in t["dirs"]])
+            logger.info(
+                "kvtier: engine instance %d on this config: folders %s",
+                index,
+                [os.path.join(str(d), f"instance-{index}") for t in tiers for d in t["dirs"]],
+            )
         return store, claim
     raise Unavailable(f"{MAX_INSTANCES} engine instances already use the folders under {base}")

@@ -19,13 +19,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 from ._engine import RateLimitedLog, load_config, open_instance
 
 logger = logging.getLogger(__name__)
 
-Completion = Tuple[int, bool, str, Optional[List[bool]]]
+Completion = tuple[int, bool, str, list[bool] | None]
 
 
 class KvtierL2Connector:
@@ -34,9 +35,9 @@ class KvtierL2Connector:
 
     def __init__(
         self,
-        config: Optional[str] = None,
-        tiers: Optional[list] = None,
-        hierarchy: Optional[dict] = None,
+        config: str | None = None,
+        tiers: list[Any] | None = None,
+        hierarchy: dict[str, Any] | None = None,
         max_pending: int = 4096,
     ):
         params = {"config": config, "tiers": tiers, "hierarchy": hierarchy or {}}
@@ -47,17 +48,19 @@ class KvtierL2Connector:
         self._lock = threading.Lock()
         # Submits refused at once complete as failures with ids of their own (negative, so
         # they never meet the queue's).
-        self._refused: List[Completion] = []
+        self._refused: list[Completion] = []
         self._next_refused = -1
         self._closed = False
 
     def event_fd(self) -> int:
         """Readable while completions wait; :meth:`drain_completions` resets it."""
-        return self.queue.event_fd()
+        fd: int = self.queue.event_fd()
+        return fd
 
     def _submit(self, what: str, call: Any, keys: Sequence[str], *args: Any) -> int:
         try:
-            return call(list(keys), *args)
+            submitted: int = call(list(keys), *args)
+            return submitted
         except Exception as e:
             self.log.warn(what, e)
             with self._lock:
@@ -67,24 +70,24 @@ class KvtierL2Connector:
             os.eventfd_write(self.queue.event_fd(), 1)
             return fid
 
-    def submit_batch_set(self, keys: List[str], memoryviews: Sequence[memoryview]) -> int:
+    def submit_batch_set(self, keys: list[str], memoryviews: Sequence[memoryview]) -> int:
         """Stores each memoryview as the page of its key; per key ``True`` once stored."""
         return self._submit("set", self.queue.submit_put, keys, list(memoryviews))
 
-    def submit_batch_get(self, keys: List[str], memoryviews: Sequence[memoryview]) -> int:
+    def submit_batch_get(self, keys: list[str], memoryviews: Sequence[memoryview]) -> int:
         """Reads each key's page into its memoryview; per key ``True`` on a hit."""
         return self._submit("get", self.queue.submit_get_into, keys, list(memoryviews))
 
-    def submit_batch_exists(self, keys: List[str]) -> int:
+    def submit_batch_exists(self, keys: list[str]) -> int:
         """Per key ``True`` when it is in the leading run of present keys (LMCache reuses a
         prefix)."""
         return self._submit("exists", self.queue.submit_exists, keys)
 
-    def submit_batch_delete(self, keys: List[str]) -> int:
+    def submit_batch_delete(self, keys: list[str]) -> int:
         """Removes pages; per key ``True`` when it was present."""
         return self._submit("delete", self.queue.submit_remove, keys)
 
-    def drain_completions(self) -> List[Completion]:
+    def drain_completions(self) -> list[Completion]:
         """Every finished call as ``(future_id, ok, error, per-key results)``."""
         # The queue's drain resets the eventfd: refused submits are taken after it, so one
         # refused meanwhile is either taken here or has written the eventfd after its reset.

@@ -23,10 +23,9 @@ import logging
 import os
 import threading
 import time
-from typing import Any, List, Optional
+from typing import Any
 
 import torch
-
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 from . import Store
@@ -40,28 +39,30 @@ ZERO_COPY_LAYOUTS = ("page_first", "page_first_direct")
 class KvtierStorage(HiCacheStorage):
     """A kvtier hierarchy behind SGLang HiCache."""
 
-    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict[str, Any] | None = None):
         extra = dict(storage_config.extra_config or {})
         self.config = storage_config
         self.is_mla = bool(storage_config.is_mla_model)
         writer = getattr(storage_config, "is_storage_writer", None)
-        self.is_writer = bool(writer) if writer is not None else (not self.is_mla or storage_config.tp_rank == 0)
+        self.is_writer = (
+            bool(writer) if writer is not None else (not self.is_mla or storage_config.tp_rank == 0)
+        )
         self.store = Store(self._rank_config(load_config(extra)))
         # Prometheus metrics of this rank's store, at the port given plus the rank.
-        self.metrics_addr = None
+        self.metrics_addr: Any = None
         if extra.get("metrics_addr"):
             self.metrics_addr = self._serve_metrics(str(extra["metrics_addr"]))
-        self.mem_pool_host = None
+        self.mem_pool_host: Any = None
         self.zero_copy = False
         self.prefix = self._namespace(None)
         self.log = RateLimitedLog(logger)
         self._lock = threading.Lock()
-        self._prefetch_pgs: List[int] = []
-        self._backup_pgs: List[int] = []
-        self._prefetch_bw: List[float] = []
-        self._backup_bw: List[float] = []
+        self._prefetch_pgs: list[int] = []
+        self._backup_pgs: list[int] = []
+        self._prefetch_bw: list[float] = []
+        self._backup_bw: list[float] = []
 
-    def _serve_metrics(self, addr: str) -> tuple:
+    def _serve_metrics(self, addr: str) -> tuple[Any, ...]:
         """Serves this rank's metrics at the port given plus the rank's TP rank (plus
         ``tp_size`` per DP group); a port taken by another process is logged and any free
         port served instead, so metrics never stop a rank from starting."""
@@ -73,12 +74,14 @@ class KvtierStorage(HiCacheStorage):
             return self.store.serve_metrics(f"{host}:{port_number}")
         except Exception as e:
             bound = self.store.serve_metrics(f"{host}:0")
-            logger.warning("kvtier: metrics port %d unavailable (%s); serving on %s:%d", port_number, e, *bound)
+            logger.warning(
+                "kvtier: metrics port %d unavailable (%s); serving on %s:%d", port_number, e, *bound
+            )
             return bound
 
     # ------------------------------------------------------------------ ranks
 
-    def _rank_config(self, config: dict) -> dict:
+    def _rank_config(self, config: dict[str, Any]) -> dict[str, Any]:
         """SGLang runs one process per rank, each with this same config. Each namespace (see
         :meth:`_namespace`) gets a folder (NIXL FILE) or prefix (object tiers) of its own
         under the configured ones, so ranks never contend for a folder's ownership and one
@@ -101,7 +104,7 @@ class KvtierStorage(HiCacheStorage):
 
     # ------------------------------------------------------------------ keys
 
-    def _namespace(self, geometry: Optional[str]) -> str:
+    def _namespace(self, geometry: str | None) -> str:
         """The pages' namespace: the model, the ranks whose pages hold the same bytes, and
         (once the host pool is known) the page geometry, layout and dtype.
 
@@ -125,7 +128,7 @@ class KvtierStorage(HiCacheStorage):
     def _key(self, key: str) -> str:
         return f"{self.prefix}-{key}"
 
-    def _keys(self, keys: List[str]) -> List[str]:
+    def _keys(self, keys: list[str]) -> list[str]:
         return [self._key(k) for k in keys]
 
     # ------------------------------------------------------------------ pool
@@ -151,13 +154,16 @@ class KvtierStorage(HiCacheStorage):
         self.prefix = self._namespace(geometry)
         logger.info(
             "kvtier: host pool registered (layout %s, zero copy %s, tiers %s)",
-            layout, self.zero_copy, self.store.kinds,
+            layout,
+            self.zero_copy,
+            self.store.kinds,
         )
-
 
     # ------------------------------------------------------------------ v1 (zero copy)
 
-    def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor, extra_info: Any = None) -> List[bool]:
+    def batch_set_v1(
+        self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None
+    ) -> list[bool]:
         if not keys:
             return []
         if not self.is_writer:
@@ -184,7 +190,9 @@ class KvtierStorage(HiCacheStorage):
         self._record(self._backup_pgs, self._backup_bw, sum(ok), host_indices, len(keys), start)
         return ok
 
-    def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor, extra_info: Any = None) -> List[bool]:
+    def batch_get_v1(
+        self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None
+    ) -> list[bool]:
         if not keys:
             return []
         start = time.perf_counter()
@@ -205,7 +213,7 @@ class KvtierStorage(HiCacheStorage):
         self._record(self._prefetch_pgs, self._prefetch_bw, sum(ok), host_indices, len(keys), start)
         return ok
 
-    def _get_generic(self, keys: List[str], host_indices: torch.Tensor) -> list:
+    def _get_generic(self, keys: list[str], host_indices: torch.Tensor) -> list[Any]:
         ps = self.mem_pool_host.page_size
         bufs = [self.mem_pool_host.get_dummy_flat_data_page() for _ in keys]
         results = self.store.get_into(self._keys(keys), bufs)
@@ -214,7 +222,7 @@ class KvtierStorage(HiCacheStorage):
                 self.mem_pool_host.set_from_flat_data_page(host_indices[i * ps], bufs[i])
         return results
 
-    def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
+    def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
         if not keys:
             return 0
         try:
@@ -225,11 +233,15 @@ class KvtierStorage(HiCacheStorage):
 
     # ------------------------------------------------------------------ generic API
 
-    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Optional[torch.Tensor]:
+    def get(
+        self, key: str, target_location: Any = None, target_sizes: Any = None
+    ) -> torch.Tensor | None:
         got = self.batch_get([key], [target_location] if target_location is not None else None)
         return got[0] if got else None
 
-    def batch_get(self, keys: List[str], target_locations: Any = None, target_sizes: Any = None) -> List[Optional[torch.Tensor]]:
+    def batch_get(
+        self, keys: list[str], target_locations: Any = None, target_sizes: Any = None
+    ) -> list[torch.Tensor | None]:
         try:
             if target_locations is None:
                 target_locations = [self.mem_pool_host.get_dummy_flat_data_page() for _ in keys]
@@ -238,22 +250,33 @@ class KvtierStorage(HiCacheStorage):
             self.log.warn("batch_get", e)
             return [None] * len(keys)
         out = []
-        for r, t in zip(results, target_locations):
+        for r, t in zip(results, target_locations, strict=True):
             if r is not True and r is not False:
                 self.log.warn("get", r)
             out.append(t if r is True else None)
         return out
 
-    def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
+    def set(
+        self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None
+    ) -> bool:
         return self.batch_set([key], [value])
 
-    def batch_set(self, keys: List[str], values: Any = None, target_locations: Any = None, target_sizes: Any = None) -> bool:
+    def batch_set(
+        self,
+        keys: list[str],
+        values: Any = None,
+        target_locations: Any = None,
+        target_sizes: Any = None,
+    ) -> bool:
         if not keys:
             return True
         if not self.is_writer:
             return True
         try:
-            results = self.store.put(self._keys(keys), [v.contiguous() if hasattr(v, "contiguous") else v for v in values])
+            results = self.store.put(
+                self._keys(keys),
+                [v.contiguous() if hasattr(v, "contiguous") else v for v in values],
+            )
         except Exception as e:
             self.log.warn("batch_set", e)
             return False
@@ -287,7 +310,15 @@ class KvtierStorage(HiCacheStorage):
 
     # ------------------------------------------------------------------ metrics
 
-    def _record(self, pgs: list, bws: list, ok: int, host_indices: torch.Tensor, n: int, start: float) -> None:
+    def _record(
+        self,
+        pgs: list[Any],
+        bws: list[Any],
+        ok: int,
+        host_indices: torch.Tensor,
+        n: int,
+        start: float,
+    ) -> None:
         elapsed = time.perf_counter() - start
         if not getattr(self.config, "enable_storage_metrics", False) or n == 0:
             return
@@ -303,11 +334,16 @@ class KvtierStorage(HiCacheStorage):
         per_token = getattr(pool, "get_size_per_token", None)
         return int(per_token() * pool.page_size) if per_token else 0
 
-    def get_stats(self):
+    def get_stats(self) -> Any:
         with self._lock:
             prefetch, backup = self._prefetch_pgs, self._backup_pgs
             pbw, bbw = self._prefetch_bw, self._backup_bw
-            self._prefetch_pgs, self._backup_pgs, self._prefetch_bw, self._backup_bw = [], [], [], []
+            self._prefetch_pgs, self._backup_pgs, self._prefetch_bw, self._backup_bw = (
+                [],
+                [],
+                [],
+                [],
+            )
         try:
             from sglang.srt.observability.metrics_collector import StorageMetrics
         except ImportError:
@@ -319,6 +355,6 @@ class KvtierStorage(HiCacheStorage):
         metrics.backup_bandwidth.extend(bbw)
         return metrics
 
-    def kvtier_stats(self) -> dict:
+    def kvtier_stats(self) -> dict[str, Any]:
         """kvtier's own counters (per tier and per level)."""
         return self.store.stats()

@@ -30,11 +30,16 @@ import select
 import time
 from collections import OrderedDict
 from collections.abc import Collection, Iterable
-from typing import Any, ClassVar, Dict, List, Optional, Tuple
+from typing import Any, ClassVar
 
 import numpy as np
-
-from vllm.v1.kv_offload.base import LookupResult, Medium, OffloadKey, ReqContext, RequestOffloadingContext
+from vllm.v1.kv_offload.base import (
+    LookupResult,
+    Medium,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+)
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from . import Store
@@ -59,10 +64,10 @@ class KvtierSecondaryTier(SecondaryTierManager):
         primary_kv_view: memoryview,
         tier_type: str,
         backpressure_detector: Any = None,
-        config: Optional[str] = None,
-        tiers: Optional[list] = None,
-        hierarchy: Optional[dict] = None,
-        namespace: Optional[str] = None,
+        config: str | None = None,
+        tiers: list[Any] | None = None,
+        hierarchy: dict[str, Any] | None = None,
+        namespace: str | None = None,
         max_pending: int = 4096,
         drain_timeout: float = 120.0,
         **unused: Any,
@@ -72,8 +77,10 @@ class KvtierSecondaryTier(SecondaryTierManager):
             logger.warning("kvtier: ignoring unknown secondary tier options %s", sorted(unused))
         params = {"config": config, "tiers": tiers, "hierarchy": hierarchy or {}}
         # Two vLLM engines on one config each get folders of their own (`open_instance`).
-        self.store: Optional[Store]
-        self.store, self._instance = open_instance(load_config(params, "the secondary tier's entry"))
+        self.store: Store | None
+        self.store, self._instance = open_instance(
+            load_config(params, "the secondary tier's entry")
+        )
         self.queue: Any = self.store.completion_queue(max_pending)
         self.log = RateLimitedLog(logger)
         self.drain_timeout = float(drain_timeout)
@@ -83,12 +90,12 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._stride = self.block_size_bytes
         self._base = int(np.asarray(primary_kv_view).ctypes.data) if len(primary_kv_view) else 0
         # queue id -> (job, is load, bytes)
-        self._jobs: Dict[int, Tuple[TransferJob, bool, int]] = {}
+        self._jobs: dict[int, tuple[TransferJob, bool, int]] = {}
         # queue id -> key, for presence checks in flight
-        self._checks: Dict[int, OffloadKey] = {}
-        self._checking: set = set()
-        self._answers: "OrderedDict[OffloadKey, Tuple[bool, float]]" = OrderedDict()
-        self._finished: List[JobResult] = []
+        self._checks: dict[int, OffloadKey] = {}
+        self._checking: set[Any] = set()
+        self._answers: OrderedDict[OffloadKey, tuple[bool, float]] = OrderedDict()
+        self._finished: list[JobResult] = []
 
     @staticmethod
     def _default_namespace(spec: Any) -> str:
@@ -96,16 +103,21 @@ class KvtierSecondaryTier(SecondaryTierManager):
         parts = ["vllm"]
         if c is not None:
             p = c.parallel
-            parts += [c.model.name, c.model.dtype, str(c.worker_kv_bytes_per_block),
-                      f"{c.cache.tokens_per_hash}x{c.cache.blocks_per_chunk}",
-                      f"tp{p.tp_size}pp{p.pp_size}pcp{p.pcp_size}dcp{p.dcp_size}",
-                      str(c.kv_cache_layout), str(c.canonical_layout)]
+            parts += [
+                c.model.name,
+                c.model.dtype,
+                str(c.worker_kv_bytes_per_block),
+                f"{c.cache.tokens_per_hash}x{c.cache.blocks_per_chunk}",
+                f"tp{p.tp_size}pp{p.pp_size}pcp{p.pcp_size}dcp{p.dcp_size}",
+                str(c.kv_cache_layout),
+                str(c.canonical_layout),
+            ]
         return "vllm" + hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
 
     def _name(self, key: OffloadKey) -> str:
         return f"{self.namespace}-{bytes(key).hex()}"
 
-    def _regions(self, chunk_ids: np.ndarray) -> Tuple[List[int], List[int]]:
+    def _regions(self, chunk_ids: np.ndarray) -> tuple[list[int], list[int]]:
         ids = np.asarray(chunk_ids, dtype=np.int64).reshape(-1)
         addresses = (self._base + ids * self._stride).tolist()
         return addresses, [self._stride] * len(addresses)
@@ -129,21 +141,23 @@ class KvtierSecondaryTier(SecondaryTierManager):
             errors = [r for r in results if isinstance(r, BaseException)]
             if errors:
                 self.log.warn("load" if is_load else "store", errors[0])
-            ok_keys = [k for k, r in zip(job.keys, results) if r is True or r is None]
+            ok_keys = [k for k, r in zip(job.keys, results, strict=True) if r is True or r is None]
             for k in ok_keys:
                 self._answer(k, True)
             if is_load:
-                for k, r in zip(job.keys, results):
+                for k, r in zip(job.keys, results, strict=True):
                     if r is not True:
                         self._answer(k, False)
             success = len(ok_keys) == len(results)
-            self._finished.append(JobResult(
-                job_id=job.job_id,
-                success=success,
-                successful_keys=None if success or not is_load else ok_keys,
-                transfer_time=time.monotonic() - job.submit_time,
-                transfer_bytes=nbytes if success else self._stride * len(ok_keys),
-            ))
+            self._finished.append(
+                JobResult(
+                    job_id=job.job_id,
+                    success=success,
+                    successful_keys=None if success or not is_load else ok_keys,
+                    transfer_time=time.monotonic() - job.submit_time,
+                    transfer_bytes=nbytes if success else self._stride * len(ok_keys),
+                )
+            )
 
     def _answer(self, key: OffloadKey, present: bool) -> None:
         self._answers[key] = (present, time.monotonic())
@@ -184,8 +198,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
                 qid = self.queue.submit_put_regions(names, addresses, lengths)
         except Exception as e:
             self.log.warn("load" if is_load else "store", e)
-            self._finished.append(JobResult(job_id=job.job_id, success=False,
-                                            successful_keys=[] if is_load else None))
+            self._finished.append(
+                JobResult(job_id=job.job_id, success=False, successful_keys=[] if is_load else None)
+            )
             return
         self._jobs[qid] = (job, is_load, self._stride * len(keys))
 
@@ -229,7 +244,10 @@ class KvtierSecondaryTier(SecondaryTierManager):
             if left <= 0 and not warned:
                 logger.error(
                     "kvtier: %d jobs still running after %.1f s; waiting for them to end, as "
-                    "they use vLLM's memory until they do", len(self._jobs), self.drain_timeout)
+                    "they use vLLM's memory until they do",
+                    len(self._jobs),
+                    self.drain_timeout,
+                )
                 warned = True
             poller.poll(1000 if warned else int(min(left, 1.0) * 1000) + 1)
             self._take_completions()
