@@ -311,7 +311,9 @@ impl Store {
             .map_err(|e| to_py(py, &e))
     }
 
-    /// Counters: the store's own, each level's, and the hierarchy's moves between levels.
+    /// Counters: the store's own, each level's, and the hierarchy's moves between levels;
+    /// `process_*`: copies of callers' bytes made by every store of this process (a page
+    /// does not know its store), as their names say.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let h = self.hierarchy.hierarchy_stats();
         let d = stats_dict(py, &self.hierarchy.stats())?;
@@ -339,9 +341,10 @@ impl Store {
         d.set_item("queue_depth", h.queue_depth)?;
         d.set_item("queue_bytes", h.queue_bytes)?;
         d.set_item("lower_errors", h.lower_errors)?;
+        // Process-wide, and named so: the page layer counts copies without knowing the store.
         let copies = tier_core::copied_bytes();
-        d.set_item("lent_bytes_copied", copies.lent)?;
-        d.set_item("bytes_copied_to_callers", copies.filled)?;
+        d.set_item("process_lent_bytes_copied", copies.lent)?;
+        d.set_item("process_bytes_copied_to_callers", copies.filled)?;
         Ok(d)
     }
 

@@ -73,15 +73,15 @@ def test_zero_copy_counts(tmp):
     before = b.kvtier_stats()
     roundtrip(b, pool, n=16)
     after = b.kvtier_stats()
-    assert after["lent_bytes_copied"] == before["lent_bytes_copied"]
-    assert after["bytes_copied_to_callers"] == before["bytes_copied_to_callers"]
+    assert after["process_lent_bytes_copied"] == before["process_lent_bytes_copied"]
+    assert after["process_bytes_copied_to_callers"] == before["process_bytes_copied_to_callers"]
     # DRAM keeps a copy of each page it stores: exactly the page bytes, once.
     m = backend(tier_configs("mem", tmp), pool)
-    before = m.kvtier_stats()["lent_bytes_copied"]
+    before = m.kvtier_stats()["process_lent_bytes_copied"]
     idx = fill_pages(pool, 0, 4, 9)
     assert m.batch_set_v1(hexkeys("cc", 4), idx) == [True] * 4
     page_bytes = pool.get_size_per_token() * pool.page_size
-    assert m.kvtier_stats()["lent_bytes_copied"] - before == 4 * page_bytes
+    assert m.kvtier_stats()["process_lent_bytes_copied"] - before == 4 * page_bytes
 
 
 def test_one_page_holds_both_regions(tmp):
@@ -173,7 +173,7 @@ def test_mla_host_pool_round_trip(kind, tmp):
     before = r0.kvtier_stats()
     assert r0.batch_set_v1(keys, idx) == [True] * 12
     if kind != "mem":
-        assert r0.kvtier_stats()["lent_bytes_copied"] == before["lent_bytes_copied"]
+        assert r0.kvtier_stats()["process_lent_bytes_copied"] == before["process_lent_bytes_copied"]
     pool.kv_buffer[idx] = 0
     # A second rank reads through its own backend (on the in-process DRAM tier, the same one
     # rank 0 stored into is asked: separate processes share only persistent tiers).

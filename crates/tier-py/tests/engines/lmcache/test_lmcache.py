@@ -103,7 +103,7 @@ def test_store_clear_and_prefetch_through_lmcaches_storage_manager(kind, tmp, s3
         if kind == "nixl-file-path":
             # Zero copy both ways: NIXL moved the bytes between LMCache's L1 and the files.
             copies = connector.store.stats()
-            for counter in ("lent_bytes_copied", "bytes_copied_to_callers"):
+            for counter in ("process_lent_bytes_copied", "process_bytes_copied_to_callers"):
                 assert copies[counter] == copies_before[counter], counter
         print(f"{kind}: LMCache StorageManager: {n} chunks stored, L1 cleared, {n} L2 hits, bytes equal")
     finally:
