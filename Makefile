@@ -4,8 +4,9 @@
 VENV ?= $(or $(KVTIER_VENV),/opt/kvtier/venv)
 LMCACHE_VENV ?= $(or $(KVTIER_LMCACHE_VENV),/opt/kvtier/venv-lmcache)
 VLLM_VENV ?= $(or $(KVTIER_VLLM_VENV),/opt/kvtier/venv-vllm)
+PY310_VENV ?= $(or $(KVTIER_PY310_VENV),/opt/kvtier/venv-py310)
 
-.PHONY: setup run test tests pytests wheel lint pylint soak bench bench-sglang bench-lmcache bench-vllm
+.PHONY: setup run test tests pytests py310 wheel lint pylint soak bench bench-sglang bench-lmcache bench-vllm
 
 setup:
 	bash scripts/setup.sh all
@@ -43,10 +44,19 @@ wheel:
 pytests: wheel
 	$(VENV)/bin/pip install --quiet --force-reinstall --no-deps target/wheels/kvtier-*.whl
 	cd crates/tier-py/tests && $(VENV)/bin/python -m pytest -q -p no:warnings -p no:cacheprovider --ignore=engines
+	$(MAKE) --no-print-directory py310
 	$(LMCACHE_VENV)/bin/pip install --quiet --force-reinstall --no-deps target/wheels/kvtier-*.whl
 	cd crates/tier-py/tests && $(LMCACHE_VENV)/bin/python -m pytest -q -rA -p no:warnings -p no:cacheprovider engines/lmcache
 	$(VLLM_VENV)/bin/pip install --quiet --force-reinstall --no-deps target/wheels/kvtier-*.whl
 	cd crates/tier-py/tests && $(VLLM_VENV)/bin/python -m pytest -q -rA -p no:warnings -p no:cacheprovider engines/vllm
+
+# The package on Python 3.10, the oldest it supports: a wheel of its own (the abi3 wheel needs
+# 3.11's stable buffer protocol) and the tests that need no torch and no engine.
+py310:
+	rm -rf target/wheels-py310
+	$(VENV)/bin/maturin build --release --quiet --no-default-features -m crates/tier-py/Cargo.toml -i $(PY310_VENV)/bin/python -o target/wheels-py310
+	$(PY310_VENV)/bin/pip install --quiet --force-reinstall --no-deps target/wheels-py310/kvtier-*.whl
+	cd crates/tier-py/tests && $(PY310_VENV)/bin/python -m pytest -q -p no:warnings -p no:cacheprovider --noconftest plain test_readme.py
 
 # kvtier's SGLang backend beside SGLang's own NIXL backend, on SGLang's host pool.
 bench-sglang: setup wheel

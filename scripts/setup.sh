@@ -4,6 +4,7 @@
 #   scripts/setup.sh nixl    the NIXL runtime (libnixl_capi.so + plugins) from the nixl-cu12 wheel
 #   scripts/setup.sh s3      s3s-fs, a real S3 server the object-storage tests start on loopback
 #   scripts/setup.sh pylint  ruff and mypy in that venv, for make lint
+#   scripts/setup.sh py310   a Python 3.10 venv for the plain-interpreter tests
 #   scripts/setup.sh py      the Python venv the kvtier wheel is tested in (torch, SGLang's classes,
 #                            nixl, maturin, pytest), at $KVTIER_VENV (default /opt/kvtier/venv)
 #   scripts/setup.sh lmcache LMCache's venv at $KVTIER_LMCACHE_VENV (default /opt/kvtier/venv-lmcache),
@@ -20,6 +21,7 @@ S3S_ROOT=${KVTIER_S3S_ROOT:-/opt/kvtier/s3s}
 RUFF_VERSION=0.17.6
 MYPY_VERSION=2.4.1
 VENV=${KVTIER_VENV:-/opt/kvtier/venv}
+PY310_VENV=${KVTIER_PY310_VENV:-/opt/kvtier/venv-py310}
 SGLANG_VERSION=0.5.23
 LMCACHE_VENV=${KVTIER_LMCACHE_VENV:-/opt/kvtier/venv-lmcache}
 LMCACHE_VERSION=0.5.6
@@ -100,6 +102,22 @@ setup_pylint() {
   "$VENV/bin/pip" install --quiet "ruff==$RUFF_VERSION" "mypy==$MYPY_VERSION" "typing_extensions>=4.15"
 }
 
+# A Python 3.10 venv (pytest, numpy) for the package's plain-interpreter tests on the oldest
+# Python it supports, from the machine's pyenv 3.10 (or $KVTIER_PYTHON310).
+setup_py310() {
+  if [ -x "$PY310_VENV/bin/pytest" ]; then
+    return
+  fi
+  local python=${KVTIER_PYTHON310:-$(ls -d /root/.pyenv/versions/3.10.*/bin/python 2>/dev/null | tail -n 1)}
+  if [ -z "$python" ] || ! "$python" -c 'import sys; assert sys.version_info[:2] == (3, 10)'; then
+    echo "setup: no Python 3.10 interpreter (set KVTIER_PYTHON310 to one)" >&2
+    exit 1
+  fi
+  echo "setup: creating the Python 3.10 venv $PY310_VENV from $python"
+  "$python" -m venv "$PY310_VENV"
+  "$PY310_VENV/bin/pip" install --quiet pytest numpy
+}
+
 # An engine's venv on top of the base venv: its own packages first (the engine's pins), then
 # the base venv's through a .pth file, so torch is installed once and pip sees it installed.
 chain_venv() {
@@ -143,8 +161,9 @@ case "${1:-all}" in
   s3) setup_s3 ;;
   py) setup_py ;;
   pylint) setup_pylint ;;
+  py310) setup_py310 ;;
   lmcache) setup_lmcache ;;
   vllm) setup_vllm ;;
-  all) setup_build; setup_nixl; setup_s3; setup_py; setup_pylint; setup_lmcache; setup_vllm ;;
-  *) echo "usage: $0 [build|nixl|s3|py|pylint|lmcache|vllm|all]" >&2; exit 2 ;;
+  all) setup_build; setup_nixl; setup_s3; setup_py; setup_pylint; setup_py310; setup_lmcache; setup_vllm ;;
+  *) echo "usage: $0 [build|nixl|s3|py|pylint|py310|lmcache|vllm|all]" >&2; exit 2 ;;
 esac

@@ -1,0 +1,80 @@
+"""The package on a plain interpreter (no torch, no engine): the Python 3.10 run uses these."""
+
+import json
+import select
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kvtier
+from kvtier import _engine
+
+MEM = {"tiers": [{"kind": "mem", "capacity": "16MiB"}]}
+
+
+def keys(n: int, tag: str = "a") -> list[str]:
+    return [f"{tag}{i:063x}" for i in range(n)]
+
+
+def test_pages_of_every_buffer_kind_round_trip() -> None:
+    wide = np.arange(2048, dtype=np.float16)  # items of 2 bytes: viewed as its bytes
+    pages = [b"x" * 4096, bytearray(b"y" * 4096), memoryview(b"z" * 4096), wide, [b"h" * 8, b"t" * 8]]
+    with kvtier.Store(MEM) as store:
+        ks = keys(len(pages))
+        assert store.put(ks, pages) == [None] * len(pages)
+        assert store.exists(k for k in ks) == len(pages)  # any iterable of keys
+        out = [bytearray(4096), bytearray(4096), bytearray(4096), np.zeros(2048, np.float16), [bytearray(8), bytearray(8)]]
+        assert store.get_into(ks, out) == [True] * len(pages)
+        assert bytes(out[0]) == b"x" * 4096 and bytes(out[2]) == b"z" * 4096
+        assert (out[3] == wide).all()
+        assert bytes(out[4][0]) + bytes(out[4][1]) == b"h" * 8 + b"t" * 8
+        assert store.remove(iter(ks[:1])) == [True]
+        assert store.exists(ks) == 0
+
+
+def test_configs_from_paths_of_both_formats(tmp_path: Path) -> None:
+    toml = tmp_path / "h.toml"
+    toml.write_text('[[tiers]]\nkind = "mem"\ncapacity = "1MiB"\n')
+    js = tmp_path / "h.json"
+    js.write_text(json.dumps(MEM))
+    for config in (toml, str(toml), js):
+        with kvtier.Store(config) as store:
+            assert store.kinds == ["mem"]
+    with pytest.raises(kvtier.ConfigError, match="cannot read config"):
+        kvtier.Store(tmp_path / "missing.toml")
+    with pytest.raises(kvtier.ConfigError, match="tiers"):
+        kvtier.Store({"tiers": []})
+
+
+def test_errors_are_the_builtins_they_match() -> None:
+    assert issubclass(kvtier.ConfigError, ValueError)
+    assert issubclass(kvtier.InvalidKey, ValueError)
+    assert issubclass(kvtier.InvalidBuffer, BufferError)
+    assert issubclass(kvtier.Timeout, TimeoutError) and issubclass(kvtier.Timeout, OSError)
+    with kvtier.Store(MEM) as store:
+        with pytest.raises(TypeError):
+            store.exists("a" * 64)  # one string is not a list of keys
+        with pytest.raises(kvtier.InvalidBuffer):
+            store.get_into(keys(1), [b"read-only"])
+
+
+def test_a_completion_queue_answers_on_its_eventfd() -> None:
+    with kvtier.Store(MEM) as store:
+        queue = store.completion_queue()
+        ks = keys(2, "q")
+        put = queue.submit_put(ks, [b"1" * 64, b"2" * 64])
+        ready, _, _ = select.select([queue.event_fd()], [], [], 5.0)
+        assert ready, "no completion within 5 s"
+        done = dict(queue.drain())
+        assert done[put] == [None, None]
+        queue.close()
+
+
+def test_engine_configs_are_read_without_a_toml_module(tmp_path: Path) -> None:
+    path = tmp_path / "engine.toml"
+    path.write_text('[[tiers]]\nkind = "mem"\ncapacity = "1MiB"\n')
+    config = _engine.load_config({"config": str(path)})
+    assert config["tiers"][0]["kind"] == "mem"
+    assert sys.version_info >= (3, 10)
