@@ -5,6 +5,7 @@ log."""
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -37,6 +38,12 @@ def load_config(extra: dict[str, Any], where: str = "extra_config") -> dict[str,
     if extra.get("tiers"):
         return {"tiers": extra["tiers"], "hierarchy": extra.get("hierarchy", {})}
     raise ConfigError(f'kvtier needs {where}["config"] (a TOML or JSON path) or {where}["tiers"]')
+
+
+def namespace(engine: str, parts: list[str]) -> str:
+    """The namespace of an engine's pages: its short name and a digest of everything that makes
+    two pages under one key hold different bytes (model, dtype, ranks, geometry, layout)."""
+    return engine + hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
 
 
 class RateLimitedLog:

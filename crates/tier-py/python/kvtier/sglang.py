@@ -18,7 +18,6 @@ data path never raises: a failure is ``False`` or a shorter prefix, logged at a 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
@@ -29,7 +28,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 from . import Store
-from ._engine import RateLimitedLog, load_config
+from ._engine import RateLimitedLog, load_config, namespace
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +121,7 @@ class KvtierStorage(HiCacheStorage):
         if int(getattr(c, "dcp_size", 1) or 1) > 1:
             ranks += f"-dcp{c.dcp_rank}of{c.dcp_size}"
         parts = [c.model_name or "", ranks, f"pp{c.pp_rank}of{c.pp_size}", geometry or "generic"]
-        digest = hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
-        return f"sgl{digest}"
+        return namespace("sgl", parts)
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}-{key}"

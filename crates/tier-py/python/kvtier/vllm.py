@@ -24,7 +24,6 @@ exceptions into vLLM.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import select
 import time
@@ -44,6 +43,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 
 from . import Store
 from ._engine import RateLimitedLog, load_config, open_instance
+from ._engine import namespace as page_namespace
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
                 str(c.kv_cache_layout),
                 str(c.canonical_layout),
             ]
-        return "vllm" + hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
+        return page_namespace("vllm", parts)
 
     def _name(self, key: OffloadKey) -> str:
         return f"{self.namespace}-{bytes(key).hex()}"
