@@ -17,7 +17,11 @@
 //! transfer_timeout = "30s"
 //! max_abandoned = "1GiB"        # kept for good by transfers that never finished; then errors
 //! runtime_dir = "/opt/kvtier/nixl/lib"
-//! access = "owner"             # owner, or reader: reads what another process owns there
+//! access = "owner"             # owner; reader (reads what an owner stores there); shared:
+//!                               # any number of processes and machines store and read there
+//! lease = "10s"                 # shared: an evictor that dies or stalls is taken over after it
+//! touch_interval = "60s"        # shared: a hit refreshes its page's use time at most this often
+//! low_watermark = 0.9           # shared: an eviction brings the folders down to this fraction
 //! engine = "nixl"               # nixl, or syscalls: pread/pwrite by kvtier (host memory only)
 //!
 //! [[tiers]]
@@ -48,10 +52,11 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 use tier_core::EvictionListener;
+use tier_core::TierError;
 use tier_hierarchy::config::{ByteSize, OpenFuture, Registry, TierContext, TierPlan, TimeSpan};
 use tier_nixl::{
-    DirectIo, Durability, FileEngine, FilePlugin, NixlFileConfig, NixlFileTier, NixlObjConfig,
-    NixlObjTier, PageChecksum, PathModeChoice, RequestChecksum,
+    DirectIo, Durability, FileAccess, FileEngine, FilePlugin, NixlFileConfig, NixlFileTier,
+    NixlObjConfig, NixlObjTier, PageChecksum, PathModeChoice, RequestChecksum,
 };
 
 #[derive(Debug, Deserialize)]
@@ -59,8 +64,7 @@ use tier_nixl::{
 struct FileParams {
     dirs: Vec<PathBuf>,
     capacity: Option<ByteSize>,
-    #[serde(default)]
-    policy: tier_policy::PolicyKind,
+    policy: Option<tier_policy::PolicyKind>,
     #[serde(default)]
     plugin: FilePlugin,
     #[serde(default)]
@@ -79,32 +83,59 @@ struct FileParams {
     max_abandoned: Option<ByteSize>,
     runtime_dir: Option<PathBuf>,
     #[serde(default)]
-    access: Access,
+    access: FileAccess,
+    lease: Option<TimeSpan>,
+    touch_interval: Option<TimeSpan>,
+    low_watermark: Option<f64>,
     #[serde(default)]
     engine: FileEngine,
 }
 
-/// Whether the tier owns its folders or reads what another process's tier owns there.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum Access {
-    #[default]
-    Owner,
-    Reader,
-}
-
-fn to_config(name: &str, p: FileParams) -> NixlFileConfig {
+fn to_config(name: &str, p: FileParams) -> Result<NixlFileConfig, TierError> {
     let mut c = NixlFileConfig::new(p.dirs);
     c.name = name.to_string();
     c.capacity_bytes = p.capacity.map(|b| b.0);
-    c.policy = p.policy;
+    let shared_only = [
+        ("lease", p.lease.is_some()),
+        ("touch_interval", p.touch_interval.is_some()),
+        ("low_watermark", p.low_watermark.is_some()),
+    ];
+    if p.access == FileAccess::Shared {
+        if p.policy.is_some() {
+            return Err(TierError::config(
+                "policy",
+                "shared folders evict the pages least recently used by any process; \
+                 policy is for access = \"owner\"",
+            ));
+        }
+    } else if let Some((field, _)) = shared_only.iter().find(|(_, set)| *set) {
+        return Err(TierError::config(
+            *field,
+            format!(
+                "is a setting of access = \"shared\" (this tier's access is {:?})",
+                p.access
+            ),
+        ));
+    }
+    if let Some(policy) = p.policy {
+        c.policy = policy;
+    }
+    if let Some(t) = p.lease {
+        c.shared.lease = t.0;
+    }
+    if let Some(t) = p.touch_interval {
+        c.shared.touch_interval = t.0;
+    }
+    if let Some(f) = p.low_watermark {
+        c.shared.low_watermark = f;
+    }
     c.plugin = p.plugin;
     c.plugin_params = p.plugin_params;
     c.path_mode = p.path_mode;
     c.direct_io = p.direct_io;
     c.durability = p.durability;
     c.page_checksum = p.page_checksum;
-    c.reader = p.access == Access::Reader;
+    c.access = p.access;
     c.engine = p.engine;
     if let Some(b) = p.staging_bytes {
         c.staging_bytes = b.0 as usize;
@@ -119,7 +150,7 @@ fn to_config(name: &str, p: FileParams) -> NixlFileConfig {
         c.max_abandoned_bytes = usize::try_from(b.0).unwrap_or(usize::MAX);
     }
     c.runtime_dir = p.runtime_dir;
-    c
+    Ok(c)
 }
 
 struct FilePlan(NixlFileConfig);
@@ -242,7 +273,7 @@ pub fn register(registry: &mut Registry) {
     });
     registry.register("nixl-file", |ctx: &TierContext| {
         let params: FileParams = ctx.params()?;
-        let config = to_config(&ctx.name, params);
+        let config = to_config(&ctx.name, params).map_err(|e| crate::field_error(ctx, e))?;
         config.validate().map_err(|e| crate::field_error(ctx, e))?;
         Ok(Box::new(FilePlan(config)) as Box<dyn TierPlan>)
     });

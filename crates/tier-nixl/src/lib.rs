@@ -11,8 +11,8 @@ pub mod runtime;
 mod staging;
 
 pub use file::{
-    DirectIo, Durability, FileEngine, FileMode, FilePlugin, NixlFileConfig, NixlFileTier,
-    PageChecksum, PathModeChoice, BUCKETS,
+    DirectIo, Durability, FileAccess, FileEngine, FileMode, FilePlugin, FleetStats, NixlFileConfig,
+    NixlFileTier, PageChecksum, PathModeChoice, SharedFolder, BUCKETS,
 };
 pub use nixl::{live_registrations, live_transfers};
 pub use obj::{NixlObjConfig, NixlObjTier, RequestChecksum};

@@ -682,7 +682,7 @@ async fn a_reader_sees_the_owners_pages_and_never_writes() {
     put_ok(&owner, &[page(1, 1, 16 << 10), page(2, 1, 8 << 10)]).await;
     // The owner holds the folders' lock; a reader opens beside it anyway.
     let mut config = NixlFileConfig::new(dirs.iter().cloned());
-    config.reader = true;
+    config.access = tier_nixl::FileAccess::Reader;
     let reader = NixlFileTier::open(config).await.unwrap();
     assert_eq!(reader.exists(&[key(1), key(2), key(3)]).await.unwrap(), 2);
     let (r, buf) = get_one(&reader, &key(1), 16 << 10).await;

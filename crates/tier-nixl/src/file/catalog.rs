@@ -7,8 +7,10 @@
 //! changes an entry only while it is still that one, so a page a put replaced meanwhile is
 //! never forgotten or unlinked in its place.
 //!
-//! A reader (of another process's folders) keeps no index: the files are its catalog, and it
-//! changes none of them.
+//! A reader (of another process's folders) and a sharer (of folders other processes write
+//! too) keep no index: the files are their catalog. A reader changes none of them; a sharer
+//! changes them as an owner does, and its [fleet](super::fleet) keeps the folders' usage and
+//! elects their evictor.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -16,26 +18,38 @@ use std::sync::{Mutex, MutexGuard};
 
 use tier_core::{PageKey, TierError};
 
+use super::fleet::{Fleet, FleetStats};
 use super::index::PageIndex;
 use super::io::Xfer;
-use super::layout::Layout;
+use super::layout::{FileStamp, Layout};
 use crate::batch::BatchOutcome;
 
-/// The pages of one FILE tier: its folders' layout and the index of the files in them.
+/// The pages of one FILE tier: its folders' layout and what knows which pages they hold.
 pub(super) struct Catalog {
     layout: Layout,
-    index: Mutex<PageIndex>,
-    reader: bool,
+    keeper: Keeper,
+}
+
+/// Who knows which pages the folders hold.
+enum Keeper {
+    /// This process, which owns the folders: its index.
+    Owner(Mutex<PageIndex>),
+    /// The files, which another process writes.
+    Reader,
+    /// The files, which this and other processes write.
+    Sharer(Fleet),
 }
 
 /// A stored page, as a read plans with it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Stored {
     pub len: u64,
-    /// Its entry's generation (0 for a reader, which has no entries).
+    /// Its entry's generation (0 without an index).
     pub generation: u64,
     /// Its file's checksum, once this process wrote or verified it.
     pub checksum: Option<u32>,
+    /// Its file's last use, where the file was looked at (no index).
+    pub mtime_ns: Option<i128>,
 }
 
 /// Pins on the pages a get reads (eviction leaves them), released when it drops: when the get
@@ -47,38 +61,45 @@ pub(super) struct Pins<'a> {
 
 impl Drop for Pins<'_> {
     fn drop(&mut self) {
-        let mut index = self.catalog.index();
-        for key in &self.keys {
-            index.unpin(key);
+        if let Some(mut index) = self.catalog.index() {
+            for key in &self.keys {
+                index.unpin(key);
+            }
         }
     }
 }
 
 impl Catalog {
-    /// The catalog of `layout`'s folders. An owner (holding the folders' locks) scans them:
-    /// leftovers of crashed writes are removed (their count returned) and the pages found are
-    /// indexed, oldest first. A reader indexes nothing.
-    pub fn load(
-        layout: Layout,
-        mut index: PageIndex,
-        reader: bool,
-    ) -> Result<(Self, usize), TierError> {
-        let mut temps_removed = 0;
-        if !reader {
-            let scan = layout.scan()?;
-            let mut found = scan.pages;
-            found.sort_by_key(|(_, _, mtime)| *mtime);
-            for (key, len, _) in found {
-                index.insert(key, len, None, None);
-            }
-            temps_removed = scan.temps_removed;
+    /// The catalog of `layout`'s folders, owned: they are scanned, leftovers of crashed writes
+    /// are removed (their count returned) and the pages found are indexed, oldest first.
+    pub fn owned(layout: Layout, mut index: PageIndex) -> Result<(Self, usize), TierError> {
+        let scan = layout.scan()?;
+        let mut found = scan.pages;
+        found.sort_by_key(|(_, _, mtime)| *mtime);
+        for (key, len, _) in found {
+            index.insert(key, len, None, None);
         }
         let catalog = Catalog {
             layout,
-            index: Mutex::new(index),
-            reader,
+            keeper: Keeper::Owner(Mutex::new(index)),
         };
-        Ok((catalog, temps_removed))
+        Ok((catalog, scan.temps_removed))
+    }
+
+    /// The catalog of folders another process owns.
+    pub fn read_only(layout: Layout) -> Self {
+        Catalog {
+            layout,
+            keeper: Keeper::Reader,
+        }
+    }
+
+    /// The catalog of folders shared with other processes, kept by `fleet`.
+    pub fn shared(layout: Layout, fleet: Fleet) -> Self {
+        Catalog {
+            layout,
+            keeper: Keeper::Sharer(fleet),
+        }
     }
 
     /// Where the pages' files are.
@@ -86,27 +107,52 @@ impl Catalog {
         &self.layout
     }
 
-    fn index(&self) -> MutexGuard<'_, PageIndex> {
-        self.index.lock().unwrap_or_else(|e| e.into_inner())
+    fn index(&self) -> Option<MutexGuard<'_, PageIndex>> {
+        match &self.keeper {
+            Keeper::Owner(index) => Some(index.lock().unwrap_or_else(|e| e.into_inner())),
+            _ => None,
+        }
     }
 
-    /// Pages indexed.
+    fn fleet(&self) -> Option<&Fleet> {
+        match &self.keeper {
+            Keeper::Sharer(fleet) => Some(fleet),
+            _ => None,
+        }
+    }
+
+    /// Pages indexed (none without an index).
     pub fn pages(&self) -> usize {
-        self.index().pages()
+        self.index().map_or(0, |index| index.pages())
     }
 
-    /// Bytes of the pages indexed.
+    /// Bytes of the pages indexed; of shared folders, their usage.
     pub fn bytes(&self) -> u64 {
-        self.index().bytes()
+        match &self.keeper {
+            Keeper::Owner(_) => self.index().map_or(0, |index| index.bytes()),
+            Keeper::Reader => 0,
+            Keeper::Sharer(fleet) => fleet.usage(),
+        }
     }
 
-    /// `key`'s stored page: from the index, or for a reader from its file.
-    fn stored(&self, index: &PageIndex, key: &PageKey) -> Option<Stored> {
-        if !self.reader {
+    /// What this process did for its shared folders (`None` unless they are shared).
+    pub fn fleet_stats(&self) -> Option<FleetStats> {
+        self.fleet().map(Fleet::stats)
+    }
+
+    /// Pages this process evicted from shared folders.
+    pub fn fleet_evictions(&self) -> u64 {
+        self.fleet().map_or(0, Fleet::evicted)
+    }
+
+    /// `key`'s stored page: from the index, or without one from its file.
+    fn stored(&self, index: Option<&PageIndex>, key: &PageKey) -> Option<Stored> {
+        if let Some(index) = index {
             return Some(Stored {
                 len: index.len_of(key)?,
                 generation: index.generation(key)?,
                 checksum: index.checksum(key),
+                mtime_ns: None,
             });
         }
         let path = self.layout.page_path(key).ok()?;
@@ -115,6 +161,7 @@ impl Catalog {
             len: meta.len(),
             generation: 0,
             checksum: None,
+            mtime_ns: Some(FileStamp::of(&meta).mtime_ns),
         })
     }
 
@@ -122,7 +169,7 @@ impl Catalog {
     pub fn leading(&self, keys: &[PageKey]) -> usize {
         let index = self.index();
         keys.iter()
-            .take_while(|k| self.stored(&index, k).is_some())
+            .take_while(|k| self.stored(index.as_deref(), k).is_some())
             .count()
     }
 
@@ -139,9 +186,11 @@ impl Catalog {
         let stored = keys
             .into_iter()
             .map(|key| {
-                let stored = self.stored(&index, key)?;
-                index.pin(key);
-                pins.keys.push(key.clone());
+                let stored = self.stored(index.as_deref(), key)?;
+                if let Some(index) = index.as_deref_mut() {
+                    index.pin(key);
+                    pins.keys.push(key.clone());
+                }
                 Some(stored)
             })
             .collect();
@@ -150,63 +199,102 @@ impl Catalog {
 
     /// The generation of `key`'s entry (0 if it has none).
     pub fn generation(&self, key: &PageKey) -> u64 {
-        self.index().generation(key).unwrap_or(0)
+        self.index()
+            .and_then(|index| index.generation(key))
+            .unwrap_or(0)
     }
 
     /// Whether `key`'s entry is still the one of `generation`.
     pub fn is_current(&self, key: &PageKey, generation: u64) -> bool {
-        self.index().generation(key) == Some(generation)
+        self.index()
+            .is_some_and(|index| index.generation(key) == Some(generation))
     }
 
     /// Records checksums verified by reads, each for its entry if still of its generation.
     pub fn learn_checksums(&self, learned: &[(&PageKey, u64, u32)]) {
-        if self.reader || learned.is_empty() {
+        let Some(mut index) = self.index() else {
             return;
-        }
-        let mut index = self.index();
+        };
         for &(key, generation, crc) in learned {
             index.learn_checksum(key, generation, crc);
         }
     }
 
     /// Forgets a page whose file failed its checksum and unlinks the file, if its entry is
-    /// still of `generation` (a newer put's file is left alone).
-    pub fn discard(&self, key: &PageKey, generation: u64, path: &Path) {
-        if self.reader {
-            return;
-        }
-        let mut index = self.index();
-        if index.remove_if(key, generation) {
-            let _ = fs::remove_file(path);
+    /// still of `generation` (a newer put's file is left alone); in shared folders, unlinks it
+    /// if it is still the file that was read (`mtime_ns`).
+    pub fn discard(&self, key: &PageKey, generation: u64, path: &Path, mtime_ns: Option<i128>) {
+        match &self.keeper {
+            Keeper::Owner(_) => {
+                if let Some(mut index) = self.index() {
+                    if index.remove_if(key, generation) {
+                        let _ = fs::remove_file(path);
+                    }
+                }
+            }
+            Keeper::Reader => {}
+            Keeper::Sharer(fleet) => {
+                let same =
+                    fs::metadata(path).is_ok_and(|m| Some(FileStamp::of(&m).mtime_ns) == mtime_ns);
+                if same {
+                    if let Ok(len) = fs::metadata(path).map(|m| m.len()) {
+                        if fs::remove_file(path).is_ok() {
+                            fleet.count(-(len as i64));
+                        }
+                    }
+                }
+            }
         }
     }
 
     /// After reads: each hit becomes most recent, in batch order; a page whose file vanished
     /// (deleted by hand) is forgotten if its entry is still of the generation the read planned
-    /// with.
-    pub fn settle_reads<'r>(
-        &self,
-        reads: impl IntoIterator<Item = (&'r PageKey, u64, &'r Path, &'r Result<bool, TierError>)>,
-    ) {
-        let mut index = self.index();
-        let mut after = None;
-        for (key, generation, path, result) in reads {
-            match result {
-                Ok(true) => {
-                    index.touch(key, after);
-                    after = Some(key);
+    /// with. In shared folders, a hit on a page not used for a while refreshes its use time.
+    pub fn settle_reads<'r>(&self, reads: impl IntoIterator<Item = SettledRead<'r>>) {
+        match &self.keeper {
+            Keeper::Owner(_) => {
+                let Some(mut index) = self.index() else {
+                    return;
+                };
+                let mut after = None;
+                for read in reads {
+                    match read.result {
+                        Ok(true) => {
+                            index.touch(read.key, after);
+                            after = Some(read.key);
+                        }
+                        Ok(false) if !read.path.exists() => {
+                            index.remove_if(read.key, read.generation);
+                        }
+                        _ => {}
+                    }
                 }
-                Ok(false) if !path.exists() => {
-                    index.remove_if(key, generation);
-                }
-                _ => {}
             }
+            Keeper::Reader => {}
+            Keeper::Sharer(fleet) => {
+                for read in reads {
+                    let due = read.mtime_ns.is_some_and(|m| fleet.due_for_touch(m));
+                    if matches!(read.result, Ok(true)) && due {
+                        touch(read.path);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Makes room in shared folders for `bytes` about to be written (see
+    /// [`Fleet::make_room`]); nothing to do for an owner, which evicts after it writes.
+    pub fn make_room(&self, bytes: u64) -> Result<(), TierError> {
+        match self.fleet() {
+            Some(fleet) => fleet.make_room(&self.layout, bytes),
+            None => Ok(()),
         }
     }
 
     /// Renames each written temp file of `xfers` into place at its `finals` path and records
     /// it with its checksum, in batch order, under the one lock; removes the temp files of
-    /// pages that failed.
+    /// pages that failed. In shared folders, counts the pages renamed in, less the older files
+    /// they replaced.
     pub fn commit(
         &self,
         xfers: &[Xfer],
@@ -215,22 +303,36 @@ impl Catalog {
         checksums: &[Option<u32>],
     ) {
         let mut index = self.index();
+        let mut landed = 0i64;
         let items = xfers.iter().zip(finals).zip(&mut outcome.results);
         for ((xfer, path), result) in items {
             if result.is_ok() {
-                if let Err(e) = fs::rename(&xfer.path, path) {
-                    *result = Err(TierError::io(
-                        "rename page into place",
-                        Some(&xfer.key),
-                        Some(path.clone()),
-                        e,
-                    ));
+                let replaced = match self.keeper {
+                    Keeper::Sharer(_) => fs::metadata(path).map_or(0, |m| m.len()),
+                    _ => 0,
+                };
+                match fs::rename(&xfer.path, path) {
+                    Ok(()) => landed += xfer.len as i64 - replaced as i64,
+                    Err(e) => {
+                        *result = Err(TierError::io(
+                            "rename page into place",
+                            Some(&xfer.key),
+                            Some(path.clone()),
+                            e,
+                        ))
+                    }
                 }
             }
             if result.is_err() && !outcome.poisoned {
                 let _ = fs::remove_file(&xfer.path);
             }
         }
+        if let Some(fleet) = self.fleet() {
+            fleet.count(landed);
+        }
+        let Some(index) = index.as_deref_mut() else {
+            return;
+        };
         let mut after = None;
         for ((xfer, result), crc) in xfers.iter().zip(&outcome.results).zip(checksums) {
             if result.is_ok() {
@@ -241,9 +343,11 @@ impl Catalog {
     }
 
     /// Evicts the unpinned pages the policy chooses until at most `capacity` bytes remain,
-    /// unlinking their files; returns how many.
+    /// unlinking their files; returns how many. (Shared folders evict as they are written.)
     pub fn evict_to(&self, capacity: u64) -> usize {
-        let mut index = self.index();
+        let Some(mut index) = self.index() else {
+            return 0;
+        };
         let victims = index.evict_to(capacity);
         for key in &victims {
             if let Ok(path) = self.layout.page_path(key) {
@@ -256,21 +360,38 @@ impl Catalog {
     /// Forgets `key` and unlinks its file; whether it was stored.
     pub fn remove(&self, key: &PageKey) -> Result<bool, TierError> {
         let path = self.layout.page_path(key)?;
-        let mut index = self.index();
-        if !index.remove(key) {
-            return Ok(false);
-        }
+        let len = match &self.keeper {
+            Keeper::Owner(_) => {
+                let removed = self.index().is_some_and(|mut index| index.remove(key));
+                if !removed {
+                    return Ok(false);
+                }
+                0
+            }
+            Keeper::Reader => return Ok(false),
+            Keeper::Sharer(_) => match fs::metadata(&path) {
+                Ok(m) => m.len(),
+                Err(_) => return Ok(false),
+            },
+        };
         match fs::remove_file(&path) {
-            Ok(()) => Ok(true),
+            Ok(()) => {
+                if let Some(fleet) = self.fleet() {
+                    fleet.count(-(len as i64));
+                }
+                Ok(true)
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(TierError::io("remove page", Some(key), Some(path), e)),
         }
     }
 
     /// Forgets every page at once; returns their keys, for
-    /// [`unlink_forgotten`](Catalog::unlink_forgotten).
+    /// [`unlink_forgotten`](Catalog::unlink_forgotten). Shared folders are cleared by
+    /// [`clear_shared`](Catalog::clear_shared) instead.
     pub fn forget_all(&self) -> Vec<PageKey> {
-        self.index().drain()
+        self.index()
+            .map_or_else(Vec::new, |mut index| index.drain())
     }
 
     /// Unlinks the file of a page [`forget_all`](Catalog::forget_all) forgot, unless a put
@@ -279,7 +400,9 @@ impl Catalog {
         let Ok(path) = self.layout.page_path(key) else {
             return Ok(());
         };
-        let index = self.index();
+        let Some(index) = self.index() else {
+            return Ok(());
+        };
         if index.contains(key) {
             return Ok(());
         }
@@ -289,6 +412,57 @@ impl Catalog {
             Err(e) => Err(TierError::io("clear page", Some(key), Some(path), e)),
         }
     }
+
+    /// Unlinks every page file of shared folders (writes in flight stay theirs); nothing for
+    /// another kind of catalog.
+    pub fn clear_shared(&self) -> Result<(), TierError> {
+        let Some(fleet) = self.fleet() else {
+            return Ok(());
+        };
+        let scan = self.layout.scan_shared(|_, _| false)?;
+        let mut first_err = None;
+        let mut freed = 0;
+        for page in scan.pages {
+            match fs::remove_file(&page.path) {
+                Ok(()) => freed += page.len,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    first_err.get_or_insert(TierError::io("clear page", None, Some(page.path), e));
+                }
+            }
+        }
+        fleet.count(-(freed as i64));
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+/// A read as [`Catalog::settle_reads`] takes it.
+pub(super) struct SettledRead<'r> {
+    pub key: &'r PageKey,
+    pub generation: u64,
+    pub mtime_ns: Option<i128>,
+    pub path: &'r Path,
+    pub result: &'r Result<bool, TierError>,
+}
+
+/// Sets a page file's use time (its modification time) to now; a file gone meanwhile is left.
+fn touch(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return;
+    };
+    let times = [
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        },
+    ];
+    // SAFETY: a valid C string and two timespecs, as utimensat takes them.
+    unsafe { libc::utimensat(libc::AT_FDCWD, c_path.as_ptr(), times.as_ptr(), 0) };
 }
 
 #[cfg(test)]
@@ -304,7 +478,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("a temp folder");
         let layout = Layout::create(&[dir.path().to_path_buf()]).expect("a layout");
         let index = PageIndex::new(PolicyKind::Lru).expect("an index");
-        let (catalog, _) = Catalog::load(layout, index, false).expect("a catalog");
+        let (catalog, _) = Catalog::owned(layout, index).expect("a catalog");
         (dir, catalog)
     }
 
@@ -338,6 +512,18 @@ mod tests {
             &[Some(7)],
         );
         (path, temp)
+    }
+
+    /// A read of `key`'s page (planned with `generation`) that found it gone.
+    fn settled<'r>(key: &'r PageKey, generation: u64, path: &'r Path) -> SettledRead<'r> {
+        static MISS: Result<bool, TierError> = Ok(false);
+        SettledRead {
+            key,
+            generation,
+            mtime_ns: None,
+            path,
+            result: &MISS,
+        }
     }
 
     fn generation_of(catalog: &Catalog, key: &PageKey) -> Option<u64> {
@@ -376,20 +562,20 @@ mod tests {
         assert_ne!(old, new);
 
         // A read of the first file found bad bytes: the second file is not its fault.
-        catalog.discard(&k, old, &path);
+        catalog.discard(&k, old, &path, None);
         assert_eq!(fs::read(&path).expect("the new file stays"), b"second");
         assert!(catalog.is_current(&k, new));
         // A read of the first file found it gone: the second file's entry stays.
         fs::remove_file(&path).expect("deleted by hand");
-        catalog.settle_reads([(&k, old, path.as_path(), &Ok(false))]);
+        catalog.settle_reads([settled(&k, old, &path)]);
         assert_eq!(catalog.leading(std::slice::from_ref(&k)), 1);
         // The same with the entry's own generation: forgotten.
-        catalog.settle_reads([(&k, new, path.as_path(), &Ok(false))]);
+        catalog.settle_reads([settled(&k, new, &path)]);
         assert_eq!(catalog.leading(std::slice::from_ref(&k)), 0);
 
         let (path, _) = commit(&catalog, &k, b"third", true);
         let third = generation_of(&catalog, &k).expect("k is stored");
-        catalog.discard(&k, third, &path);
+        catalog.discard(&k, third, &path, None);
         assert!(!path.exists(), "a bad page's file goes with its entry");
         assert_eq!(catalog.leading(std::slice::from_ref(&k)), 0);
     }

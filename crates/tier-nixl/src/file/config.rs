@@ -97,6 +97,51 @@ pub enum DirectIo {
     Preferred,
 }
 
+/// How a tier uses its folders beside other processes (in config files: `access`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileAccess {
+    /// One process owns the folders (an exclusive lock): its index, kept in memory and rebuilt
+    /// by a scan at start, answers `exists` without touching the disk.
+    #[default]
+    Owner,
+    /// Reads the pages another process's tier stores in the same folders (an SGLang MLA rank
+    /// reading what the writer rank stores). It takes no lock, removes no leftovers, keeps no
+    /// index (the files are its index), and never writes or removes a page: puts fail,
+    /// `remove` finds nothing of its own, `clear` is a no-op.
+    Reader,
+    /// Any number of processes, on one machine or many (a shared filesystem), store, read,
+    /// remove and clear pages in the same folders. The folders are the truth: every lookup
+    /// looks at the files, so a page another process stored is found and one it removed or
+    /// evicted is a miss. A capacity bounds the folders' bytes for all of them together (see
+    /// [`SharedFolder`]).
+    Shared,
+}
+
+/// Settings of [`FileAccess::Shared`] folders.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SharedFolder {
+    /// How long an evictor's lease lasts without renewal: a process that dies or stalls while
+    /// evicting is taken over by another once this has passed.
+    pub lease: Duration,
+    /// A hit refreshes its page's last-use time (the file's modification time) at most once
+    /// per this interval, so reads do not become a storm of metadata writes.
+    pub touch_interval: Duration,
+    /// An eviction starts when the folders' bytes pass the capacity and stops once they are at
+    /// most this fraction of it.
+    pub low_watermark: f64,
+}
+
+impl Default for SharedFolder {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(10),
+            touch_interval: Duration::from_secs(60),
+            low_watermark: 0.9,
+        }
+    }
+}
+
 /// Configuration of a [`NixlFileTier`](super::NixlFileTier).
 #[derive(Debug, Clone)]
 pub struct NixlFileConfig {
@@ -118,9 +163,11 @@ pub struct NixlFileConfig {
     pub durability: Durability,
     /// Whether each page carries a checksum, verified on every read.
     pub page_checksum: PageChecksum,
-    /// Byte capacity; pages the policy chooses are evicted beyond it. `None`: unbounded.
+    /// Byte capacity; pages the policy chooses are evicted beyond it. `None`: unbounded. In
+    /// shared access, the capacity of the folders, whoever wrote them.
     pub capacity_bytes: Option<u64>,
     /// Which pages go first when the capacity is reached (any but TinyLFU, which is moka's).
+    /// Shared folders evict the pages least recently used by any process instead.
     pub policy: PolicyKind,
     /// Bytes per staging buffer; also the largest page. Batches larger than this are split.
     pub staging_bytes: usize,
@@ -134,12 +181,10 @@ pub struct NixlFileConfig {
     pub max_abandoned_bytes: usize,
     /// Folder holding `libnixl_capi.so`, searched before `$NIXL_LIB_DIR` and the defaults.
     pub runtime_dir: Option<PathBuf>,
-    /// A *reader*: reads the pages another process's tier owns in the same folders (an SGLang
-    /// MLA rank reading what the writer rank stores). It takes no lock, removes no leftovers,
-    /// keeps no index (the files are its index: `exists` and `get` look at them), and never
-    /// writes or removes a page: puts fail, `remove` finds nothing of its own, `clear` is a
-    /// no-op. Pages appear to it whole or not at all (the owner renames them into place).
-    pub reader: bool,
+    /// Whether the tier owns its folders, reads another process's, or shares them.
+    pub access: FileAccess,
+    /// Eviction lease, use-time refresh and watermarks of shared folders.
+    pub shared: SharedFolder,
 }
 
 impl NixlFileConfig {
@@ -162,7 +207,8 @@ impl NixlFileConfig {
             transfer_timeout: Duration::from_secs(30),
             max_abandoned_bytes: crate::nixl::DEFAULT_ABANDON_LIMIT,
             runtime_dir: None,
-            reader: false,
+            access: FileAccess::Owner,
+            shared: SharedFolder::default(),
         }
     }
 
@@ -203,6 +249,19 @@ impl NixlFileConfig {
                 "capacity_bytes",
                 "must be at least 1 byte (or unset)",
             ));
+        }
+        let shared = &self.shared;
+        if !(shared.low_watermark > 0.0 && shared.low_watermark < 1.0) {
+            return Err(TierError::config(
+                "low_watermark",
+                format!(
+                    "must be above 0 and below 1 (a fraction of the capacity), not {}",
+                    shared.low_watermark
+                ),
+            ));
+        }
+        if shared.lease.is_zero() {
+            return Err(TierError::config("lease", "must be positive"));
         }
         if self.transfer_timeout.is_zero() {
             return Err(TierError::config("transfer_timeout", "must be positive"));

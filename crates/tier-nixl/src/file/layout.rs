@@ -104,14 +104,19 @@ impl Layout {
             .join(name))
     }
 
-    /// A fresh temporary path beside `final_path`.
+    /// A fresh temporary path beside `final_path`, named for this machine and process (see
+    /// [`temp_owner`]).
     pub fn temp_path(&self, final_path: &Path) -> PathBuf {
         let seq = self.temp_seq.fetch_add(1, Ordering::Relaxed);
         let name = final_path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        final_path.with_file_name(format!("{TEMP_PREFIX}{}-{seq}-{name}", std::process::id()))
+        final_path.with_file_name(format!(
+            "{TEMP_PREFIX}{}-{}-{seq}-{name}",
+            host_tag(),
+            std::process::id()
+        ))
     }
 
     /// Walks every bucket: removes leftovers of crashed writes, and returns the complete pages
@@ -159,6 +164,127 @@ impl Layout {
         }
         Ok(report)
     }
+}
+
+impl Layout {
+    /// Walks every bucket of shared folders: removes the temp files `stale` picks (leftovers of
+    /// dead writers), and returns the pages found.
+    pub fn scan_shared(
+        &self,
+        stale: impl Fn(&str, &fs::Metadata) -> bool,
+    ) -> Result<FolderScan, TierError> {
+        let mut report = FolderScan::default();
+        for dir in &self.dirs {
+            for b in 0..BUCKETS {
+                let bucket = dir.join(bucket_name(b));
+                let entries = match fs::read_dir(&bucket) {
+                    Ok(entries) => entries,
+                    // Another process's clear or a hand may have removed it: it holds nothing.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(TierError::io("scan bucket", None, Some(bucket), e)),
+                };
+                for entry in entries.flatten() {
+                    let name = entry.file_name();
+                    let name = name.to_string_lossy();
+                    let Ok(meta) = entry.metadata() else { continue };
+                    if !meta.is_file() {
+                        continue;
+                    }
+                    if is_temp(&name) {
+                        if stale(&name, &meta) && fs::remove_file(entry.path()).is_ok() {
+                            report.temps_removed += 1;
+                        }
+                        continue;
+                    }
+                    let path = entry.path();
+                    let ours = decode(&name)
+                        .is_some_and(|key| self.page_path(&key).is_ok_and(|p| p == path));
+                    if ours && meta.len() > 0 {
+                        report.pages.push(FolderPage {
+                            len: meta.len(),
+                            stamp: FileStamp::of(&meta),
+                            path,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// What a scan of shared folders found.
+#[derive(Debug, Default)]
+pub struct FolderScan {
+    /// The page files.
+    pub pages: Vec<FolderPage>,
+    /// Leftovers of dead writers removed.
+    pub temps_removed: usize,
+}
+
+/// A page file as a scan saw it.
+#[derive(Debug, Clone)]
+pub struct FolderPage {
+    /// Its path.
+    pub path: PathBuf,
+    /// Its length.
+    pub len: u64,
+    /// Which file it was, and when last used.
+    pub stamp: FileStamp,
+}
+
+/// A file's identity and modification time: a page file that still has the stamp a scan saw
+/// was neither stored again nor used since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStamp {
+    dev: u64,
+    ino: u64,
+    /// Modification time, in nanoseconds since the epoch: the page's last use.
+    pub mtime_ns: i128,
+}
+
+impl FileStamp {
+    /// The stamp of the file `meta` describes.
+    pub fn of(meta: &fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        }
+    }
+}
+
+/// Of a temp file's name: the tag of the machine and the process id that made it.
+pub fn temp_owner(name: &str) -> Option<(&str, u32)> {
+    let rest = name.strip_prefix(TEMP_PREFIX)?;
+    let mut parts = rest.splitn(3, '-');
+    let host = parts.next()?;
+    let pid = parts.next()?.parse().ok()?;
+    Some((host, pid))
+}
+
+/// Whether `name` is a temp file's (a write in flight, or its leftover).
+pub fn is_temp(name: &str) -> bool {
+    name.starts_with(TEMP_PREFIX)
+}
+
+/// This machine's tag in temp names: 8 hex digits of its host name's routing hash, so
+/// machines sharing a folder tell their own leftovers apart from another machine's writes.
+pub fn host_tag() -> &'static str {
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TAG.get_or_init(|| {
+        let mut buf = [0u8; 256];
+        // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it.
+        let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+        let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        let name = if ok {
+            &buf[..len]
+        } else {
+            b"localhost".as_slice()
+        };
+        format!("{:08x}", route_hash(name) as u32)
+    })
 }
 
 /// What a start-up scan found.

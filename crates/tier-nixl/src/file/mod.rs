@@ -8,18 +8,22 @@
 //!   and registers their fds; every fd is closed on every path.
 //! - **Atomic visibility**: pages are written to a temp name and renamed into place only when
 //!   complete; leftovers of crashed writes are removed at start.
-//! - **Ownership**: one process writes the storage folders (an exclusive `flock` on a lock file
-//!   in each); its in-memory index answers `exists` without touching the disk. Readers
-//!   (`reader = true`) in other processes read the same files and never write.
+//! - **Access** ([`FileAccess`]): an *owner* writes the storage folders alone (an exclusive
+//!   `flock` on a lock file in each) and its in-memory index answers `exists` without touching
+//!   the disk; *readers* in other processes read the same files and never write; *sharers*
+//!   (any number of processes, on one machine or many) read and write the same folders, whose
+//!   files are the truth, under one capacity for all of them (see `fleet`).
 //!
 //! Where things are: `config` (settings), `open` (start-up), `write` and `read` (the two data
-//! paths), `catalog` (the pages' files and index entries, changed together), `index` (entries,
+//! paths), `catalog` (the pages' files and index entries, changed together), `fleet` (shared
+//! folders' usage and evictor), `index` (entries,
 //! generations, checksums, eviction order), `io` (the engines that move bytes), `helpers`
 //! (threads for big batches), `layout` (paths), `checksum` (CRC-32C).
 
 mod catalog;
 mod checksum;
 mod config;
+mod fleet;
 mod helpers;
 mod index;
 mod io;
@@ -46,7 +50,11 @@ use catalog::Catalog;
 use io::FileIo;
 
 pub(crate) use config::MAX_LANES;
-pub use config::{DirectIo, Durability, FileEngine, FilePlugin, NixlFileConfig, PathModeChoice};
+pub use config::{
+    DirectIo, Durability, FileAccess, FileEngine, FilePlugin, NixlFileConfig, PathModeChoice,
+    SharedFolder,
+};
+pub use fleet::FleetStats;
 
 /// A persistent page tier on local (or mounted) filesystems through NIXL.
 pub struct NixlFileTier {
@@ -68,7 +76,8 @@ struct Shared {
     order: WriteOrder,
     direct: bool,
     max_page: usize,
-    // Held for the tier's life: the exclusive locks on the storage folders.
+    // Held for the tier's life: the locks on the storage folders (exclusive for an owner,
+    // shared for a sharer, none for a reader).
     _locks: Vec<File>,
 }
 
@@ -106,9 +115,14 @@ impl NixlFileTier {
         self.shared.catalog.layout().page_path(key)
     }
 
-    /// Pages indexed now.
+    /// Pages indexed now (none in reader and shared access, whose folders are their index).
     pub fn pages(&self) -> usize {
         self.shared.catalog.pages()
+    }
+
+    /// What this process did for shared folders, and their usage (`None` unless shared).
+    pub fn fleet_stats(&self) -> Option<FleetStats> {
+        self.shared.catalog.fleet_stats()
     }
 }
 
@@ -185,9 +199,10 @@ impl StorageTier for NixlFileTier {
     }
 
     fn stats(&self) -> TierStats {
-        self.shared
-            .stats
-            .snapshot(Some(self.shared.catalog.bytes()))
+        let catalog = &self.shared.catalog;
+        let mut stats = self.shared.stats.snapshot(Some(catalog.bytes()));
+        stats.evictions += catalog.fleet_evictions();
+        stats
     }
 
     async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
@@ -231,6 +246,18 @@ impl StorageTier for NixlFileTier {
     }
 
     async fn clear(&self) -> Result<(), TierError> {
+        if self.shared.config.access == FileAccess::Shared {
+            // Every key's turn, held to the end even if this call is dropped: a later put or
+            // remove of this process waits for the clear, never lands under it.
+            let turn = self.shared.order.turn_all().await;
+            let shared = Arc::clone(&self.shared);
+            return tokio::task::spawn_blocking(move || {
+                let _turn = turn;
+                shared.catalog.clear_shared()
+            })
+            .await
+            .map_err(|e| TierError::Unavailable(format!("clear task failed: {e}")))?;
+        }
         // Forgotten at once, before anything awaits: a clear that is dropped has happened (its
         // pages read as absent), never later than a put made after it.
         let keys = self.shared.catalog.forget_all();

@@ -10,12 +10,13 @@ use std::time::{Duration, Instant};
 use tier_core::{StatsRecorder, TierError, WriteOrder};
 
 use super::catalog::Catalog;
+use super::fleet::Fleet;
 use super::index::PageIndex;
 use super::io::{self, FileIo, FileMode};
 use super::layout::Layout;
 use super::{
-    checksum, DirectIo, Durability, FilePlugin, NixlFileConfig, PageChecksum, PathModeChoice,
-    Shared,
+    checksum, DirectIo, Durability, FileAccess, FilePlugin, NixlFileConfig, PageChecksum,
+    PathModeChoice, Shared,
 };
 use crate::nixl::Agent;
 use crate::staging::StagingPool;
@@ -30,31 +31,42 @@ impl Shared {
         let index = PageIndex::new(config.policy).ok_or_else(|| {
             TierError::config("policy", format!("{} is not for file tiers", config.policy))
         })?;
-        let locks = if config.reader {
-            Vec::new()
-        } else {
-            let locks = layout
+        let locks = match config.access {
+            FileAccess::Reader => Vec::new(),
+            access => layout
                 .dirs()
                 .iter()
-                .map(|d| lock_folder(&d.join(LOCK_FILE)))
-                .collect::<Result<Vec<_>, _>>()?;
-            if config.page_checksum == PageChecksum::Crc32c {
-                for dir in layout.dirs() {
-                    checksum::supported(dir).map_err(|e| {
-                        TierError::config(
-                            "page_checksum",
-                            format!(
-                                "{} cannot keep a page's checksum in an extended attribute ({e}); \
-                                 set page_checksum = \"off\" to store pages without one",
-                                dir.display()
-                            ),
-                        )
-                    })?;
-                }
-            }
-            locks
+                .map(|d| lock_folder(&d.join(LOCK_FILE), access))
+                .collect::<Result<Vec<_>, _>>()?,
         };
-        let (catalog, temps_removed) = Catalog::load(layout, index, config.reader)?;
+        if config.access != FileAccess::Reader && config.page_checksum == PageChecksum::Crc32c {
+            for dir in layout.dirs() {
+                checksum::supported(dir).map_err(|e| {
+                    TierError::config(
+                        "page_checksum",
+                        format!(
+                            "{} cannot keep a page's checksum in an extended attribute ({e}); \
+                             set page_checksum = \"off\" to store pages without one",
+                            dir.display()
+                        ),
+                    )
+                })?;
+            }
+        }
+        let (catalog, temps_removed) = match config.access {
+            FileAccess::Owner => Catalog::owned(layout, index)?,
+            FileAccess::Reader => (Catalog::read_only(layout), 0),
+            FileAccess::Shared => {
+                let fleet = Fleet::open(
+                    &layout,
+                    config.capacity_bytes,
+                    config.shared,
+                    config.transfer_timeout,
+                )?;
+                let removed = fleet.stats().temps_removed as usize;
+                (Catalog::shared(layout, fleet), removed)
+            }
+        };
 
         let plugin = config.plugin.nixl_name();
         let backends = (0..config.staging_buffers)
@@ -97,7 +109,7 @@ impl Shared {
         };
         tracing::info!(
             tier = %config.name, %runtime, plugin, %mode, direct,
-            pages = catalog.pages(), temps_removed, reader = config.reader,
+            pages = catalog.pages(), temps_removed, access = ?config.access,
             "NIXL FILE tier open"
         );
         let staging = StagingPool::new(
@@ -174,35 +186,72 @@ fn create_backend(
         .map_err(|e| backend_err(format!("creating the {plugin} backend: {e}")))
 }
 
-fn lock_folder(path: &std::path::Path) -> Result<File, TierError> {
+/// Locks a storage folder for `access`: alone for an owner, beside other sharers for a
+/// sharer. Waits up to [`LOCK_WAIT`] for an owner's lock (a restarting owner's predecessor may
+/// still be exiting); a folder held in the other mode is refused at once, naming both modes.
+fn lock_folder(path: &std::path::Path, access: FileAccess) -> Result<File, TierError> {
     let file = fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(path)
         .map_err(|e| TierError::io("open lock file", None, Some(path.to_path_buf()), e))?;
+    let folder = path.parent().unwrap_or(path).display().to_string();
+    let op = if access == FileAccess::Shared {
+        libc::LOCK_SH
+    } else {
+        libc::LOCK_EX
+    };
     let deadline = Instant::now() + LOCK_WAIT;
     loop {
-        // SAFETY: valid open fd.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        if try_flock(&file, op)
+            .map_err(|e| TierError::io("lock storage folder", None, Some(path.to_path_buf()), e))?
+        {
             return Ok(file);
         }
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(TierError::io(
-                "lock storage folder",
-                None,
-                Some(path.to_path_buf()),
-                err,
+        // Held: by sharers if a shared lock can be had beside them (an owner's excludes it).
+        let held_by_sharers = access == FileAccess::Owner && {
+            let probe = File::open(path).ok();
+            probe.is_some_and(|p| try_flock(&p, libc::LOCK_SH).unwrap_or(false))
+        };
+        if held_by_sharers {
+            return Err(TierError::config(
+                "access",
+                format!(
+                    "storage folder {folder} is open in access = \"shared\" by other processes; \
+                     access = \"owner\" needs it alone (open it shared too, or stop them)"
+                ),
             ));
         }
         if Instant::now() >= deadline {
-            return Err(TierError::Unavailable(format!(
-                "storage folder {} is in use by another kvtier tier (lock held for over {LOCK_WAIT:?})",
-                path.parent().unwrap_or(path).display()
-            )));
+            let message = match access {
+                FileAccess::Shared => format!(
+                    "storage folder {folder} is owned by another process (access = \"owner\", \
+                     lock held for over {LOCK_WAIT:?}); access = \"shared\" cannot open it \
+                     beside an owner"
+                ),
+                _ => format!(
+                    "storage folder {folder} is in use by another kvtier tier (access = \"owner\", \
+                     lock held for over {LOCK_WAIT:?})"
+                ),
+            };
+            return Err(TierError::Unavailable(message));
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Tries an `flock` without waiting: whether it was taken.
+fn try_flock(file: &File, op: libc::c_int) -> std::io::Result<bool> {
+    // SAFETY: a valid open fd.
+    if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
+        return Ok(true);
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(err)
     }
 }
 

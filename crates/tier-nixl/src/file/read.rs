@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use tier_core::{GetResult, Lookup, PageBuf, PageKey, ReadSlot, TierError};
 
+use super::catalog::SettledRead;
 use super::helpers::run_split;
 use super::io::{self, FileIo, Xfer};
 use super::{checksum, chunks, NixlFileTier, PageChecksum, Shared};
@@ -42,6 +43,7 @@ impl NixlFileTier {
                         key: slot.key.clone(),
                         generation: stored.generation,
                         checksum: stored.checksum,
+                        mtime_ns: stored.mtime_ns,
                         path,
                         len,
                         direct: is_direct,
@@ -272,7 +274,8 @@ impl Shared {
                 recorded = ?recorded[i], read = crc,
                 "page bytes do not match their checksum: answered as a miss, file removed"
             );
-            self.catalog.discard(&read.key, read.generation, &read.path);
+            self.catalog
+                .discard(&read.key, read.generation, &read.path, read.mtime_ns);
         }
         self.catalog.learn_checksums(&learned);
         replaced
@@ -299,10 +302,14 @@ impl Shared {
     /// Hits become most recent; a file that vanished under its entry is forgotten (see
     /// [`Catalog::settle_reads`](super::catalog::Catalog::settle_reads)).
     fn finish_reads(&self, reads: &[PlannedRead], results: &[Result<bool, TierError>]) {
-        let settled = reads.iter().zip(results);
-        self.catalog.settle_reads(
-            settled.map(|(read, result)| (&read.key, read.generation, read.path.as_path(), result)),
-        );
+        self.catalog
+            .settle_reads(reads.iter().zip(results).map(|(read, result)| SettledRead {
+                key: &read.key,
+                generation: read.generation,
+                mtime_ns: read.mtime_ns,
+                path: &read.path,
+                result,
+            }));
     }
 }
 
@@ -334,8 +341,10 @@ struct StagedReads {
 struct PlannedRead {
     slot: usize,
     key: PageKey,
-    /// The index entry's generation when planned (0 for a reader, which has no index).
+    /// The index entry's generation when planned (0 without an index).
     generation: u64,
+    /// Its file's last use when planned, where the file was looked at (no index).
+    mtime_ns: Option<i128>,
     /// The checksum the index knows for the entry's file, if any (none: read the file's).
     checksum: Option<u32>,
     path: PathBuf,

@@ -8,7 +8,9 @@ use tier_core::{Page, PageData, PageKey, PutResult, TierError};
 
 use super::helpers::run_split;
 use super::io::{self, FileIo, Xfer};
-use super::{checksum, chunks, Durability, FileEngine, NixlFileTier, PageChecksum, Shared};
+use super::{
+    checksum, chunks, Durability, FileAccess, FileEngine, NixlFileTier, PageChecksum, Shared,
+};
 use crate::batch::{run_blocking, send_pages, BatchOutcome};
 use crate::nixl::{Held, XferOp};
 use crate::staging::StagingLease;
@@ -21,7 +23,7 @@ impl NixlFileTier {
     /// Writes a batch (see [`tier_core::StorageTier::put`]).
     pub(super) async fn put_pages(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
         let shared = &self.shared;
-        if shared.config.reader {
+        if shared.config.access == FileAccess::Reader {
             shared.stats.errors(pages.len());
             return pages
                 .iter()
@@ -159,6 +161,15 @@ impl Shared {
         lent: bool,
     ) -> Vec<PutResult> {
         let finals: Vec<PathBuf> = pages.iter().map(|p| p.path.clone()).collect();
+        let bytes = pages.iter().map(|p| p.data.len() as u64).sum();
+        if let Err(e) = self.catalog.make_room(bytes) {
+            self.stats.errors(pages.len());
+            let message = e.to_string();
+            return pages
+                .iter()
+                .map(|_| Err(TierError::Unavailable(message.clone())))
+                .collect();
+        }
         let (xfers, mut outcome) = match lease {
             Some(lease) => self.write_staged(pages, lease),
             None => self.write_zero_copy(self.lane(lane), pages, lent),

@@ -17,6 +17,7 @@ pub struct FileFactory {
     engine: tier_nixl::FileEngine,
     policy: tier_policy::PolicyKind,
     durability: tier_nixl::Durability,
+    access: tier_nixl::FileAccess,
     bounded: std::sync::atomic::AtomicUsize,
 }
 
@@ -34,6 +35,7 @@ impl FileFactory {
             engine: tier_nixl::FileEngine::Nixl,
             policy: tier_policy::PolicyKind::default(),
             durability: tier_nixl::Durability::Process,
+            access: tier_nixl::FileAccess::Owner,
             bounded: Default::default(),
         }
     }
@@ -59,6 +61,13 @@ impl FileFactory {
         self
     }
 
+    /// Opens its folders in shared access (beside other processes).
+    #[allow(dead_code)]
+    pub fn shared(mut self) -> Self {
+        self.access = tier_nixl::FileAccess::Shared;
+        self
+    }
+
     /// Moves bytes with the tier's own syscalls instead of NIXL.
     #[allow(dead_code)]
     pub fn syscalls(mut self) -> Self {
@@ -73,6 +82,7 @@ impl FileFactory {
         config.engine = self.engine;
         config.policy = self.policy;
         config.durability = self.durability;
+        config.access = self.access;
         config
     }
 

@@ -1,0 +1,542 @@
+//! Folders shared by many processes, on one machine or many (`access = "shared"`): the
+//! folders are the truth, and a capacity is the folders', whoever wrote them.
+//!
+//! - **Usage** is a byte count in `.kvtier.usage` (in the first folder), changed under an
+//!   `flock` by every process: a put adds the pages it renamed in (less the files they
+//!   replaced), a remove takes off what it unlinked. An evictor sets it from a scan of the
+//!   folders, so a count a killed process never made is corrected by the next eviction.
+//! - **Eviction** starts when a put's pages would take the usage past the capacity, and stops
+//!   at the low watermark (less the pages coming). One process evicts at a time: the holder of `.kvtier.lease` (a holder and
+//!   an expiry, changed under an `flock`), renewed while it works and taken over by another
+//!   once it expires (a holder that died or stalled). Victims are the pages least recently
+//!   used by any process (a file's modification time: set by its write, refreshed by hits at
+//!   most once per [`SharedFolder::touch_interval`]).
+//! - A victim is renamed aside before it is unlinked, and unlinked only if it is still the file
+//!   the scan saw, with the use time it saw: a page stored again or read since the scan is put
+//!   back (or left to its newer file). A reader racing an eviction gets the page or a miss.
+//! - A writer whose pages would take the usage beyond the capacity by more than one eviction
+//!   step (capacity minus low watermark) while another process holds the lease waits for it,
+//!   bounded by two lease periods, taking the lease over if it expires. The folders hold at
+//!   most the capacity plus one step, plus the writes in flight.
+
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tier_core::TierError;
+
+use super::layout::{self, FileStamp, FolderPage, FolderScan, Layout};
+use super::SharedFolder;
+
+const USAGE_FILE: &str = ".kvtier.usage";
+const LEASE_FILE: &str = ".kvtier.lease";
+/// Bound on waiting for the usage or lease file's `flock` (held for a few system calls).
+const FLOCK_WAIT: Duration = Duration::from_secs(5);
+/// Victims unlinked between two renewals of the lease.
+const RENEW_EVERY: usize = 64;
+
+/// What the processes sharing some folders agree on: their usage, and who evicts.
+pub(super) struct Fleet {
+    usage: Usage,
+    lease: Lease,
+    capacity: Option<u64>,
+    low: u64,
+    settings: SharedFolder,
+    /// Temp files older than this are leftovers, whoever made them.
+    stale_temp: Duration,
+    /// One eviction at a time in this process (the lease orders processes).
+    evicting: Mutex<()>,
+    counts: Counts,
+}
+
+#[derive(Default)]
+struct Counts {
+    evicted: AtomicU64,
+    runs: AtomicU64,
+    takeovers: AtomicU64,
+    spared: AtomicU64,
+    temps_removed: AtomicU64,
+}
+
+/// What this process's tier did for its shared folders.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FleetStats {
+    /// The folders' bytes, as the usage file says (pages, and writes in flight).
+    pub usage_bytes: u64,
+    /// Pages this process evicted.
+    pub evicted: u64,
+    /// Evictions this process ran holding the lease.
+    pub eviction_runs: u64,
+    /// Leases this process took over from a holder whose lease had expired.
+    pub takeovers: u64,
+    /// Victims left in place because they were stored again or read after the scan.
+    pub spared: u64,
+    /// Leftover temp files of dead writers removed.
+    pub temps_removed: u64,
+}
+
+/// How a call to [`Fleet::evict`] went.
+#[derive(Debug, PartialEq, Eq)]
+enum Eviction {
+    /// Another process holds the lease (or another thread of this one is evicting).
+    Busy,
+    /// This process held the lease; the usage is at most the capacity now, or nothing more could go.
+    Done,
+}
+
+impl Fleet {
+    /// Opens the usage and lease files of `layout`'s folders and settles the usage from a scan
+    /// (which removes dead writers' leftovers); evicts if the folders are over `capacity`.
+    pub fn open(
+        layout: &Layout,
+        capacity: Option<u64>,
+        settings: SharedFolder,
+        transfer_timeout: Duration,
+    ) -> Result<Self, TierError> {
+        let first = &layout.dirs()[0];
+        let fleet = Self {
+            usage: Usage {
+                file: open_rw(&first.join(USAGE_FILE))?,
+                path: first.join(USAGE_FILE),
+            },
+            lease: Lease {
+                file: open_rw(&first.join(LEASE_FILE))?,
+                path: first.join(LEASE_FILE),
+                holder: holder_id(),
+                ttl: settings.lease,
+            },
+            capacity,
+            low: capacity.map_or(0, |c| (c as f64 * settings.low_watermark) as u64),
+            settings,
+            stale_temp: transfer_timeout * 2 + Duration::from_secs(60),
+            evicting: Mutex::new(()),
+            counts: Counts::default(),
+        };
+        let before = fleet.usage.read()?;
+        let scan = fleet.scan(layout)?;
+        fleet.settle(&scan, before)?;
+        if capacity.is_some_and(|c| fleet.usage.read().unwrap_or(0) > c) {
+            fleet.evict(layout, 0)?;
+        }
+        Ok(fleet)
+    }
+
+    /// What this process did, and the folders' usage.
+    pub fn stats(&self) -> FleetStats {
+        let c = &self.counts;
+        FleetStats {
+            usage_bytes: self.usage.read().unwrap_or(0),
+            evicted: c.evicted.load(Relaxed),
+            eviction_runs: c.runs.load(Relaxed),
+            takeovers: c.takeovers.load(Relaxed),
+            spared: c.spared.load(Relaxed),
+            temps_removed: c.temps_removed.load(Relaxed),
+        }
+    }
+
+    /// The folders' bytes, as the usage file says.
+    pub fn usage(&self) -> u64 {
+        self.usage.read().unwrap_or(0)
+    }
+
+    /// Whether a hit on a page last used at `mtime_ns` refreshes its use time.
+    pub fn due_for_touch(&self, mtime_ns: i128) -> bool {
+        let interval = self.settings.touch_interval.as_nanos() as i128;
+        now_ns() - mtime_ns >= interval
+    }
+
+    /// Makes room for `bytes` about to be written: evicts, or waits for the evictor, if they
+    /// would take the folders beyond the capacity (see the module documentation).
+    pub fn make_room(&self, layout: &Layout, bytes: u64) -> Result<(), TierError> {
+        let Some(capacity) = self.capacity else {
+            return Ok(());
+        };
+        let mut usage = self.usage.read()?;
+        if usage + bytes <= capacity {
+            return Ok(());
+        }
+        let step = capacity - self.low;
+        let started = Instant::now();
+        let deadline = started + self.settings.lease * 2 + Duration::from_secs(1);
+        loop {
+            match self.evict(layout, bytes)? {
+                Eviction::Done => return Ok(()),
+                Eviction::Busy if usage + bytes <= capacity + step => return Ok(()),
+                Eviction::Busy => {}
+            }
+            if Instant::now() >= deadline {
+                return Err(TierError::Unavailable(format!(
+                    "the shared folders {} hold {usage} bytes, over their capacity of {capacity}, \
+                     and no evictor brought them down in {:?}",
+                    layout.dirs()[0].display(),
+                    started.elapsed()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+            usage = self.usage.read()?;
+        }
+    }
+
+    /// Counts a change of the folders' bytes: pages renamed in (less the files they
+    /// replaced), or removed.
+    pub fn count(&self, delta: i64) {
+        if self.capacity.is_some() && delta != 0 {
+            if let Err(e) = self.usage.add(delta) {
+                tracing::warn!(error = %e, "cannot update the shared folders' usage");
+            }
+        }
+    }
+
+    /// Scans the folders, removing the temp files of dead writers.
+    fn scan(&self, layout: &Layout) -> Result<FolderScan, TierError> {
+        let host = layout::host_tag();
+        let stale_temp = self.stale_temp;
+        let scan = layout.scan_shared(|name, meta| {
+            let old = meta
+                .modified()
+                .ok()
+                .and_then(|m| m.elapsed().ok())
+                .is_some_and(|age| age > stale_temp);
+            old || layout::temp_owner(name).is_some_and(|(h, pid)| h == host && !alive(pid))
+        })?;
+        self.counts
+            .temps_removed
+            .fetch_add(scan.temps_removed as u64, Relaxed);
+        Ok(scan)
+    }
+
+    /// Sets the usage to the pages `scan` found, plus what was counted since `before` was
+    /// read (pages renamed in during the scan may or may not be in it: counted, to err on the
+    /// side of evicting). Writes in flight are not counted until they land.
+    fn settle(&self, scan: &FolderScan, before: u64) -> Result<u64, TierError> {
+        let found = scan.pages.iter().map(|p| p.len).sum::<u64>();
+        self.usage.update(|now| found + now.saturating_sub(before))
+    }
+
+    /// Evicts the least recently used pages until the folders hold at most the low watermark
+    /// less `incoming` bytes, if this process gets the lease and `incoming` more bytes would
+    /// take them over their capacity.
+    fn evict(&self, layout: &Layout, incoming: u64) -> Result<Eviction, TierError> {
+        let Some(capacity) = self.capacity else {
+            return Ok(Eviction::Done);
+        };
+        let Ok(_one) = self.evicting.try_lock() else {
+            return Ok(Eviction::Busy);
+        };
+        match self.lease.claim().map_err(|e| self.lease_error(e))? {
+            None => return Ok(Eviction::Busy),
+            Some(takeover) => {
+                if takeover {
+                    self.counts.takeovers.fetch_add(1, Relaxed);
+                    tracing::info!(lease = %self.lease.path.display(), "took the shared folders' eviction lease over");
+                }
+            }
+        }
+        let outcome = self.evict_holding(layout, capacity, incoming);
+        if let Err(e) = self.lease.release() {
+            tracing::warn!(error = %e, "cannot release the shared folders' eviction lease");
+        }
+        outcome.map(|()| Eviction::Done)
+    }
+
+    fn evict_holding(
+        &self,
+        layout: &Layout,
+        capacity: u64,
+        incoming: u64,
+    ) -> Result<(), TierError> {
+        self.counts.runs.fetch_add(1, Relaxed);
+        tracing::debug!(at_ns = now_ns() as u64, "shared eviction began");
+        let outcome = self.evict_lru(layout, capacity, incoming);
+        tracing::debug!(at_ns = now_ns() as u64, "shared eviction ended");
+        outcome
+    }
+
+    fn evict_lru(&self, layout: &Layout, capacity: u64, incoming: u64) -> Result<(), TierError> {
+        let before = self.usage.read()?;
+        let mut scan = self.scan(layout)?;
+        let usage = self.settle(&scan, before)?;
+        if usage + incoming <= capacity {
+            return Ok(());
+        }
+        scan.pages.sort_by_key(|p| p.stamp.mtime_ns);
+        let mut excess = (usage + incoming).saturating_sub(self.low);
+        let mut freed = 0u64;
+        for (n, page) in scan.pages.iter().enumerate() {
+            if excess == 0 {
+                break;
+            }
+            if n > 0 && n % RENEW_EVERY == 0 {
+                self.usage.add(-(freed as i64))?;
+                freed = 0;
+                if !self.lease.renew().map_err(|e| self.lease_error(e))? {
+                    tracing::warn!(
+                        "lost the shared folders' eviction lease while evicting; stopping"
+                    );
+                    break;
+                }
+            }
+            match unlink_if_unchanged(layout, page) {
+                Ok(Victim::Evicted(bytes)) => {
+                    freed += bytes;
+                    excess = excess.saturating_sub(bytes);
+                    self.counts.evicted.fetch_add(1, Relaxed);
+                }
+                Ok(Victim::Spared(bytes)) => {
+                    freed += bytes;
+                    excess = excess.saturating_sub(bytes);
+                    self.counts.spared.fetch_add(1, Relaxed);
+                }
+                Err(e) => {
+                    tracing::warn!(path = %page.path.display(), error = %e, "cannot evict a page")
+                }
+            }
+        }
+        self.usage.add(-(freed as i64))?;
+        Ok(())
+    }
+
+    fn lease_error(&self, e: io::Error) -> TierError {
+        TierError::io(
+            "hold the eviction lease",
+            None,
+            Some(self.lease.path.clone()),
+            e,
+        )
+    }
+
+    /// Pages this process evicted so far (for the tier's stats).
+    pub fn evicted(&self) -> u64 {
+        self.counts.evicted.load(Relaxed)
+    }
+}
+
+/// What became of a victim.
+enum Victim {
+    /// Unlinked: its bytes are free.
+    Evicted(u64),
+    /// Stored again, read or removed since the scan: left as it is now, with the bytes of an
+    /// older file freed where a newer one had taken its name.
+    Spared(u64),
+}
+
+/// Unlinks a victim if it is still the file `page` describes (see [`Victim`]).
+fn unlink_if_unchanged(layout: &Layout, page: &FolderPage) -> io::Result<Victim> {
+    let aside = layout.temp_path(&page.path);
+    match fs::rename(&page.path, &aside) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Victim::Spared(0)),
+        Err(e) => return Err(e),
+    }
+    let meta = fs::symlink_metadata(&aside)?;
+    if FileStamp::of(&meta) == page.stamp {
+        fs::remove_file(&aside)?;
+        return Ok(Victim::Evicted(page.len));
+    }
+    // Stored again or read since the scan: back in place, unless a newer file has taken its
+    // name meanwhile (then this one's bytes are freed, and counted by nobody else).
+    let freed = match fs::hard_link(&aside, &page.path) {
+        Ok(()) => 0,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => meta.len(),
+        Err(e) => {
+            let _ = fs::remove_file(&aside);
+            return Err(e);
+        }
+    };
+    fs::remove_file(&aside)?;
+    Ok(Victim::Spared(freed))
+}
+
+/// The usage file: the folders' bytes as a little-endian u64.
+struct Usage {
+    file: File,
+    path: PathBuf,
+}
+
+impl Usage {
+    fn read(&self) -> Result<u64, TierError> {
+        let _lock = Flock::take(&self.file, libc::LOCK_SH).map_err(|e| self.error(e))?;
+        self.load().map_err(|e| self.error(e))
+    }
+
+    fn load(&self) -> io::Result<u64> {
+        let mut bytes = [0u8; 8];
+        let n = self.file.read_at(&mut bytes, 0)?;
+        Ok(if n == 8 { u64::from_le_bytes(bytes) } else { 0 })
+    }
+
+    /// Adds `delta` (never below 0); returns the new usage.
+    fn add(&self, delta: i64) -> Result<u64, TierError> {
+        self.update(|now| now.saturating_add_signed(delta))
+    }
+
+    fn update(&self, f: impl FnOnce(u64) -> u64) -> Result<u64, TierError> {
+        let _lock = Flock::take(&self.file, libc::LOCK_EX).map_err(|e| self.error(e))?;
+        let new = f(self.load().map_err(|e| self.error(e))?);
+        self.file
+            .write_all_at(&new.to_le_bytes(), 0)
+            .map_err(|e| self.error(e))?;
+        Ok(new)
+    }
+
+    fn error(&self, e: io::Error) -> TierError {
+        TierError::io(
+            "update the shared folders' usage",
+            None,
+            Some(self.path.clone()),
+            e,
+        )
+    }
+}
+
+/// The eviction lease: `<holder> <expiry in ms since the epoch>`, or nothing when free.
+struct Lease {
+    file: File,
+    path: PathBuf,
+    holder: String,
+    ttl: Duration,
+}
+
+impl Lease {
+    /// Takes the lease if it is free, expired or this holder's; `Some(true)` if it was taken
+    /// over from another holder whose lease had expired, `None` if another holds it.
+    fn claim(&self) -> io::Result<Option<bool>> {
+        let _lock = Flock::take(&self.file, libc::LOCK_EX)?;
+        let (holder, expiry) = self.load()?;
+        let now = now_ms();
+        let takeover = match holder {
+            None => false,
+            Some(h) if h == self.holder => false,
+            Some(_) if expiry > now => return Ok(None),
+            Some(_) => true,
+        };
+        self.store(Some(now + self.ttl.as_millis() as u64))?;
+        Ok(Some(takeover))
+    }
+
+    /// Extends the lease if this holder still has it.
+    fn renew(&self) -> io::Result<bool> {
+        let _lock = Flock::take(&self.file, libc::LOCK_EX)?;
+        if self.load()?.0.as_deref() != Some(&self.holder) {
+            return Ok(false);
+        }
+        self.store(Some(now_ms() + self.ttl.as_millis() as u64))?;
+        Ok(true)
+    }
+
+    /// Frees the lease if this holder has it.
+    fn release(&self) -> io::Result<()> {
+        let _lock = Flock::take(&self.file, libc::LOCK_EX)?;
+        if self.load()?.0.as_deref() == Some(&self.holder) {
+            self.store(None)?;
+        }
+        Ok(())
+    }
+
+    fn load(&self) -> io::Result<(Option<String>, u64)> {
+        let mut buf = vec![0u8; 512];
+        let n = self.file.read_at(&mut buf, 0)?;
+        let text = String::from_utf8_lossy(&buf[..n]);
+        let mut parts = text.split_whitespace();
+        let holder = parts.next().map(str::to_string);
+        let expiry = parts.next().and_then(|e| e.parse().ok()).unwrap_or(0);
+        Ok((holder, expiry))
+    }
+
+    fn store(&self, expiry: Option<u64>) -> io::Result<()> {
+        let text = expiry.map_or_else(String::new, |e| format!("{} {e}\n", self.holder));
+        self.file.set_len(0)?;
+        self.file.write_all_at(text.as_bytes(), 0)
+    }
+}
+
+/// An `flock` on a file, released on drop; taken within [`FLOCK_WAIT`].
+struct Flock<'a>(&'a File);
+
+impl<'a> Flock<'a> {
+    fn take(file: &'a File, op: libc::c_int) -> io::Result<Self> {
+        let deadline = Instant::now() + FLOCK_WAIT;
+        loop {
+            // SAFETY: a valid open fd.
+            if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
+                return Ok(Self(file));
+            }
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(err);
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("its lock was held for over {FLOCK_WAIT:?}"),
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+impl Drop for Flock<'_> {
+    fn drop(&mut self) {
+        // SAFETY: a valid open fd.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+fn open_rw(path: &Path) -> Result<File, TierError> {
+    fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| {
+            TierError::io(
+                "open a shared folder's file",
+                None,
+                Some(path.to_path_buf()),
+                e,
+            )
+        })
+}
+
+/// This tier's name as a lease holder: machine, process, and a number of its own (two tiers of
+/// one process are two holders).
+fn holder_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}:{}:{}",
+        layout::host_tag(),
+        std::process::id(),
+        NEXT.fetch_add(1, Relaxed)
+    )
+}
+
+/// Whether process `pid` of this machine is alive.
+fn alive(pid: u32) -> bool {
+    if pid == std::process::id() {
+        return true;
+    }
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() != libc::ESRCH }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn now_ns() -> i128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128)
+}
