@@ -500,15 +500,30 @@ fn an_evictor_killed_holding_the_lease_is_taken_over_and_nothing_torn_survives()
             _ => std::thread::sleep(Duration::from_millis(5)),
         }
     };
-    // And a writer killed in the middle of its writes.
-    std::thread::sleep(Duration::from_millis(150));
-    if let Some(w) = workers.first_mut() {
+    // And writers killed in the middle of their writes, each at another moment; the temp
+    // files each left at its death are counted.
+    let mut left = 0;
+    for (n, delay_ms) in [40u64, 90, 170, 260, 350].into_iter().enumerate() {
+        let id = WORKERS + n as u64;
+        let mut w = spawn_worker(tmp.path(), id, WORKERS, ROUNDS, capacity, LEASE_MS);
+        w.ready();
+        std::thread::sleep(Duration::from_millis(delay_ms));
         kill(&mut w.child);
+        let (_, temps) = folder_bytes(tmp.path());
+        let tag = format!("-{}-", w.child.id());
+        left += temps
+            .iter()
+            .filter(|t| t.to_string_lossy().contains(&tag))
+            .count();
     }
-    let survivors: Vec<_> = workers.into_iter().skip(1).map(Worker::finish).collect();
+    let survivors: Vec<_> = workers.into_iter().map(Worker::finish).collect();
     let takeovers: u64 = survivors
         .iter()
         .map(|(c, _)| c.get("takeovers").copied().unwrap_or(0))
+        .sum();
+    let cleaned: u64 = survivors
+        .iter()
+        .map(|(c, _)| c.get("temps_removed").copied().unwrap_or(0))
         .sum();
     let bad: u64 = survivors
         .iter()
@@ -540,8 +555,13 @@ fn an_evictor_killed_holding_the_lease_is_taken_over_and_nothing_torn_survives()
         assert_eq!(stats.temps_removed as usize, before.len());
         let found = verify_all(&tier, WORKERS, ROUNDS * 4).await;
         println!(
-            "after the restart: {} leftover temp file(s) removed, {found} pages whole",
+            "killed writers left {left} temp file(s): {cleaned} removed by the survivors' \
+             scans, {} by the restart; {found} pages whole after it",
             before.len()
+        );
+        assert!(
+            cleaned + before.len() as u64 >= left as u64,
+            "every leftover was removed"
         );
         assert!(found > 0);
     });
