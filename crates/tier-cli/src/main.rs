@@ -2,6 +2,7 @@
 
 mod bench;
 mod commands;
+mod nodes;
 mod replay;
 mod sim;
 mod sweep;
@@ -67,9 +68,20 @@ enum Command {
         capacities: Vec<usize>,
         /// Sweep a hierarchy instead: DRAM (of each `--capacities` size, default 1000 pages)
         /// over a lower tier of this many pages, the lower tier's policy x write mode x
-        /// `--admit-after`.
-        #[arg(long, requires = "sweep")]
+        /// `--admit-after`. With `--nodes`: the lower tier's pages in all (default 8000).
+        #[arg(long)]
         lower_pages: Option<usize>,
+        /// Deal the trace to this many instances, each a process with its own DRAM tier, run at
+        /// once over one shared NIXL FILE folder and again over private folders of the same
+        /// total size (ignores --config): what sharing a lower tier gains.
+        #[arg(long, conflicts_with_all = ["sweep", "config"])]
+        nodes: Option<usize>,
+        /// How `--nodes` deals requests.
+        #[arg(long, value_enum, default_value = "round-robin", requires = "nodes")]
+        route: nodes::Route,
+        /// DRAM pages of each `--nodes` instance.
+        #[arg(long, default_value_t = 1000, requires = "nodes")]
+        top_pages: usize,
         /// `admit_after` values the hierarchy sweep runs, comma-separated.
         #[arg(
             long,
@@ -140,6 +152,9 @@ async fn run(cli: Cli) -> Result<(), String> {
         policies: Vec::new(),
         capacities: Vec::new(),
         lower_pages: None,
+        nodes: None,
+        route: nodes::Route::RoundRobin,
+        top_pages: 1000,
         admit_after: vec![1, 2],
         json: None,
         metrics_addr: None,
@@ -199,6 +214,9 @@ async fn run(cli: Cli) -> Result<(), String> {
             admit_after,
             json,
             metrics_addr,
+            nodes,
+            route,
+            top_pages,
         } => {
             if page_bytes == 0 {
                 return Err("--page-bytes must be at least 1".into());
@@ -214,6 +232,20 @@ async fn run(cli: Cli) -> Result<(), String> {
                 requests.truncate(limit);
             }
             check_replay_memory(&requests, page_bytes, machine_memory())?;
+            if let Some(nodes) = nodes {
+                let fleet = nodes::Fleet {
+                    nodes,
+                    route,
+                    top_pages,
+                    lower_pages: lower_pages.unwrap_or(8000),
+                    page_bytes,
+                };
+                let report = tokio::task::block_in_place(|| nodes::run(&requests, fleet))?;
+                return write_json(json, &report);
+            }
+            if lower_pages.is_some() && !sweep {
+                return Err("--lower-pages goes with --sweep or --nodes".into());
+            }
             if let Some(lower_pages) = lower_pages {
                 let sweep = HierarchySweep {
                     policies,
