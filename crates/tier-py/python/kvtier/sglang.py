@@ -86,7 +86,9 @@ class KvtierStorage(HiCacheStorage):
         under the configured ones, so ranks never contend for a folder's ownership and one
         rank's ``clear`` or crash touches only its own pages. The ranks of an MLA attention
         group share one: its writer (SGLang's ``is_storage_writer``) owns it, the others
-        open its NIXL FILE folders as readers."""
+        open its NIXL FILE folders as readers. Folders in ``access = "shared"`` stay shared:
+        the same rank of every engine instance (and node) stores into and reads from one
+        folder."""
         ns = self._namespace(None)
         tiers = []
         for tier in config.get("tiers", []):
@@ -94,7 +96,7 @@ class KvtierStorage(HiCacheStorage):
             kind = tier.get("kind")
             if kind == "nixl-file" and isinstance(tier.get("dirs"), list):
                 tier["dirs"] = [os.path.join(str(d), ns) for d in tier["dirs"]]
-                if not self.is_writer:
+                if not self.is_writer and tier.get("access", "owner") == "owner":
                     tier["access"] = "reader"
             elif kind in ("object", "nixl-obj") and isinstance(tier.get("prefix"), str):
                 tier["prefix"] = f"{tier['prefix'].rstrip('/')}/{ns}" if tier["prefix"] else ns
