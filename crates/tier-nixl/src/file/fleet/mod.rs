@@ -19,11 +19,12 @@
 //!   bounded by two lease periods, taking the lease over if it expires. The folders hold at
 //!   most the capacity plus one step, plus the writes in flight.
 
-use std::fs::{self, File};
+mod lease;
+#[cfg(test)]
+mod tests;
+
+use std::fs;
 use std::io;
-use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -32,11 +33,10 @@ use tier_core::TierError;
 
 use super::layout::{self, FileStamp, FolderPage, FolderScan, Layout};
 use super::SharedFolder;
+use lease::{holder_id, open_rw, Lease, Usage};
 
 const USAGE_FILE: &str = ".kvtier.usage";
 const LEASE_FILE: &str = ".kvtier.lease";
-/// Bound on waiting for the usage or lease file's `flock` (held for a few system calls).
-const FLOCK_WAIT: Duration = Duration::from_secs(5);
 /// Victims unlinked between two renewals of the lease.
 const RENEW_EVERY: usize = 64;
 
@@ -185,7 +185,7 @@ impl Fleet {
     /// Counts a change of the folders' bytes: pages renamed in (less the files they
     /// replaced), or removed.
     pub fn count(&self, delta: i64) {
-        if self.capacity.is_some() && delta != 0 {
+        if delta != 0 {
             if let Err(e) = self.usage.add(delta) {
                 tracing::warn!(error = %e, "cannot update the shared folders' usage");
             }
@@ -352,171 +352,6 @@ fn unlink_if_unchanged(layout: &Layout, page: &FolderPage) -> io::Result<Victim>
     Ok(Victim::Spared(freed))
 }
 
-/// The usage file: the folders' bytes as a little-endian u64.
-struct Usage {
-    file: File,
-    path: PathBuf,
-}
-
-impl Usage {
-    fn read(&self) -> Result<u64, TierError> {
-        let _lock = Flock::take(&self.file, libc::LOCK_SH).map_err(|e| self.error(e))?;
-        self.load().map_err(|e| self.error(e))
-    }
-
-    fn load(&self) -> io::Result<u64> {
-        let mut bytes = [0u8; 8];
-        let n = self.file.read_at(&mut bytes, 0)?;
-        Ok(if n == 8 { u64::from_le_bytes(bytes) } else { 0 })
-    }
-
-    /// Adds `delta` (never below 0); returns the new usage.
-    fn add(&self, delta: i64) -> Result<u64, TierError> {
-        self.update(|now| now.saturating_add_signed(delta))
-    }
-
-    fn update(&self, f: impl FnOnce(u64) -> u64) -> Result<u64, TierError> {
-        let _lock = Flock::take(&self.file, libc::LOCK_EX).map_err(|e| self.error(e))?;
-        let new = f(self.load().map_err(|e| self.error(e))?);
-        self.file
-            .write_all_at(&new.to_le_bytes(), 0)
-            .map_err(|e| self.error(e))?;
-        Ok(new)
-    }
-
-    fn error(&self, e: io::Error) -> TierError {
-        TierError::io(
-            "update the shared folders' usage",
-            None,
-            Some(self.path.clone()),
-            e,
-        )
-    }
-}
-
-/// The eviction lease: `<holder> <expiry in ms since the epoch>`, or nothing when free.
-struct Lease {
-    file: File,
-    path: PathBuf,
-    holder: String,
-    ttl: Duration,
-}
-
-impl Lease {
-    /// Takes the lease if it is free, expired or this holder's; `Some(true)` if it was taken
-    /// over from another holder whose lease had expired, `None` if another holds it.
-    fn claim(&self) -> io::Result<Option<bool>> {
-        let _lock = Flock::take(&self.file, libc::LOCK_EX)?;
-        let (holder, expiry) = self.load()?;
-        let now = now_ms();
-        let takeover = match holder {
-            None => false,
-            Some(h) if h == self.holder => false,
-            Some(_) if expiry > now => return Ok(None),
-            Some(_) => true,
-        };
-        self.store(Some(now + self.ttl.as_millis() as u64))?;
-        Ok(Some(takeover))
-    }
-
-    /// Extends the lease if this holder still has it.
-    fn renew(&self) -> io::Result<bool> {
-        let _lock = Flock::take(&self.file, libc::LOCK_EX)?;
-        if self.load()?.0.as_deref() != Some(&self.holder) {
-            return Ok(false);
-        }
-        self.store(Some(now_ms() + self.ttl.as_millis() as u64))?;
-        Ok(true)
-    }
-
-    /// Frees the lease if this holder has it.
-    fn release(&self) -> io::Result<()> {
-        let _lock = Flock::take(&self.file, libc::LOCK_EX)?;
-        if self.load()?.0.as_deref() == Some(&self.holder) {
-            self.store(None)?;
-        }
-        Ok(())
-    }
-
-    fn load(&self) -> io::Result<(Option<String>, u64)> {
-        let mut buf = vec![0u8; 512];
-        let n = self.file.read_at(&mut buf, 0)?;
-        let text = String::from_utf8_lossy(&buf[..n]);
-        let mut parts = text.split_whitespace();
-        let holder = parts.next().map(str::to_string);
-        let expiry = parts.next().and_then(|e| e.parse().ok()).unwrap_or(0);
-        Ok((holder, expiry))
-    }
-
-    fn store(&self, expiry: Option<u64>) -> io::Result<()> {
-        let text = expiry.map_or_else(String::new, |e| format!("{} {e}\n", self.holder));
-        self.file.set_len(0)?;
-        self.file.write_all_at(text.as_bytes(), 0)
-    }
-}
-
-/// An `flock` on a file, released on drop; taken within [`FLOCK_WAIT`].
-struct Flock<'a>(&'a File);
-
-impl<'a> Flock<'a> {
-    fn take(file: &'a File, op: libc::c_int) -> io::Result<Self> {
-        let deadline = Instant::now() + FLOCK_WAIT;
-        loop {
-            // SAFETY: a valid open fd.
-            if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
-                return Ok(Self(file));
-            }
-            let err = io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                return Err(err);
-            }
-            if Instant::now() >= deadline {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("its lock was held for over {FLOCK_WAIT:?}"),
-                ));
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-}
-
-impl Drop for Flock<'_> {
-    fn drop(&mut self) {
-        // SAFETY: a valid open fd.
-        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
-    }
-}
-
-fn open_rw(path: &Path) -> Result<File, TierError> {
-    fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(|e| {
-            TierError::io(
-                "open a shared folder's file",
-                None,
-                Some(path.to_path_buf()),
-                e,
-            )
-        })
-}
-
-/// This tier's name as a lease holder: machine, process, and a number of its own (two tiers of
-/// one process are two holders).
-fn holder_id() -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{}:{}:{}",
-        layout::host_tag(),
-        std::process::id(),
-        NEXT.fetch_add(1, Relaxed)
-    )
-}
-
 /// Whether process `pid` of this machine is alive.
 fn alive(pid: u32) -> bool {
     if pid == std::process::id() {
@@ -526,7 +361,8 @@ fn alive(pid: u32) -> bool {
         return false;
     };
     // SAFETY: signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() != libc::ESRCH }
+    let signalled = unsafe { libc::kill(pid, 0) } == 0;
+    signalled || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 fn now_ms() -> u64 {
@@ -539,117 +375,4 @@ fn now_ns() -> i128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i128)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tier_core::PageKey;
-
-    fn layout() -> (tempfile::TempDir, Layout) {
-        let dir = tempfile::tempdir().expect("a temp folder");
-        let layout = Layout::create(&[dir.path().to_path_buf()]).expect("a layout");
-        (dir, layout)
-    }
-
-    fn store(layout: &Layout, name: &str, bytes: &[u8]) -> PathBuf {
-        let path = layout
-            .page_path(&PageKey::new(name).expect("a key"))
-            .expect("a path");
-        let temp = layout.temp_path(&path);
-        fs::write(&temp, bytes).expect("a temp file");
-        fs::rename(&temp, &path).expect("renamed into place");
-        path
-    }
-
-    fn scanned(layout: &Layout, path: &Path) -> FolderPage {
-        let scan = layout.scan_shared(|_, _| false).expect("a scan");
-        scan.pages
-            .into_iter()
-            .find(|p| p.path == path)
-            .expect("the page was scanned")
-    }
-
-    #[test]
-    fn a_victim_stored_again_or_used_after_the_scan_is_spared() {
-        let (_dir, layout) = layout();
-        let (old, again, used) = (
-            store(&layout, "old", b"old page"),
-            store(&layout, "again", b"first"),
-            store(&layout, "used", b"used page"),
-        );
-        let victims = [
-            scanned(&layout, &old),
-            scanned(&layout, &again),
-            scanned(&layout, &used),
-        ];
-        // After the scan: one page is stored again (a new file), one is read (its use time
-        // refreshed, as a hit does).
-        store(&layout, "again", b"second");
-        let later = fs::FileTimes::new().set_modified(SystemTime::now() + Duration::from_secs(5));
-        File::options()
-            .write(true)
-            .open(&used)
-            .and_then(|f| f.set_times(later))
-            .expect("use time set");
-
-        let outcomes: Vec<_> = victims
-            .iter()
-            .map(|v| unlink_if_unchanged(&layout, v).expect("no I/O error"))
-            .collect();
-        assert!(matches!(outcomes[0], Victim::Evicted(8)));
-        assert!(!old.exists(), "an unchanged victim goes");
-        assert!(matches!(outcomes[1], Victim::Spared(0)));
-        assert_eq!(
-            fs::read(&again).expect("stays"),
-            b"second",
-            "the page stored again stays"
-        );
-        assert!(matches!(outcomes[2], Victim::Spared(0)));
-        assert_eq!(
-            fs::read(&used).expect("stays"),
-            b"used page",
-            "the page used stays"
-        );
-        let leftovers = layout.scan_shared(|_, _| false).expect("a scan");
-        assert_eq!(leftovers.pages.len(), 2);
-        assert_eq!(leftovers.temps_removed, 0);
-    }
-
-    #[test]
-    fn one_holder_at_a_time_and_an_expired_lease_is_taken_over() {
-        let (dir, _layout) = layout();
-        let path = dir.path().join(LEASE_FILE);
-        let lease = |holder: &str, ttl| Lease {
-            file: open_rw(&path).expect("the lease file"),
-            path: path.clone(),
-            holder: holder.into(),
-            ttl,
-        };
-        let (a, b) = (
-            lease("a", Duration::from_millis(200)),
-            lease("b", Duration::from_secs(5)),
-        );
-        assert_eq!(a.claim().expect("claimed"), Some(false));
-        assert_eq!(b.claim().expect("asked"), None, "a holds it");
-        assert!(a.renew().expect("renewed"));
-        std::thread::sleep(Duration::from_millis(250));
-        assert_eq!(
-            b.claim().expect("claimed"),
-            Some(true),
-            "taken over once expired"
-        );
-        assert!(
-            !a.renew().expect("asked"),
-            "the old holder knows it lost the lease"
-        );
-        a.release().expect("a no-op for a non-holder");
-        assert_eq!(a.claim().expect("asked"), None, "b still holds it");
-        b.release().expect("released");
-        assert_eq!(
-            a.claim().expect("claimed"),
-            Some(false),
-            "free after a release"
-        );
-    }
 }
