@@ -332,6 +332,7 @@ impl Catalog {
         }
         if let Some(fleet) = self.fleet() {
             fleet.count(landed);
+            fleet.settle_landing(&self.layout);
         }
         let Some(index) = index.as_deref_mut() else {
             return;

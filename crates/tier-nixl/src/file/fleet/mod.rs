@@ -182,6 +182,19 @@ impl Fleet {
         }
     }
 
+    /// After pages landed: evicts if writes in flight together took the folders over their
+    /// capacity (each made room for itself alone), unless another process is evicting.
+    pub fn settle_landing(&self, layout: &Layout) {
+        let over = self
+            .capacity
+            .is_some_and(|c| self.usage.read().is_ok_and(|u| u > c));
+        if over {
+            if let Err(e) = self.evict(layout, 0) {
+                tracing::warn!(error = %e, "cannot evict from the shared folders");
+            }
+        }
+    }
+
     /// Counts a change of the folders' bytes: pages renamed in (less the files they
     /// replaced), or removed.
     pub fn count(&self, delta: i64) {
