@@ -114,7 +114,7 @@ def open_instance(
     tiers, which one process owns at a time: each instance takes the lowest free index ``k``
     and its own folders ``<dir>/instance-<k>`` under each configured folder (the first
     instance of a restarted set finds its pages again). Configs without owned folders open
-    as they are."""
+    as they are: folders in ``access = "shared"`` are one cache for every instance."""
     tiers = owned_file_tiers(config)
     if not tiers:
         return opener(config), InstanceClaim(0, None)
