@@ -44,6 +44,7 @@
 //! max_abandoned = "1GiB"        # kept for good by requests that never finished; then errors
 //! capacity = "2TiB"             # optional bound on the prefix's pages, evicting by `policy`
 //! policy = "auto"               # auto (default), lru, sieve, s3fifo, arc, prefix, radix
+//! access = "private"            # or shared, as for `object` (one evictor per prefix)
 //! ```
 
 use std::collections::BTreeMap;
@@ -200,11 +201,15 @@ struct ObjParams {
     max_abandoned: Option<ByteSize>,
     runtime_dir: Option<PathBuf>,
     capacity: Option<ByteSize>,
+    policy: Option<tier_policy::PolicyKind>,
     #[serde(default)]
-    policy: tier_policy::PolicyKind,
+    access: tier_object::PrefixAccess,
+    lease: Option<TimeSpan>,
+    low_watermark: Option<f64>,
+    relist: Option<TimeSpan>,
 }
 
-fn to_obj_config(name: &str, p: ObjParams) -> NixlObjConfig {
+fn to_obj_config(name: &str, p: ObjParams) -> Result<NixlObjConfig, TierError> {
     let mut s3 = tier_object::S3Settings::endpoint("", &p.bucket, &p.access_key, &p.secret_key);
     s3.endpoint = p.endpoint;
     s3.virtual_hosted = p.virtual_hosted;
@@ -234,8 +239,14 @@ fn to_obj_config(name: &str, p: ObjParams) -> NixlObjConfig {
     }
     c.runtime_dir = p.runtime_dir;
     c.capacity_bytes = p.capacity.map(|b| b.0);
-    c.policy = p.policy;
-    c
+    let sharing = crate::object::PrefixParams {
+        access: p.access,
+        lease: p.lease,
+        low_watermark: p.low_watermark,
+        relist: p.relist,
+    };
+    (c.access, c.shared, c.policy) = sharing.resolve(p.policy, c.policy)?;
+    Ok(c)
 }
 
 struct ObjPlan(NixlObjConfig);
@@ -267,7 +278,7 @@ impl TierPlan for ObjPlan {
 pub fn register(registry: &mut Registry) {
     registry.register("nixl-obj", |ctx: &TierContext| {
         let params: ObjParams = ctx.params()?;
-        let config = to_obj_config(&ctx.name, params);
+        let config = to_obj_config(&ctx.name, params).map_err(|e| crate::field_error(ctx, e))?;
         config.validate().map_err(|e| crate::field_error(ctx, e))?;
         Ok(Box::new(ObjPlan(config)) as Box<dyn TierPlan>)
     });

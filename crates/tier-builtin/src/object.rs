@@ -14,6 +14,11 @@
 //! op_timeout = "30s"
 //! capacity = "2TiB"             # optional bound on the prefix's pages, evicting by `policy`
 //! policy = "auto"               # auto (default), lru, sieve, s3fifo, arc, prefix, radix
+//! access = "private"            # private, or shared: the capacity is the prefix's, for every
+//!                               # node writing it (one evictor at a time, by a lease object)
+//! lease = "30s"                 # shared: an evictor that dies or stalls is taken over after it
+//! low_watermark = 0.9           # shared: an eviction brings the prefix down to this fraction
+//! relist = "10s"                # shared: how often a writing node lists the prefix
 //! # store = "local": dir = "/mnt/shared/kv"
 //! ```
 
@@ -24,7 +29,7 @@ use object_store::ObjectStore;
 use serde::Deserialize;
 use tier_core::{EvictionListener, TierError};
 use tier_hierarchy::config::{ByteSize, OpenFuture, Registry, TierContext, TierPlan, TimeSpan};
-use tier_object::{ObjectTier, ObjectTierConfig, S3Settings};
+use tier_object::{ObjectTier, ObjectTierConfig, PrefixAccess, S3Settings, SharedPrefix};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -42,8 +47,65 @@ struct ObjectParams {
     #[serde(default)]
     create_only: bool,
     capacity: Option<ByteSize>,
+    policy: Option<tier_policy::PolicyKind>,
     #[serde(default)]
-    policy: tier_policy::PolicyKind,
+    access: PrefixAccess,
+    lease: Option<TimeSpan>,
+    low_watermark: Option<f64>,
+    relist: Option<TimeSpan>,
+}
+
+/// A prefix's access and, when shared, its lease, watermark and listing period (the
+/// `object` and `nixl-obj` kinds).
+#[derive(Debug, Default)]
+pub(crate) struct PrefixParams {
+    pub access: PrefixAccess,
+    pub lease: Option<TimeSpan>,
+    pub low_watermark: Option<f64>,
+    pub relist: Option<TimeSpan>,
+}
+
+impl PrefixParams {
+    /// The access and shared settings, and the policy to use; refuses a policy on a shared
+    /// prefix and shared settings on a private one.
+    pub(crate) fn resolve(
+        self,
+        policy: Option<tier_policy::PolicyKind>,
+        default_policy: tier_policy::PolicyKind,
+    ) -> Result<(PrefixAccess, SharedPrefix, tier_policy::PolicyKind), TierError> {
+        let mut shared = SharedPrefix::default();
+        if self.access == PrefixAccess::Shared {
+            if policy.is_some() {
+                return Err(TierError::config(
+                    "policy",
+                    "a shared prefix evicts the objects written longest ago by any node; \
+                     policy is for access = \"private\"",
+                ));
+            }
+        } else if let Some(field) = [
+            ("lease", self.lease.is_some()),
+            ("low_watermark", self.low_watermark.is_some()),
+            ("relist", self.relist.is_some()),
+        ]
+        .iter()
+        .find_map(|(f, set)| set.then_some(*f))
+        {
+            return Err(TierError::config(
+                field,
+                "is a setting of access = \"shared\" (this prefix is private)",
+            ));
+        }
+        if let Some(t) = self.lease {
+            shared.lease = t.0;
+        }
+        if let Some(f) = self.low_watermark {
+            shared.low_watermark = f;
+        }
+        if let Some(t) = self.relist {
+            shared.relist = t.0;
+        }
+        Ok((self.access, shared, policy.unwrap_or(default_policy)))
+    }
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -149,7 +211,16 @@ pub fn register(registry: &mut Registry) {
         config.name = ctx.name.clone();
         config.create_only = p.create_only;
         config.capacity_bytes = p.capacity.map(|c| c.0);
-        config.policy = p.policy;
+        let sharing = PrefixParams {
+            access: p.access,
+            lease: p.lease,
+            low_watermark: p.low_watermark,
+            relist: p.relist,
+        };
+        let (access, shared, policy) = sharing
+            .resolve(p.policy, tier_policy::PolicyKind::default())
+            .map_err(|e| crate::field_error(ctx, e))?;
+        (config.access, config.shared, config.policy) = (access, shared, policy);
         if let Some(n) = p.concurrency {
             config.concurrency = n;
         }

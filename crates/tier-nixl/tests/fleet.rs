@@ -17,8 +17,10 @@ use std::time::{Duration, Instant};
 
 use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier};
 use tier_nixl::{FileAccess, NixlFileConfig, NixlFileTier};
+use tier_object::{ObjectTier, ObjectTierConfig, PrefixAccess, S3Settings};
 use tier_tests::content;
 use tier_tests::rng::Rng;
+use tier_tests::s3::S3Server;
 
 const PAGE: usize = 64 << 10;
 /// Pages every process writes under the same keys (chain hashes of a common prefix).
@@ -54,6 +56,85 @@ fn env<T: std::str::FromStr>(name: &str) -> T {
         .unwrap_or_else(|_| panic!("{name} parses"))
 }
 
+/// What the workers share: a NIXL FILE folder, or (with `KVTIER_FLEET_S3` set) a prefix on
+/// the S3 server.
+enum Target {
+    File(NixlFileTier),
+    Object(ObjectTier),
+}
+
+/// The shared prefix of the object tests.
+const PREFIX: &str = "fleet";
+
+fn object_config(capacity: u64, lease: Duration) -> ObjectTierConfig {
+    let mut c = ObjectTierConfig::new(PREFIX);
+    c.access = PrefixAccess::Shared;
+    c.capacity_bytes = Some(capacity);
+    c.shared.lease = lease;
+    c.shared.low_watermark = LOW_WATERMARK;
+    c.shared.relist = Duration::from_millis(50);
+    c
+}
+
+fn s3_store(spec: &str) -> Arc<dyn object_store::ObjectStore> {
+    let parts: Vec<&str> = spec.split_whitespace().collect();
+    S3Settings::endpoint(parts[0], parts[1], parts[2], parts[3])
+        .build()
+        .unwrap()
+}
+
+impl Target {
+    async fn open(dir: &str, capacity: u64, lease: Duration) -> Self {
+        match std::env::var("KVTIER_FLEET_S3") {
+            Ok(spec) => {
+                let tier = ObjectTier::open(s3_store(&spec), object_config(capacity, lease))
+                    .expect("a shared prefix opens");
+                tier.load_catalog().await.expect("the prefix lists");
+                Self::Object(tier)
+            }
+            Err(_) => Self::File(
+                NixlFileTier::open(config(Path::new(dir), capacity, lease))
+                    .await
+                    .expect("a shared tier opens beside the others"),
+            ),
+        }
+    }
+
+    fn counts(&self) -> Vec<(&'static str, u64)> {
+        match self {
+            Self::File(t) => {
+                let f = t.fleet_stats().expect("a shared tier has fleet stats");
+                vec![
+                    ("evicted", f.evicted),
+                    ("eviction_runs", f.eviction_runs),
+                    ("takeovers", f.takeovers),
+                    ("spared", f.spared),
+                    ("temps_removed", f.temps_removed),
+                ]
+            }
+            Self::Object(t) => {
+                let f = t.prefix_stats().expect("a shared prefix has stats");
+                vec![
+                    ("evicted", f.evicted),
+                    ("eviction_runs", f.eviction_runs),
+                    ("takeovers", f.takeovers),
+                    ("spared", f.spared),
+                ]
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for Target {
+    type Target = dyn StorageTier;
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Self::File(t) => t,
+            Self::Object(t) => t,
+        }
+    }
+}
+
 /// The child: `KVTIER_FLEET_ROUNDS` rounds of a put of 4 own and 4 common pages, a get of 8
 /// pages of any process, and now and then a remove of an own page; then prints its counts.
 /// Does nothing unless the parent set `KVTIER_FLEET_DIR`.
@@ -65,7 +146,7 @@ async fn fleet_worker() {
     };
     tracing_subscriber::fmt()
         .json()
-        .with_env_filter("tier_nixl=debug")
+        .with_env_filter("tier_nixl=debug,tier_object=debug")
         .with_writer(std::io::stdout)
         .init();
     let (id, workers, rounds): (u64, u64, u64) = (
@@ -75,9 +156,7 @@ async fn fleet_worker() {
     );
     let capacity: u64 = env("KVTIER_FLEET_CAPACITY");
     let lease = Duration::from_millis(env("KVTIER_FLEET_LEASE_MS"));
-    let tier = NixlFileTier::open(config(Path::new(&dir), capacity, lease))
-        .await
-        .expect("a shared tier opens beside the others");
+    let tier = Target::open(&dir, capacity, lease).await;
     println!("kvtier-fleet-ready");
     let mut rng = Rng::new(0xf1ee7 + id);
     let mut counts = HashMap::<&str, u64>::new();
@@ -145,12 +224,9 @@ async fn fleet_worker() {
             }
         }
     }
-    let fleet = tier.fleet_stats().expect("a shared tier has fleet stats");
-    counts.insert("evicted", fleet.evicted);
-    counts.insert("eviction_runs", fleet.eviction_runs);
-    counts.insert("takeovers", fleet.takeovers);
-    counts.insert("spared", fleet.spared);
-    counts.insert("temps_removed", fleet.temps_removed);
+    for (name, n) in tier.counts() {
+        counts.insert(name, n);
+    }
     let line: Vec<String> = counts.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!("kvtier-fleet-result {}", line.join(" "));
 }
@@ -169,7 +245,24 @@ fn spawn_worker(
     capacity: u64,
     lease_ms: u64,
 ) -> Worker {
-    let mut child = Command::new(std::env::current_exe().unwrap())
+    spawn_worker_on(dir, None, id, workers, rounds, capacity, lease_ms)
+}
+
+/// A worker on `dir`, or with `s3` (endpoint, bucket, keys) on the S3 server's prefix.
+fn spawn_worker_on(
+    dir: &Path,
+    s3: Option<&str>,
+    id: u64,
+    workers: u64,
+    rounds: u64,
+    capacity: u64,
+    lease_ms: u64,
+) -> Worker {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    if let Some(spec) = s3 {
+        command.env("KVTIER_FLEET_S3", spec);
+    }
+    let mut child = command
         .args([
             "fleet_worker",
             "--exact",
@@ -290,17 +383,18 @@ struct Sampler {
 
 impl Sampler {
     fn start(dir: &Path) -> Self {
+        let dir = dir.to_path_buf();
+        Self::start_with(move || folder_bytes(&dir).0)
+    }
+
+    /// Samples what `bytes` measures.
+    fn start_with(bytes: impl Fn() -> u64 + Send + 'static) -> Self {
         let (stop, peak, samples): (Arc<AtomicBool>, Arc<AtomicU64>, Arc<AtomicU64>) =
             Default::default();
-        let (s, p, n, dir) = (
-            Arc::clone(&stop),
-            Arc::clone(&peak),
-            Arc::clone(&samples),
-            dir.to_path_buf(),
-        );
+        let (s, p, n) = (Arc::clone(&stop), Arc::clone(&peak), Arc::clone(&samples));
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
-                let (bytes, _) = folder_bytes(&dir);
+                let bytes = bytes();
                 p.fetch_max(bytes, Ordering::Relaxed);
                 n.fetch_add(1, Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(2));
@@ -439,6 +533,117 @@ fn four_processes_share_one_folder_under_one_capacity() {
             "the usage a restart settles is the folders' bytes"
         );
     });
+}
+
+/// Bytes of the page objects under the shared prefix, read from the S3 server's data folder.
+fn prefix_bytes(prefix_dir: &Path) -> u64 {
+    let Ok(files) = std::fs::read_dir(prefix_dir) else {
+        return 0;
+    };
+    files
+        .flatten()
+        .filter(|f| !f.file_name().to_string_lossy().starts_with('.'))
+        .filter_map(|f| f.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum()
+}
+
+#[test]
+fn four_processes_share_one_prefix_on_s3_under_one_capacity() {
+    const WORKERS: u64 = 4;
+    const ROUNDS: u64 = 60;
+    let server = S3Server::shared();
+    let spec = format!(
+        "{} {} {} {}",
+        server.endpoint(),
+        server.bucket,
+        server.access_key,
+        server.secret_key
+    );
+    let prefix_dir = server.data_dir().join(&server.bucket).join(PREFIX);
+    let tmp = tempfile::tempdir().unwrap();
+    let written = (WORKERS * ROUNDS * 4 + COMMON) * PAGE as u64;
+    let capacity = written / 3;
+    let step = capacity - (capacity as f64 * LOW_WATERMARK) as u64;
+    let workers: Vec<Worker> = (0..WORKERS)
+        .map(|id| {
+            spawn_worker_on(
+                tmp.path(),
+                Some(&spec),
+                id,
+                WORKERS,
+                ROUNDS,
+                capacity,
+                5_000,
+            )
+        })
+        .collect();
+    for w in &workers {
+        w.ready();
+    }
+    let sampled = prefix_dir.clone();
+    let sampler = Sampler::start_with(move || prefix_bytes(&sampled));
+    let results: Vec<_> = workers.into_iter().map(Worker::finish).collect();
+    let (peak, samples) = sampler.stop();
+    let total = |name: &str| {
+        results
+            .iter()
+            .map(|(c, _)| c.get(name).copied().unwrap_or(0))
+            .sum::<u64>()
+    };
+    println!(
+        "4 processes, one shared prefix on s3s-fs: {} hits checked ({} of other processes' pages), \
+         {} misses, {} evictions in {} runs, {} spared, peak {} of capacity {} + step {} ({samples} samples)",
+        total("hits_checked"),
+        total("hits_of_others"),
+        total("misses"),
+        total("evicted"),
+        total("eviction_runs"),
+        total("spared"),
+        peak,
+        capacity,
+        step,
+    );
+    assert_eq!(total("bad_hits"), 0, "every hit is byte-exact");
+    assert_eq!(
+        total("get_errors") + total("put_errors"),
+        0,
+        "no call failed"
+    );
+    for (i, (counts, _)) in results.iter().enumerate() {
+        assert!(
+            counts.get("hits_of_others").copied().unwrap_or(0) > 0,
+            "worker {i} read pages the others stored: {counts:?}"
+        );
+    }
+    assert!(
+        total("evicted") > 0,
+        "the capacity made the processes evict"
+    );
+    assert!(
+        samples > 10,
+        "the prefix was sampled while the processes ran"
+    );
+    // Other nodes' puts are seen at the next listing: one more step of slack.
+    assert!(
+        peak <= capacity + 2 * step,
+        "the prefix held {peak} bytes at a sample: over the capacity {capacity} plus two steps"
+    );
+    let mut runs: Vec<(u64, u64)> = results
+        .iter()
+        .flat_map(|(_, r)| r.iter().copied())
+        .collect();
+    runs.sort();
+    assert!(!runs.is_empty(), "the workers logged their evictions");
+    for pair in runs.windows(2) {
+        assert!(pair[1].0 >= pair[0].1, "two evictions overlapped: {pair:?}");
+    }
+    let left = prefix_bytes(&prefix_dir);
+    assert!(
+        left <= capacity + step,
+        "{left} bytes left under the prefix"
+    );
 }
 
 /// The lease file's holder process, if the lease is held.

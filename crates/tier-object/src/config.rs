@@ -4,6 +4,20 @@ use std::time::Duration;
 
 use tier_policy::PolicyKind;
 
+use crate::SharedPrefix;
+
+/// Whether a bounded tier's capacity is its own or its prefix's (in config files: `access`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PrefixAccess {
+    /// This process bounds what it stored and found at open, by its `policy`.
+    #[default]
+    Private,
+    /// Many nodes write the prefix: the capacity is the prefix's, one node evicts at a time
+    /// (a lease object taken with conditional puts), victims by age of last write.
+    Shared,
+}
+
 /// Configuration of an [`ObjectTier`].
 #[derive(Debug, Clone)]
 pub struct ObjectTierConfig {
@@ -25,7 +39,12 @@ pub struct ObjectTierConfig {
     /// unbounded.
     pub capacity_bytes: Option<u64>,
     /// Which pages go first when the capacity is reached (any but TinyLFU, which is moka's).
+    /// A shared prefix evicts the objects written longest ago instead.
     pub policy: PolicyKind,
+    /// Whether the capacity is this process's or the prefix's.
+    pub access: PrefixAccess,
+    /// Lease, watermark and listing period of a shared prefix.
+    pub shared: SharedPrefix,
 }
 
 impl ObjectTierConfig {
@@ -41,6 +60,8 @@ impl ObjectTierConfig {
             create_only: false,
             capacity_bytes: None,
             policy: PolicyKind::Lru,
+            access: PrefixAccess::Private,
+            shared: SharedPrefix::default(),
         }
     }
 }

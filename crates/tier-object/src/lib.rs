@@ -11,7 +11,9 @@
 //! With a `capacity`, the tier bounds the bytes under its prefix (a bucket shared by many
 //! nodes still needs a bound per prefix): a catalog of its objects, filled by one listing at
 //! open ([`ObjectTier::load_catalog`]) and kept by its own puts, removes and reads, evicts by
-//! its `policy` and deletes what it evicts in those keys' turns.
+//! its `policy` and deletes what it evicts in those keys' turns. With `access = "shared"`,
+//! the capacity is the prefix's, kept by one node at a time for all the nodes writing it
+//! (`shared`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -28,10 +30,12 @@ mod config;
 mod names;
 mod objects;
 mod s3;
+mod shared;
 
-pub use config::ObjectTierConfig;
+pub use config::{ObjectTierConfig, PrefixAccess};
 pub use names::check_prefix;
 pub use s3::S3Settings;
+pub use shared::{PrefixStats, SharedPrefix};
 pub use tier_policy::PolicyKind;
 
 use names::MARKER;
@@ -106,6 +110,10 @@ impl ObjectTier {
     /// object first), then evicts down to the capacity; returns the objects found. A no-op
     /// without a capacity.
     pub async fn load_catalog(&self) -> Result<usize, TierError> {
+        if let Some(fleet) = &self.objects.fleet {
+            fleet.settle(&self.objects).await?;
+            return Ok(0);
+        }
         let Some(catalog) = &self.objects.catalog else {
             return Ok(0);
         };
@@ -131,6 +139,10 @@ impl ObjectTier {
     /// batch order, in the catalog of a tier with a capacity; returns how many the policy
     /// evicted (deleted by the next [`Self::delete_evicted`]).
     pub fn record_stored<'k>(&self, pages: impl IntoIterator<Item = (&'k PageKey, u64)>) -> usize {
+        if let Some(fleet) = &self.objects.fleet {
+            fleet.note_written(pages.into_iter().map(|(_, len)| len).sum());
+            return 0;
+        }
         let Some(catalog) = &self.objects.catalog else {
             return 0;
         };
@@ -158,6 +170,22 @@ impl ObjectTier {
     /// Deletes the objects the catalog evicted, each in its key's turn and only if no put has
     /// stored the key again since; what could not be deleted is retried by a later put.
     pub async fn delete_evicted(&self) {
+        if self.objects.fleet.as_ref().is_some_and(|f| f.due()) {
+            // In a task of its own: an eviction whose call is dropped still finishes and
+            // frees its lease.
+            let objects = Arc::clone(&self.objects);
+            let settled = tokio::spawn(async move {
+                match &objects.fleet {
+                    Some(fleet) => fleet.settle(&objects).await,
+                    None => Ok(()),
+                }
+            })
+            .await;
+            if let Ok(Err(e)) = settled {
+                tracing::warn!(error = %e, "cannot settle the shared prefix's capacity");
+            }
+            return;
+        }
         let Some(catalog) = &self.objects.catalog else {
             return;
         };
@@ -196,6 +224,11 @@ impl ObjectTier {
             }
         })
         .await;
+    }
+
+    /// What this node did for a shared prefix (`None` unless the prefix is shared and bounded).
+    pub fn prefix_stats(&self) -> Option<PrefixStats> {
+        self.objects.fleet.as_ref().map(|f| f.stats())
     }
 
     /// Checks that the store answers and the credentials may list the prefix.

@@ -14,6 +14,8 @@ use tier_core::{
 
 use crate::catalog::Catalog;
 use crate::names::{escape, parse_prefix};
+use crate::shared::Fleet;
+use crate::PrefixAccess;
 use crate::{ObjectId, ObjectTierConfig};
 
 /// Longest escaped object name (stores that keep objects as files need it under NAME_MAX).
@@ -27,6 +29,8 @@ pub(crate) struct Objects {
     pub(crate) backend: String,
     pub(crate) stats: StatsRecorder,
     pub(crate) catalog: Option<Catalog>,
+    /// The capacity of a shared prefix (instead of a catalog).
+    pub(crate) fleet: Option<Fleet>,
 }
 
 /// Keys taken for deletion, given back to the catalog if the deletion never started.
@@ -77,8 +81,28 @@ impl Objects {
                 Some(Catalog::new(policy, capacity))
             }
         };
+        let shared = &config.shared;
+        if !(shared.low_watermark > 0.0 && shared.low_watermark < 1.0) {
+            return Err(TierError::config(
+                "low_watermark",
+                format!("must be above 0 and below 1, not {}", shared.low_watermark),
+            ));
+        }
+        if shared.lease.is_zero() || shared.relist.is_zero() {
+            return Err(TierError::config(
+                "lease",
+                "lease and relist must be positive",
+            ));
+        }
+        let (catalog, fleet) = match (config.access, catalog, config.capacity_bytes) {
+            (PrefixAccess::Shared, Some(_), Some(capacity)) => {
+                (None, Some(Fleet::new(config.shared, capacity)))
+            }
+            (_, catalog, _) => (catalog, None),
+        };
         Ok(Self {
             catalog,
+            fleet,
             backend: format!("object store {store}"),
             store,
             prefix,
@@ -268,15 +292,20 @@ impl Objects {
         TierInfo {
             name: self.config.name.clone(),
             kind: "object".into(),
-            capacity_bytes: self.catalog.as_ref().map(Catalog::capacity),
+            capacity_bytes: self
+                .catalog
+                .as_ref()
+                .map(Catalog::capacity)
+                .or(self.fleet.as_ref().map(Fleet::capacity)),
             max_page_bytes: Some(self.config.max_page_bytes),
             persistent: true,
         }
     }
 
     pub(crate) fn stats(&self) -> TierStats {
+        let held = self.catalog.as_ref().map(Catalog::bytes);
         self.stats
-            .snapshot(self.catalog.as_ref().map(Catalog::bytes))
+            .snapshot(held.or(self.fleet.as_ref().map(Fleet::bytes)))
     }
 
     pub(crate) async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
@@ -303,6 +332,9 @@ impl Objects {
                     if let Some(catalog) = &self.catalog {
                         let evicted = catalog.insert(&page.key, page.data.len() as u64, after);
                         (0..evicted).for_each(|_| self.stats.eviction());
+                    }
+                    if let Some(fleet) = &self.fleet {
+                        fleet.note_written(page.data.len() as u64);
                     }
                     after = Some(&page.key);
                 }

@@ -59,6 +59,10 @@ pub struct NixlObjConfig {
     pub capacity_bytes: Option<u64>,
     /// Which pages go first when the capacity is reached.
     pub policy: tier_policy::PolicyKind,
+    /// Whether the capacity is this process's or the prefix's (see [`tier_object`]).
+    pub access: tier_object::PrefixAccess,
+    /// Lease, watermark and listing period of a shared prefix.
+    pub shared: tier_object::SharedPrefix,
 }
 
 impl NixlObjConfig {
@@ -80,6 +84,8 @@ impl NixlObjConfig {
             runtime_dir: None,
             capacity_bytes: None,
             policy: tier_policy::PolicyKind::default(),
+            access: tier_object::PrefixAccess::Private,
+            shared: tier_object::SharedPrefix::default(),
         }
     }
 

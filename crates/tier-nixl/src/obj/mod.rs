@@ -52,6 +52,11 @@ struct Shared {
 }
 
 impl NixlObjTier {
+    /// What this node did for a shared prefix (`None` unless it is shared and bounded).
+    pub fn prefix_stats(&self) -> Option<tier_object::PrefixStats> {
+        self.shared.control.prefix_stats()
+    }
+
     /// Opens the tier: loads the NIXL runtime, creates one OBJ backend per lane and the
     /// `object_store` client. No request is made: a wrong endpoint or credential shows on
     /// the first call.
@@ -64,6 +69,8 @@ impl NixlObjTier {
         control_config.max_page_bytes = config.max_page_bytes;
         control_config.capacity_bytes = config.capacity_bytes;
         control_config.policy = config.policy;
+        control_config.access = config.access;
+        control_config.shared = config.shared;
         let control = ObjectTier::open(config.s3.build()?, control_config)?;
         control.load_catalog().await?;
         let shared = tokio::task::spawn_blocking(move || -> Result<Shared, TierError> {

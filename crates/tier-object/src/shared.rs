@@ -1,0 +1,376 @@
+//! A prefix shared by many nodes (`access = "shared"`): its capacity is the prefix's, whoever
+//! wrote the objects, and one node evicts at a time.
+//!
+//! - **Usage**: each node lists the prefix (one LIST per 1,000 objects) when it evicts, and
+//!   at most once per [`SharedPrefix::relist`] otherwise; between listings it adds what it put
+//!   itself. Other nodes' puts are seen at the next listing, so the prefix may exceed its
+//!   capacity by what the other nodes put in one `relist` period.
+//! - **One evictor per prefix**: the holder of `<prefix>/.kvtier-lease` (a holder and an
+//!   expiry), taken with a conditional put: created with `If-None-Match: *` when there is none,
+//!   replaced with `If-Match: <its ETag>` when it is free or expired; of two nodes racing for
+//!   it, the store lets one win. The winner reads it back after 50 ms and goes on only if it
+//!   still holds it: s3s-fs checks the condition apart from the write and lets two racing
+//!   replaces both succeed (the 4-process test caught it), the later one holding. The holder
+//!   renews it (conditionally too) while it deletes.
+//! - **Victims**: the oldest objects by last write (the listing's last-modified time), down
+//!   to the low watermark. Before each DELETE, a HEAD checks that the object still has the
+//!   ETag and modification time (to the second, as `Last-Modified` carries it) the listing
+//!   saw (the ETag where the listing gives one: s3s-fs's does not): a page another node
+//!   stored again after the listing is left. (`object_store` has no conditional DELETE, so a re-store in the
+//!   milliseconds between the HEAD and the DELETE is lost, as an eviction; S3's `If-Match` on
+//!   DELETE would close that window where a store offers it.)
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use object_store::path::{Path, PathPart};
+use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
+use tier_core::TierError;
+
+use crate::objects::Objects;
+
+/// The lease object's name under the prefix (no page name starts with a `.`).
+const LEASE: &str = ".kvtier-lease";
+/// How long a node waits before it reads back a lease it took (see [`Fleet::confirm`]).
+const CONFIRM_AFTER: Duration = Duration::from_millis(50);
+/// Victims deleted between two renewals of the lease.
+const RENEW_EVERY: usize = 32;
+
+/// Settings of a shared prefix.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SharedPrefix {
+    /// How long an evictor's lease lasts without renewal: a node that dies or stalls while
+    /// evicting is taken over by another once this has passed.
+    pub lease: Duration,
+    /// An eviction starts when the prefix's bytes pass the capacity and stops once they are
+    /// at most this fraction of it.
+    pub low_watermark: f64,
+    /// A node lists the prefix at least this often while it writes, to see other nodes' puts.
+    pub relist: Duration,
+}
+
+impl Default for SharedPrefix {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(30),
+            low_watermark: 0.9,
+            relist: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What this node did for a shared prefix.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixStats {
+    /// The prefix's bytes as this node last listed them, plus what it put since.
+    pub usage_bytes: u64,
+    /// Objects this node evicted.
+    pub evicted: u64,
+    /// Evictions this node ran holding the lease.
+    pub eviction_runs: u64,
+    /// Leases this node took over from a holder whose lease had expired.
+    pub takeovers: u64,
+    /// Victims left because another node stored them again after the listing.
+    pub spared: u64,
+}
+
+/// A shared prefix's state in this node.
+pub(crate) struct Fleet {
+    settings: SharedPrefix,
+    capacity: u64,
+    low: u64,
+    holder: String,
+    usage: Mutex<Usage>,
+    evicting: tokio::sync::Mutex<()>,
+    evicted: AtomicU64,
+    runs: AtomicU64,
+    takeovers: AtomicU64,
+    spared: AtomicU64,
+}
+
+#[derive(Default)]
+struct Usage {
+    listed: u64,
+    since: u64,
+    listed_at: Option<Instant>,
+}
+
+/// The lease as read: its holder and expiry, and the ETag a conditional replace needs.
+struct LeaseSeen {
+    holder: String,
+    expiry_ms: u64,
+    version: UpdateVersion,
+}
+
+impl Fleet {
+    pub fn new(settings: SharedPrefix, capacity: u64) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "host".into());
+        Self {
+            settings,
+            capacity,
+            low: (capacity as f64 * settings.low_watermark) as u64,
+            holder: format!(
+                "{host}:{}:{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Relaxed)
+            ),
+            usage: Mutex::new(Usage::default()),
+            evicting: tokio::sync::Mutex::new(()),
+            evicted: AtomicU64::new(0),
+            runs: AtomicU64::new(0),
+            takeovers: AtomicU64::new(0),
+            spared: AtomicU64::new(0),
+        }
+    }
+
+    fn usage(&self) -> std::sync::MutexGuard<'_, Usage> {
+        self.usage.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// The prefix's bytes as last listed, plus this node's puts since.
+    pub fn bytes(&self) -> u64 {
+        let u = self.usage();
+        u.listed + u.since
+    }
+
+    pub fn stats(&self) -> PrefixStats {
+        PrefixStats {
+            usage_bytes: self.bytes(),
+            evicted: self.evicted.load(Relaxed),
+            eviction_runs: self.runs.load(Relaxed),
+            takeovers: self.takeovers.load(Relaxed),
+            spared: self.spared.load(Relaxed),
+        }
+    }
+
+    /// Counts `bytes` this node stored.
+    pub fn note_written(&self, bytes: u64) {
+        self.usage().since += bytes;
+    }
+
+    /// Whether this node should look at the prefix now: over the capacity by its count, or
+    /// its listing is older than `relist` and it wrote since.
+    pub fn due(&self) -> bool {
+        let u = self.usage();
+        let stale = u
+            .listed_at
+            .is_none_or(|at| at.elapsed() >= self.settings.relist);
+        u.listed + u.since > self.capacity || (stale && u.since > 0)
+    }
+
+    /// Lists the prefix, and evicts down to the low watermark if it is over its capacity and
+    /// this node gets the lease.
+    pub async fn settle(&self, objects: &Objects) -> Result<(), TierError> {
+        let Ok(_one) = self.evicting.try_lock() else {
+            return Ok(());
+        };
+        let listed = pages(objects.list().await?);
+        let total: u64 = listed.iter().map(|m| m.size).sum();
+        {
+            let mut u = self.usage();
+            u.listed = total;
+            u.since = 0;
+            u.listed_at = Some(Instant::now());
+        }
+        if total <= self.capacity {
+            return Ok(());
+        }
+        let Some(mut version) = self.claim(objects).await? else {
+            return Ok(());
+        };
+        self.runs.fetch_add(1, Relaxed);
+        tracing::debug!(at_ns = now_ns(), "shared eviction began");
+        let outcome = self.evict(objects, listed, total, &mut version).await;
+        tracing::debug!(at_ns = now_ns(), "shared eviction ended");
+        // Free: a conditional replace by an empty lease (it may have been taken over).
+        let _ = self.write_lease(objects, Some(version), false).await;
+        outcome
+    }
+
+    /// Deletes the oldest of `listed` down to the low watermark, holding the lease (`version`).
+    async fn evict(
+        &self,
+        objects: &Objects,
+        mut listed: Vec<object_store::ObjectMeta>,
+        total: u64,
+        version: &mut UpdateVersion,
+    ) -> Result<(), TierError> {
+        listed.sort_by_key(|m| m.last_modified);
+        let mut excess = total - self.low;
+        let mut freed = 0;
+        for (n, meta) in listed.iter().enumerate() {
+            if excess == 0 {
+                break;
+            }
+            if n > 0 && n % RENEW_EVERY == 0 {
+                match self
+                    .write_lease(objects, Some(version.clone()), true)
+                    .await?
+                {
+                    Some(v) => *version = v,
+                    None => {
+                        tracing::warn!(
+                            "lost the shared prefix's eviction lease while evicting; stopping"
+                        );
+                        break;
+                    }
+                }
+            }
+            let now = objects.store.head(&meta.location).await;
+            // A re-store of a page writes its very bytes (its ETag may stay): the time tells,
+            // to the second a HEAD's `Last-Modified` carries.
+            let unchanged = now.as_ref().is_ok_and(|m| {
+                (meta.e_tag.is_none() || m.e_tag == meta.e_tag)
+                    && m.last_modified.timestamp() == meta.last_modified.timestamp()
+            });
+            if !unchanged {
+                self.spared.fetch_add(1, Relaxed);
+                continue;
+            }
+            objects.delete_path(&meta.location, None).await?;
+            self.evicted.fetch_add(1, Relaxed);
+            objects.stats.eviction();
+            excess = excess.saturating_sub(meta.size);
+            freed += meta.size;
+        }
+        self.usage().listed = total.saturating_sub(freed);
+        Ok(())
+    }
+
+    /// Takes the lease if it is absent, free, expired or this node's; returns the version a
+    /// renewal must match, `None` if another node holds it (or won the race for it).
+    async fn claim(&self, objects: &Objects) -> Result<Option<UpdateVersion>, TierError> {
+        let seen = self.read_lease(objects).await?;
+        match seen {
+            None => match self.write_lease(objects, None, true).await? {
+                Some(version) => self.confirm(objects, version).await,
+                None => Ok(None),
+            },
+            Some(seen) => {
+                let free = seen.holder.is_empty() || seen.holder == self.holder;
+                if !free && seen.expiry_ms > now_ms() {
+                    return Ok(None);
+                }
+                let taken = match self.write_lease(objects, Some(seen.version), true).await? {
+                    Some(version) => self.confirm(objects, version).await?,
+                    None => None,
+                };
+                if taken.is_some() && !free {
+                    self.takeovers.fetch_add(1, Relaxed);
+                    tracing::info!(holder = %seen.holder, "took the shared prefix's eviction lease over");
+                }
+                Ok(taken)
+            }
+        }
+    }
+
+    /// A lease just written, read back after a pause: still this node's, or another's that
+    /// landed over it (a store whose conditional writes are not atomic with their check lets
+    /// two racing writes both succeed; the later one holds).
+    async fn confirm(
+        &self,
+        objects: &Objects,
+        version: UpdateVersion,
+    ) -> Result<Option<UpdateVersion>, TierError> {
+        tokio::time::sleep(CONFIRM_AFTER).await;
+        Ok(match self.read_lease(objects).await? {
+            Some(seen) if seen.holder == self.holder && seen.version.e_tag == version.e_tag => {
+                Some(version)
+            }
+            _ => None,
+        })
+    }
+
+    fn lease_path(objects: &Objects) -> Path {
+        objects.prefix.clone().join(PathPart::from(LEASE))
+    }
+
+    async fn read_lease(&self, objects: &Objects) -> Result<Option<LeaseSeen>, TierError> {
+        let path = Self::lease_path(objects);
+        let got = match objects.store.get(&path).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(objects.error(None, e)),
+        };
+        let version = UpdateVersion {
+            e_tag: got.meta.e_tag.clone(),
+            version: got.meta.version.clone(),
+        };
+        let body = got.bytes().await.map_err(|e| objects.error(None, e))?;
+        let text = String::from_utf8_lossy(&body);
+        let mut parts = text.split_whitespace();
+        Ok(Some(LeaseSeen {
+            holder: parts.next().unwrap_or_default().to_string(),
+            expiry_ms: parts.next().and_then(|e| e.parse().ok()).unwrap_or(0),
+            version,
+        }))
+    }
+
+    /// Writes the lease (held for `lease` from now, or free), created if `over` is `None`,
+    /// else replacing that version; `None` if the store refused the condition.
+    async fn write_lease(
+        &self,
+        objects: &Objects,
+        over: Option<UpdateVersion>,
+        hold: bool,
+    ) -> Result<Option<UpdateVersion>, TierError> {
+        let body = if hold {
+            format!(
+                "{} {}\n",
+                self.holder,
+                now_ms() + self.settings.lease.as_millis() as u64
+            )
+        } else {
+            String::new()
+        };
+        let mode = match over {
+            None => PutMode::Create,
+            Some(v) => PutMode::Update(v),
+        };
+        let put = objects
+            .store
+            .put_opts(
+                &Self::lease_path(objects),
+                PutPayload::from(body.into_bytes()),
+                PutOptions::from(mode),
+            )
+            .await;
+        match put {
+            Ok(done) => Ok(Some(UpdateVersion {
+                e_tag: done.e_tag,
+                version: done.version,
+            })),
+            Err(object_store::Error::AlreadyExists { .. })
+            | Err(object_store::Error::Precondition { .. }) => Ok(None),
+            Err(e) => Err(objects.error(None, e)),
+        }
+    }
+}
+
+/// The page objects of a listing (not the lease).
+fn pages(listed: Vec<object_store::ObjectMeta>) -> Vec<object_store::ObjectMeta> {
+    listed
+        .into_iter()
+        .filter(|m| m.location.filename().is_some_and(|n| !n.starts_with('.')))
+        .collect()
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
