@@ -1,5 +1,7 @@
-//! What s3s-fs (the S3 server the tests run beside) does with the conditional requests a shared
-//! prefix's lease relies on: a create that must not overwrite, an update that must match.
+//! s3s-fs (the S3 server the tests run beside) honours the conditional requests a shared
+//! prefix's lease relies on, one at a time: a create that must not overwrite
+//! (`If-None-Match: *`), an update that must match (`If-Match`). (Two racing updates may both
+//! land: the lease reads itself back, see `shared.rs`.)
 
 use std::sync::Arc;
 
@@ -35,7 +37,10 @@ async fn the_server_honours_conditional_creates_and_updates() {
     };
     let first = put(PutMode::Create, "a").await.expect("created");
     let again = put(PutMode::Create, "b").await;
-    println!("create over an object: {again:?}");
+    assert!(
+        matches!(again, Err(object_store::Error::AlreadyExists { .. })),
+        "a create over an object is refused: {again:?}"
+    );
     let stale = put(
         PutMode::Update(UpdateVersion {
             e_tag: Some("\"nope\"".into()),
@@ -44,9 +49,15 @@ async fn the_server_honours_conditional_creates_and_updates() {
         "c",
     )
     .await;
-    println!("update with a stale tag: {stale:?}");
+    assert!(
+        matches!(stale, Err(object_store::Error::Precondition { .. })),
+        "an update with a stale tag is refused: {stale:?}"
+    );
     let fresh = put(PutMode::Update(UpdateVersion::from(first)), "d").await;
-    println!("update with the current tag: {fresh:?}");
+    assert!(
+        fresh.is_ok(),
+        "an update with the current tag lands: {fresh:?}"
+    );
     let body = store.get(&path).await.unwrap().bytes().await.unwrap();
-    println!("content now: {body:?}");
+    assert_eq!(&body[..], b"d");
 }
