@@ -8,7 +8,7 @@ use std::sync::Arc;
 use futures::TryStreamExt;
 use object_store::ObjectStore;
 use tier_core::TierError;
-use tier_object::{ObjectTier, ObjectTierConfig, PolicyKind, S3Settings};
+use tier_object::{ObjectTier, ObjectTierConfig, PolicyKind, PrefixAccess, S3Settings};
 use tier_tests::s3::S3Server;
 use tier_tests::suite::DynTier;
 use tier_tests::TierFactory;
@@ -43,6 +43,7 @@ pub struct StoreFactory {
     _dir: Option<tempfile::TempDir>,
     opened: AtomicUsize,
     policy: PolicyKind,
+    access: PrefixAccess,
 }
 
 impl StoreFactory {
@@ -63,6 +64,7 @@ impl StoreFactory {
             _dir: None,
             opened: AtomicUsize::new(0),
             policy: PolicyKind::Lru,
+            access: PrefixAccess::Private,
         }
     }
 
@@ -77,6 +79,7 @@ impl StoreFactory {
             _dir: Some(dir),
             opened: AtomicUsize::new(0),
             policy: PolicyKind::Lru,
+            access: PrefixAccess::Private,
         }
     }
 
@@ -88,6 +91,7 @@ impl StoreFactory {
             _dir: None,
             opened: AtomicUsize::new(0),
             policy: PolicyKind::Lru,
+            access: PrefixAccess::Private,
         }
     }
 }
@@ -95,6 +99,12 @@ impl StoreFactory {
 impl StoreFactory {
     fn policy(mut self, policy: PolicyKind) -> Self {
         self.policy = policy;
+        self
+    }
+
+    /// Bounded tiers on shared prefixes (one evictor by lease, victims by age).
+    fn shared(mut self) -> Self {
+        self.access = PrefixAccess::Shared;
         self
     }
 }
@@ -127,6 +137,9 @@ impl TierFactory for StoreFactory {
         let mut config = ObjectTierConfig::new(format!("{}/bounded-{n}", self.prefix));
         config.capacity_bytes = Some(capacity_bytes);
         config.policy = self.policy;
+        config.access = self.access;
+        // Every put of a shared prefix's only node lists it: its bound is then exact.
+        config.shared.relist = std::time::Duration::from_nanos(1);
         let opened = async {
             let tier = ObjectTier::open(Arc::clone(&self.store), config)?;
             tier.load_catalog().await?;
@@ -138,6 +151,10 @@ impl TierFactory for StoreFactory {
 
 mod s3 {
     tier_tests::conformance_suite!(super::StoreFactory::s3());
+}
+
+mod s3_shared_prefix {
+    tier_tests::conformance_suite!(super::StoreFactory::s3().shared());
 }
 
 mod local_folder {
