@@ -157,6 +157,10 @@ impl ObjectTier {
 
     /// For a tier reading these objects another way: records the keys it read, in batch order.
     pub fn record_read<'k>(&self, keys: impl IntoIterator<Item = &'k PageKey>) {
+        if let Some(fleet) = &self.objects.fleet {
+            fleet.note_read(keys);
+            return;
+        }
         let Some(catalog) = &self.objects.catalog else {
             return;
         };

@@ -350,6 +350,12 @@ impl Objects {
             .map(|slot| -> Job<'_, GetResult> { Box::pin(self.get_one(slot)) })
             .collect();
         let results = run_ordered(jobs, self.config.concurrency).await;
+        if let Some(fleet) = &self.fleet {
+            let hits = slots.iter().zip(&results);
+            fleet.note_read(hits.filter_map(|(slot, r)| {
+                matches!(r, Ok(tier_core::Lookup::Hit)).then_some(&slot.key)
+            }));
+        }
         if let Some(catalog) = &self.catalog {
             let mut after = None;
             for (slot, r) in slots.iter().zip(&results) {

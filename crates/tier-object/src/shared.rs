@@ -12,28 +12,32 @@
 //!   still holds it: s3s-fs checks the condition apart from the write and lets two racing
 //!   replaces both succeed (the 4-process test caught it), the later one holding. The holder
 //!   renews it (conditionally too) while it deletes.
-//! - **Victims**: the oldest objects by last write (the listing's last-modified time), down
-//!   to the low watermark. Before each DELETE, a HEAD checks that the object still has the
+//! - **Victims**: the oldest objects by last write (the listing's last-modified time) or, for
+//!   pages the evicting node read itself, by its last read there, down to the low watermark. Before each DELETE, a HEAD checks that the object still has the
 //!   ETag and modification time (to the second, as `Last-Modified` carries it) the listing
 //!   saw (the ETag where the listing gives one: s3s-fs's does not): a page another node
 //!   stored again after the listing is left. (`object_store` has no conditional DELETE, so a re-store in the
 //!   milliseconds between the HEAD and the DELETE is lost, as an eviction; S3's `If-Match` on
 //!   DELETE would close that window where a store offers it.)
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use object_store::path::{Path, PathPart};
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
-use tier_core::TierError;
+use tier_core::{PageKey, TierError};
 
+use crate::names::MARKER;
 use crate::objects::Objects;
 
 /// The lease object's name under the prefix (no page name starts with a `.`).
 const LEASE: &str = ".kvtier-lease";
 /// How long a node waits before it reads back a lease it took (see [`Fleet::confirm`]).
 const CONFIRM_AFTER: Duration = Duration::from_millis(50);
+/// Pages whose last read here a node remembers at most.
+const READS_KEPT: usize = 1 << 20;
 /// Victims deleted between two renewals of the lease.
 const RENEW_EVERY: usize = 32;
 
@@ -82,6 +86,8 @@ pub(crate) struct Fleet {
     low: u64,
     holder: String,
     usage: Mutex<Usage>,
+    /// When this node last read each page, in ms since the epoch (bounded, see `note_read`).
+    read: Mutex<HashMap<PageKey, i64>>,
     evicting: tokio::sync::Mutex<()>,
     evicted: AtomicU64,
     runs: AtomicU64,
@@ -119,6 +125,7 @@ impl Fleet {
                 NEXT.fetch_add(1, Relaxed)
             ),
             usage: Mutex::new(Usage::default()),
+            read: Mutex::new(HashMap::new()),
             evicting: tokio::sync::Mutex::new(()),
             evicted: AtomicU64::new(0),
             runs: AtomicU64::new(0),
@@ -154,6 +161,20 @@ impl Fleet {
     /// Counts `bytes` this node stored.
     pub fn note_written(&self, bytes: u64) {
         self.usage().since += bytes;
+    }
+
+    /// Records that this node read `keys` now: an eviction by this node counts a page's age
+    /// from its last write or its last read here, whichever is later. The record forgets
+    /// everything once it holds [`READS_KEPT`] pages (a bound on its memory).
+    pub fn note_read<'k>(&self, keys: impl IntoIterator<Item = &'k PageKey>) {
+        let now = now_ms() as i64;
+        let mut read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+        for key in keys {
+            if read.len() >= READS_KEPT {
+                read.clear();
+            }
+            read.insert(key.clone(), now);
+        }
     }
 
     /// Whether this node should look at the prefix now: over the capacity by its count, or
@@ -203,7 +224,18 @@ impl Fleet {
         total: u64,
         version: &mut UpdateVersion,
     ) -> Result<(), TierError> {
-        listed.sort_by_key(|m| m.last_modified);
+        {
+            let read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+            listed.sort_by_cached_key(|m| {
+                let written = m.last_modified.timestamp_millis();
+                let key = m
+                    .location
+                    .filename()
+                    .and_then(|n| PageKey::from_escaped_name(n, MARKER));
+                key.and_then(|k| read.get(&k).copied())
+                    .map_or(written, |r| r.max(written))
+            });
+        }
         let mut excess = total - self.low;
         let mut freed = 0;
         for (n, meta) in listed.iter().enumerate() {

@@ -72,3 +72,69 @@ async fn a_dead_holders_lease_is_taken_over_once_it_expires() {
     assert_eq!(tier.exists(&[page(20).key]).await.unwrap(), 1);
     assert_eq!(tier.exists(&[page(0).key]).await.unwrap(), 0);
 }
+
+fn shared(prefix: &str, pages: u64) -> ObjectTierConfig {
+    let mut config = ObjectTierConfig::new(prefix);
+    config.access = PrefixAccess::Shared;
+    config.capacity_bytes = Some(pages * PAGE as u64);
+    config.shared.relist = Duration::from_nanos(1);
+    config
+}
+
+#[tokio::test]
+async fn a_page_read_here_outlives_later_writes_and_each_prefix_keeps_its_own_bound() {
+    let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let a = ObjectTier::open(Arc::clone(&store), shared("models/a", 10)).unwrap();
+    let b = ObjectTier::open(Arc::clone(&store), shared("models/b", 5)).unwrap();
+    let nested =
+        ObjectTier::open(Arc::clone(&store), ObjectTierConfig::new("models/a/nested")).unwrap();
+    for i in 0..5 {
+        assert!(nested.put(&[page(i)]).await[0].is_ok());
+    }
+    assert!(a.put(&[page(0)]).await[0].is_ok());
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    for i in 1..10 {
+        assert!(a.put(&[page(i)]).await[0].is_ok());
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    // Page 0, written first, is read here: it is used more recently than pages 1 to 9.
+    let mut buf = vec![0u8; PAGE];
+    let mut slots = [tier_core::ReadSlot::new(page(0).key, &mut buf)];
+    assert!(matches!(
+        a.get(&mut slots).await[0],
+        Ok(tier_core::Lookup::Hit)
+    ));
+    for i in 10..15 {
+        assert!(a.put(&[page(i)]).await[0].is_ok());
+    }
+    assert_eq!(
+        a.exists(&[page(0).key]).await.unwrap(),
+        1,
+        "read here: kept"
+    );
+    assert_eq!(
+        a.exists(&[page(1).key]).await.unwrap(),
+        0,
+        "the oldest write: evicted"
+    );
+    for i in 0..12 {
+        assert!(b.put(&[page(i)]).await[0].is_ok());
+    }
+    let (in_a, in_b) = (
+        bytes_under(&store, "models/a").await,
+        bytes_under(&store, "models/b").await,
+    );
+    let in_nested = bytes_under(&store, "models/a/nested").await;
+    // (`bytes_under` of models/a counts the nested prefix too.)
+    assert!(
+        in_a - in_nested <= 10 * PAGE as u64,
+        "models/a holds {} bytes",
+        in_a - in_nested
+    );
+    assert!(in_b <= 5 * PAGE as u64, "models/b holds {in_b} bytes");
+    assert_eq!(
+        in_nested,
+        5 * PAGE as u64,
+        "a nested prefix is not the shared prefix's"
+    );
+}
