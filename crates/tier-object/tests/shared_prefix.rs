@@ -138,3 +138,113 @@ async fn a_page_read_here_outlives_later_writes_and_each_prefix_keeps_its_own_bo
         "a nested prefix is not the shared prefix's"
     );
 }
+
+/// A store in which another node stores page 0 again right after the evictor listed the
+/// prefix: the first HEAD of page 0 finds it re-stored (a new write, a new ETag).
+#[derive(Debug)]
+struct RestoredAfterListing {
+    inner: object_store::memory::InMemory,
+    victim: Path,
+    done: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Display for RestoredAfterListing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RestoredAfterListing({})", self.inner)
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for RestoredAfterListing {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: object_store::PutOptions,
+    ) -> object_store::Result<object_store::PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: object_store::PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: object_store::GetOptions,
+    ) -> object_store::Result<object_store::GetResult> {
+        let victim = options.head && *location == self.victim;
+        if victim && !self.done.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            let again = PutPayload::from(vec![0u8; PAGE]);
+            self.inner.put(location, again).await?;
+        }
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: futures::stream::BoxStream<'static, object_store::Result<Path>>,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(
+        &self,
+        prefix: Option<&Path>,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&Path>,
+    ) -> object_store::Result<object_store::ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: object_store::CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
+#[tokio::test]
+async fn a_page_stored_again_after_the_listing_is_not_deleted_on_its_strength() {
+    let store = Arc::new(RestoredAfterListing {
+        inner: object_store::memory::InMemory::new(),
+        victim: Path::from("kv/page-0000"),
+        done: std::sync::atomic::AtomicBool::new(false),
+    });
+    let tier =
+        ObjectTier::open(Arc::clone(&store) as Arc<dyn ObjectStore>, shared("kv", 10)).unwrap();
+    for i in 0..10 {
+        assert!(tier.put(&[page(i)]).await[0].is_ok());
+    }
+    // Over the capacity: the listing names page 0 the oldest; another node stores it again
+    // before its HEAD (the in-memory store's ETag tells).
+    assert!(tier.put(&[page(10)]).await[0].is_ok());
+    let stats = tier.prefix_stats().unwrap();
+    assert!(
+        stats.spared >= 1,
+        "the re-stored page was spared: {stats:?}"
+    );
+    assert_eq!(
+        tier.exists(&[page(0).key]).await.unwrap(),
+        1,
+        "the page stored again stays"
+    );
+    assert_eq!(
+        tier.exists(&[page(1).key]).await.unwrap(),
+        0,
+        "the next oldest went instead"
+    );
+}
