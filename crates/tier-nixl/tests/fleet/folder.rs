@@ -1,0 +1,266 @@
+//! Shared NIXL FILE folders across real processes.
+
+use std::time::{Duration, Instant};
+
+use tier_nixl::{FileAccess, NixlFileConfig, NixlFileTier};
+
+use crate::watch::*;
+use crate::worker::*;
+
+#[test]
+fn four_processes_share_one_folder_under_one_capacity() {
+    const WORKERS: u64 = 4;
+    const ROUNDS: u64 = 150;
+    let tmp = tempfile::tempdir().unwrap();
+    // What they write: own pages, and the common ones once.
+    let written = (WORKERS * ROUNDS * 4 + COMMON) * PAGE as u64;
+    let capacity = written / 3;
+    let step = capacity - (capacity as f64 * LOW_WATERMARK) as u64;
+    let workers: Vec<Worker> = (0..WORKERS)
+        .map(|id| spawn_worker(tmp.path(), id, WORKERS, ROUNDS, capacity, 5_000))
+        .collect();
+    for w in &workers {
+        w.ready();
+    }
+    let sampler = Sampler::start(tmp.path());
+    let results: Vec<_> = workers.into_iter().map(Worker::finish).collect();
+    let (peak, samples) = sampler.stop();
+
+    let total = |name: &str| {
+        results
+            .iter()
+            .map(|(c, _)| c.get(name).copied().unwrap_or(0))
+            .sum::<u64>()
+    };
+    println!(
+        "4 processes, one shared folder: {} hits checked ({} of other processes' pages), {} misses, \
+         {} evictions in {} runs, {} spared, peak {} of capacity {} + step {} ({samples} samples)",
+        total("hits_checked"),
+        total("hits_of_others"),
+        total("misses"),
+        total("evicted"),
+        total("eviction_runs"),
+        total("spared"),
+        peak,
+        capacity,
+        step,
+    );
+    assert_eq!(total("bad_hits"), 0, "every hit is byte-exact");
+    assert_eq!(
+        total("get_errors") + total("put_errors"),
+        0,
+        "no call failed"
+    );
+    for (i, (counts, _)) in results.iter().enumerate() {
+        assert!(
+            counts.get("hits_of_others").copied().unwrap_or(0) > 0,
+            "worker {i} read pages the others stored: {counts:?}"
+        );
+    }
+    assert!(
+        total("evicted") > 0,
+        "the capacity made the processes evict"
+    );
+    assert!(
+        samples > 10,
+        "the folders were sampled while the processes ran"
+    );
+    assert!(
+        peak <= capacity + step,
+        "the folders held {peak} bytes at a sample: over the capacity {capacity} plus one step {step}"
+    );
+    // One evictor at a time: no two eviction runs of any processes overlap.
+    let mut runs: Vec<(u64, u64)> = results
+        .iter()
+        .flat_map(|(_, r)| r.iter().copied())
+        .collect();
+    runs.sort();
+    assert!(!runs.is_empty(), "the workers logged their evictions");
+    for pair in runs.windows(2) {
+        assert!(pair[1].0 >= pair[0].1, "two evictions overlapped: {pair:?}");
+    }
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let tier = NixlFileTier::open(config(tmp.path(), capacity, Duration::from_secs(5)))
+            .await
+            .unwrap();
+        let found = verify_all(&tier, WORKERS, ROUNDS * 4).await;
+        assert!(found > 0, "pages are still there after the processes ended");
+        let usage = tier.fleet_stats().unwrap().usage_bytes;
+        let (bytes, temps) = folder_bytes(tmp.path());
+        assert!(temps.is_empty(), "no temp file is left: {temps:?}");
+        assert_eq!(
+            usage, bytes,
+            "the usage a restart settles is the folders' bytes"
+        );
+    });
+}
+
+#[test]
+fn an_evictor_killed_holding_the_lease_is_taken_over_and_nothing_torn_survives() {
+    const WORKERS: u64 = 3;
+    const ROUNDS: u64 = 400;
+    const LEASE_MS: u64 = 1_000;
+    let tmp = tempfile::tempdir().unwrap();
+    let capacity = 200 * PAGE as u64;
+    let mut workers: Vec<Worker> = (0..WORKERS)
+        .map(|id| spawn_worker(tmp.path(), id, WORKERS, ROUNDS, capacity, LEASE_MS))
+        .collect();
+    for w in &workers {
+        w.ready();
+    }
+    // Kill whichever worker holds the lease (it is evicting): seen before and after the kill.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let victim = loop {
+        assert!(
+            Instant::now() < deadline,
+            "no worker held the lease within 60 s"
+        );
+        let Some(pid) = lease_holder(tmp.path()) else {
+            continue;
+        };
+        let Some(i) = workers.iter().position(|w| w.child.id() == pid) else {
+            continue;
+        };
+        kill(&mut workers[i].child);
+        if lease_holder(tmp.path()) == Some(pid) {
+            break workers.remove(i);
+        }
+        // It released the lease just before it died: the next one is caught.
+        workers.remove(i);
+        assert!(!workers.is_empty(), "the lease was never caught held");
+    };
+    let killed_at = Instant::now();
+    let dead = victim.child.id();
+    // Another process takes the lease over once it expires.
+    let taken_over = loop {
+        match lease_holder(tmp.path()) {
+            Some(pid) if pid != dead => break killed_at.elapsed(),
+            _ if killed_at.elapsed() > Duration::from_secs(30) => {
+                panic!("no process took the lease over within 30 s")
+            }
+            _ => std::thread::sleep(Duration::from_millis(5)),
+        }
+    };
+    // And writers killed in the middle of their writes, each at another moment; the temp
+    // files each left at its death are counted.
+    let mut left = 0;
+    for (n, delay_ms) in [40u64, 90, 170, 260, 350].into_iter().enumerate() {
+        let id = WORKERS + n as u64;
+        let mut w = spawn_worker(tmp.path(), id, WORKERS, ROUNDS, capacity, LEASE_MS);
+        w.ready();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        kill(&mut w.child);
+        let (_, temps) = folder_bytes(tmp.path());
+        let tag = format!("-{}-", w.child.id());
+        left += temps
+            .iter()
+            .filter(|t| t.to_string_lossy().contains(&tag))
+            .count();
+    }
+    let survivors: Vec<_> = workers.into_iter().map(Worker::finish).collect();
+    let takeovers: u64 = survivors
+        .iter()
+        .map(|(c, _)| c.get("takeovers").copied().unwrap_or(0))
+        .sum();
+    let cleaned: u64 = survivors
+        .iter()
+        .map(|(c, _)| c.get("temps_removed").copied().unwrap_or(0))
+        .sum();
+    let bad: u64 = survivors
+        .iter()
+        .map(|(c, _)| c.get("bad_hits").copied().unwrap_or(0))
+        .sum();
+    println!(
+        "evictor killed holding the lease: taken over after {taken_over:?} (lease {LEASE_MS} ms), \
+         {takeovers} takeover(s) counted by the survivors"
+    );
+    assert!(
+        taken_over < Duration::from_millis(LEASE_MS) * 2 + Duration::from_secs(2),
+        "the lease was taken over within its expiry (took {taken_over:?})"
+    );
+    assert_eq!(bad, 0, "no torn or foreign bytes were served");
+
+    // A restart: leftovers of the killed processes go, everything present is whole.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (_, before) = folder_bytes(tmp.path());
+        let tier = NixlFileTier::open(config(tmp.path(), capacity, Duration::from_secs(5)))
+            .await
+            .unwrap();
+        let (_, after) = folder_bytes(tmp.path());
+        assert!(
+            after.is_empty(),
+            "temp files outlived the restart: {after:?}"
+        );
+        let stats = tier.fleet_stats().unwrap();
+        assert_eq!(stats.temps_removed as usize, before.len());
+        let found = verify_all(&tier, WORKERS, ROUNDS * 4).await;
+        println!(
+            "killed writers left {left} temp file(s): {cleaned} removed by the survivors' \
+             scans, {} by the restart; {found} pages whole after it",
+            before.len()
+        );
+        assert!(
+            cleaned + before.len() as u64 >= left as u64,
+            "every leftover was removed"
+        );
+        assert!(found > 0);
+    });
+}
+
+#[tokio::test]
+async fn an_owner_and_a_sharer_of_one_folder_are_refused_naming_the_folder_and_the_modes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut owner = NixlFileConfig::new([tmp.path().join("a"), tmp.path().join("b")]);
+    owner.access = FileAccess::Owner;
+    let shared = config(tmp.path(), 1 << 30, Duration::from_secs(5));
+
+    let first = NixlFileTier::open(shared.clone()).await.unwrap();
+    let second = NixlFileTier::open(shared.clone())
+        .await
+        .expect("sharers open side by side");
+    let started = Instant::now();
+    let err = NixlFileTier::open(owner.clone())
+        .await
+        .err()
+        .expect("an owner is refused beside sharers");
+    let text = err.to_string();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "refused at once, not after a wait"
+    );
+    assert!(
+        text.contains("access = \"shared\"") && text.contains("access = \"owner\""),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            &tmp.path()
+                .join("a")
+                .canonicalize()
+                .unwrap()
+                .display()
+                .to_string()
+        ),
+        "{text}"
+    );
+    drop((first, second));
+
+    let _owner = NixlFileTier::open(owner).await.unwrap();
+    let started = Instant::now();
+    let err = NixlFileTier::open(shared)
+        .await
+        .err()
+        .expect("a sharer is refused beside an owner");
+    let text = err.to_string();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "a bounded wait"
+    );
+    assert!(
+        text.contains("access = \"shared\"") && text.contains("access = \"owner\""),
+        "{text}"
+    );
+}

@@ -1,0 +1,204 @@
+//! Shared prefixes on the S3 server across real processes.
+
+use std::time::{Duration, Instant};
+
+use tier_object::ObjectTier;
+use tier_tests::s3::S3Server;
+
+use crate::watch::*;
+use crate::worker::*;
+
+#[test]
+fn four_processes_share_one_prefix_on_s3_under_one_capacity() {
+    const WORKERS: u64 = 4;
+    const ROUNDS: u64 = 60;
+    let server = S3Server::shared();
+    let spec = format!(
+        "{} {} {} {}",
+        server.endpoint(),
+        server.bucket,
+        server.access_key,
+        server.secret_key
+    );
+    let prefix_dir = server.data_dir().join(&server.bucket).join(PREFIX);
+    let tmp = tempfile::tempdir().unwrap();
+    let written = (WORKERS * ROUNDS * 4 + COMMON) * PAGE as u64;
+    let capacity = written / 3;
+    let step = capacity - (capacity as f64 * LOW_WATERMARK) as u64;
+    let workers: Vec<Worker> = (0..WORKERS)
+        .map(|id| {
+            spawn_worker_on(
+                tmp.path(),
+                Some(&spec),
+                id,
+                WORKERS,
+                ROUNDS,
+                capacity,
+                5_000,
+            )
+        })
+        .collect();
+    for w in &workers {
+        w.ready();
+    }
+    let sampled = prefix_dir.clone();
+    let sampler = Sampler::start_with(move || prefix_bytes(&sampled));
+    let results: Vec<_> = workers.into_iter().map(Worker::finish).collect();
+    let (peak, samples) = sampler.stop();
+    let total = |name: &str| {
+        results
+            .iter()
+            .map(|(c, _)| c.get(name).copied().unwrap_or(0))
+            .sum::<u64>()
+    };
+    println!(
+        "4 processes, one shared prefix on s3s-fs: {} hits checked ({} of other processes' pages), \
+         {} misses, {} evictions in {} runs, {} spared, peak {} of capacity {} + step {} ({samples} samples)",
+        total("hits_checked"),
+        total("hits_of_others"),
+        total("misses"),
+        total("evicted"),
+        total("eviction_runs"),
+        total("spared"),
+        peak,
+        capacity,
+        step,
+    );
+    assert_eq!(total("bad_hits"), 0, "every hit is byte-exact");
+    assert_eq!(
+        total("get_errors") + total("put_errors"),
+        0,
+        "no call failed"
+    );
+    for (i, (counts, _)) in results.iter().enumerate() {
+        assert!(
+            counts.get("hits_of_others").copied().unwrap_or(0) > 0,
+            "worker {i} read pages the others stored: {counts:?}"
+        );
+    }
+    assert!(
+        total("evicted") > 0,
+        "the capacity made the processes evict"
+    );
+    assert!(
+        samples > 10,
+        "the prefix was sampled while the processes ran"
+    );
+    // Other nodes' puts are seen at the next listing: one more step of slack.
+    assert!(
+        peak <= capacity + 2 * step,
+        "the prefix held {peak} bytes at a sample: over the capacity {capacity} plus two steps"
+    );
+    let mut runs: Vec<(u64, u64)> = results
+        .iter()
+        .flat_map(|(_, r)| r.iter().copied())
+        .collect();
+    runs.sort();
+    assert!(!runs.is_empty(), "the workers logged their evictions");
+    for pair in runs.windows(2) {
+        assert!(pair[1].0 >= pair[0].1, "two evictions overlapped: {pair:?}");
+    }
+    let left = prefix_bytes(&prefix_dir);
+    assert!(
+        left <= capacity + step,
+        "{left} bytes left under the prefix"
+    );
+}
+
+#[test]
+fn an_evictor_of_a_shared_prefix_killed_holding_the_lease_is_taken_over() {
+    const WORKERS: u64 = 3;
+    const ROUNDS: u64 = 150;
+    const LEASE_MS: u64 = 1_000;
+    let server = S3Server::shared();
+    let spec = format!(
+        "{} {} {} {}",
+        server.endpoint(),
+        server.bucket,
+        server.access_key,
+        server.secret_key
+    );
+    // The lease object, as the server keeps it on disk.
+    let lease = server
+        .data_dir()
+        .join(&server.bucket)
+        .join(PREFIX)
+        .join(".kvtier-lease");
+    let tmp = tempfile::tempdir().unwrap();
+    let capacity = 100 * PAGE as u64;
+    let mut workers: Vec<Worker> = (0..WORKERS)
+        .map(|id| {
+            spawn_worker_on(
+                tmp.path(),
+                Some(&spec),
+                id,
+                WORKERS,
+                ROUNDS,
+                capacity,
+                LEASE_MS,
+            )
+        })
+        .collect();
+    for w in &workers {
+        w.ready();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let dead = loop {
+        assert!(
+            Instant::now() < deadline,
+            "no worker held the lease within 60 s"
+        );
+        let Some(pid) = lease_holder_in(&lease) else {
+            continue;
+        };
+        let Some(i) = workers.iter().position(|w| w.child.id() == pid) else {
+            continue;
+        };
+        kill(&mut workers[i].child);
+        let caught = lease_holder_in(&lease) == Some(pid);
+        workers.remove(i);
+        if caught {
+            break pid;
+        }
+        assert!(!workers.is_empty(), "the lease was never caught held");
+    };
+    let killed_at = Instant::now();
+    let taken_over = loop {
+        match lease_holder_in(&lease) {
+            Some(pid) if pid != dead => break killed_at.elapsed(),
+            _ if killed_at.elapsed() > Duration::from_secs(30) => {
+                panic!("no process took the prefix's lease over within 30 s")
+            }
+            _ => std::thread::sleep(Duration::from_millis(5)),
+        }
+    };
+    let survivors: Vec<_> = workers.into_iter().map(Worker::finish).collect();
+    let sum = |name: &str| {
+        survivors
+            .iter()
+            .map(|(c, _)| c.get(name).copied().unwrap_or(0))
+            .sum::<u64>()
+    };
+    println!(
+        "shared prefix: evictor killed holding the lease, taken over after {taken_over:?} \
+         (lease {LEASE_MS} ms), {} takeover(s) counted by the survivors",
+        sum("takeovers")
+    );
+    assert!(
+        taken_over < Duration::from_millis(LEASE_MS) * 2 + Duration::from_secs(2),
+        "the lease was taken over within its expiry (took {taken_over:?})"
+    );
+    // (Two survivors racing for the expired lease may both read back the other's and count
+    // nothing; the lease object naming a survivor is the proof.)
+    assert_eq!(sum("bad_hits"), 0, "no torn or foreign bytes were served");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let tier = ObjectTier::open(
+            s3_store(&spec),
+            object_config(capacity, Duration::from_secs(5)),
+        )
+        .unwrap();
+        let found = verify_all(&tier, WORKERS, ROUNDS * 4).await;
+        assert!(found > 0, "pages are still there, each whole");
+    });
+}
