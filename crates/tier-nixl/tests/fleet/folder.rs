@@ -26,59 +26,13 @@ fn four_processes_share_one_folder_under_one_capacity() {
     let results: Vec<_> = workers.into_iter().map(Worker::finish).collect();
     let (peak, samples) = sampler.stop();
 
-    let total = |name: &str| {
-        results
-            .iter()
-            .map(|(c, _)| c.get(name).copied().unwrap_or(0))
-            .sum::<u64>()
-    };
-    println!(
-        "4 processes, one shared folder: {} hits checked ({} of other processes' pages), {} misses, \
-         {} evictions in {} runs, {} spared, peak {} of capacity {} + step {} ({samples} samples)",
-        total("hits_checked"),
-        total("hits_of_others"),
-        total("misses"),
-        total("evicted"),
-        total("eviction_runs"),
-        total("spared"),
-        peak,
-        capacity,
-        step,
+    check_shared_run(
+        "4 processes, one shared folder",
+        &results,
+        (peak, samples),
+        (capacity, step),
+        1,
     );
-    assert_eq!(total("bad_hits"), 0, "every hit is byte-exact");
-    assert_eq!(
-        total("get_errors") + total("put_errors"),
-        0,
-        "no call failed"
-    );
-    for (i, (counts, _)) in results.iter().enumerate() {
-        assert!(
-            counts.get("hits_of_others").copied().unwrap_or(0) > 0,
-            "worker {i} read pages the others stored: {counts:?}"
-        );
-    }
-    assert!(
-        total("evicted") > 0,
-        "the capacity made the processes evict"
-    );
-    assert!(
-        samples > 10,
-        "the folders were sampled while the processes ran"
-    );
-    assert!(
-        peak <= capacity + step,
-        "the folders held {peak} bytes at a sample: over the capacity {capacity} plus one step {step}"
-    );
-    // One evictor at a time: no two eviction runs of any processes overlap.
-    let mut runs: Vec<(u64, u64)> = results
-        .iter()
-        .flat_map(|(_, r)| r.iter().copied())
-        .collect();
-    runs.sort();
-    assert!(!runs.is_empty(), "the workers logged their evictions");
-    for pair in runs.windows(2) {
-        assert!(pair[1].0 >= pair[0].1, "two evictions overlapped: {pair:?}");
-    }
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {

@@ -13,13 +13,7 @@ fn four_processes_share_one_prefix_on_s3_under_one_capacity() {
     const WORKERS: u64 = 4;
     const ROUNDS: u64 = 60;
     let server = S3Server::shared();
-    let spec = format!(
-        "{} {} {} {}",
-        server.endpoint(),
-        server.bucket,
-        server.access_key,
-        server.secret_key
-    );
+    let spec = s3_spec(&server);
     let prefix_dir = server.data_dir().join(&server.bucket).join(PREFIX);
     let tmp = tempfile::tempdir().unwrap();
     let written = (WORKERS * ROUNDS * 4 + COMMON) * PAGE as u64;
@@ -45,59 +39,14 @@ fn four_processes_share_one_prefix_on_s3_under_one_capacity() {
     let sampler = Sampler::start_with(move || prefix_bytes(&sampled));
     let results: Vec<_> = workers.into_iter().map(Worker::finish).collect();
     let (peak, samples) = sampler.stop();
-    let total = |name: &str| {
-        results
-            .iter()
-            .map(|(c, _)| c.get(name).copied().unwrap_or(0))
-            .sum::<u64>()
-    };
-    println!(
-        "4 processes, one shared prefix on s3s-fs: {} hits checked ({} of other processes' pages), \
-         {} misses, {} evictions in {} runs, {} spared, peak {} of capacity {} + step {} ({samples} samples)",
-        total("hits_checked"),
-        total("hits_of_others"),
-        total("misses"),
-        total("evicted"),
-        total("eviction_runs"),
-        total("spared"),
-        peak,
-        capacity,
-        step,
-    );
-    assert_eq!(total("bad_hits"), 0, "every hit is byte-exact");
-    assert_eq!(
-        total("get_errors") + total("put_errors"),
-        0,
-        "no call failed"
-    );
-    for (i, (counts, _)) in results.iter().enumerate() {
-        assert!(
-            counts.get("hits_of_others").copied().unwrap_or(0) > 0,
-            "worker {i} read pages the others stored: {counts:?}"
-        );
-    }
-    assert!(
-        total("evicted") > 0,
-        "the capacity made the processes evict"
-    );
-    assert!(
-        samples > 10,
-        "the prefix was sampled while the processes ran"
-    );
     // Other nodes' puts are seen at the next listing: one more step of slack.
-    assert!(
-        peak <= capacity + 2 * step,
-        "the prefix held {peak} bytes at a sample: over the capacity {capacity} plus two steps"
+    check_shared_run(
+        "4 processes, one shared prefix on s3s-fs",
+        &results,
+        (peak, samples),
+        (capacity, step),
+        2,
     );
-    let mut runs: Vec<(u64, u64)> = results
-        .iter()
-        .flat_map(|(_, r)| r.iter().copied())
-        .collect();
-    runs.sort();
-    assert!(!runs.is_empty(), "the workers logged their evictions");
-    for pair in runs.windows(2) {
-        assert!(pair[1].0 >= pair[0].1, "two evictions overlapped: {pair:?}");
-    }
     let left = prefix_bytes(&prefix_dir);
     assert!(
         left <= capacity + step,
@@ -111,13 +60,7 @@ fn an_evictor_of_a_shared_prefix_killed_holding_the_lease_is_taken_over() {
     const ROUNDS: u64 = 150;
     const LEASE_MS: u64 = 1_000;
     let server = S3Server::shared();
-    let spec = format!(
-        "{} {} {} {}",
-        server.endpoint(),
-        server.bucket,
-        server.access_key,
-        server.secret_key
-    );
+    let spec = s3_spec(&server);
     // The lease object, as the server keeps it on disk.
     let lease = server
         .data_dir()

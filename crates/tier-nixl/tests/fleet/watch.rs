@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use tier_core::{Lookup, PageKey, ReadSlot, StorageTier};
 use tier_tests::content;
+use tier_tests::s3::S3Server;
 
 use crate::worker::{common_key, own_key, COMMON, PAGE};
 
@@ -87,7 +88,7 @@ impl Worker {
     }
 
     /// Waits for the child's end; returns its counts and its evictions' (began, ended) times.
-    pub fn finish(mut self) -> (HashMap<String, u64>, Vec<(u64, u64)>) {
+    pub fn finish(mut self) -> WorkerResult {
         let status = wait_bounded(&mut self.child, Duration::from_secs(240));
         assert!(status.success(), "a worker failed: {status}");
         let mut counts = HashMap::new();
@@ -258,4 +259,83 @@ pub fn kill(child: &mut Child) {
     // SAFETY: plain kill(2) of a child this test started.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     let _ = child.wait();
+}
+
+/// What a worker printed: its counts, and its eviction runs' (began, ended) times.
+pub type WorkerResult = (HashMap<String, u64>, Vec<(u64, u64)>);
+
+/// Prints what the sharing workers did under `title` and checks it: every hit byte-exact, no
+/// call failed, each worker read pages the others stored, they evicted, the storage was
+/// sampled, its peak stayed within the capacity plus `steps` eviction steps, and no two
+/// eviction runs of any workers overlapped.
+pub fn check_shared_run(
+    title: &str,
+    results: &[WorkerResult],
+    (peak, samples): (u64, u64),
+    (capacity, step): (u64, u64),
+    steps: u64,
+) {
+    let total = |name: &str| {
+        results
+            .iter()
+            .map(|(c, _)| c.get(name).copied().unwrap_or(0))
+            .sum::<u64>()
+    };
+    println!(
+        "{title}: {} hits checked ({} of other processes' pages), {} misses, \
+         {} evictions in {} runs, {} spared, peak {} of capacity {} + step {} ({samples} samples)",
+        total("hits_checked"),
+        total("hits_of_others"),
+        total("misses"),
+        total("evicted"),
+        total("eviction_runs"),
+        total("spared"),
+        peak,
+        capacity,
+        step,
+    );
+    assert_eq!(total("bad_hits"), 0, "every hit is byte-exact");
+    assert_eq!(
+        total("get_errors") + total("put_errors"),
+        0,
+        "no call failed"
+    );
+    for (i, (counts, _)) in results.iter().enumerate() {
+        assert!(
+            counts.get("hits_of_others").copied().unwrap_or(0) > 0,
+            "worker {i} read pages the others stored: {counts:?}"
+        );
+    }
+    assert!(
+        total("evicted") > 0,
+        "the capacity made the processes evict"
+    );
+    assert!(
+        samples > 10,
+        "the storage was sampled while the processes ran"
+    );
+    assert!(
+        peak <= capacity + steps * step,
+        "the storage held {peak} bytes at a sample: over the capacity {capacity} plus {steps} step(s) of {step}"
+    );
+    let mut runs: Vec<(u64, u64)> = results
+        .iter()
+        .flat_map(|(_, r)| r.iter().copied())
+        .collect();
+    runs.sort();
+    assert!(!runs.is_empty(), "the workers logged their evictions");
+    for pair in runs.windows(2) {
+        assert!(pair[1].0 >= pair[0].1, "two evictions overlapped: {pair:?}");
+    }
+}
+
+/// The S3 server as a worker takes it: endpoint, bucket and keys.
+pub fn s3_spec(server: &S3Server) -> String {
+    format!(
+        "{} {} {} {}",
+        server.endpoint(),
+        server.bucket,
+        server.access_key,
+        server.secret_key
+    )
 }
