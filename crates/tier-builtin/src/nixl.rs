@@ -113,8 +113,12 @@ fn to_config(name: &str, p: FileParams) -> Result<NixlFileConfig, TierError> {
         return Err(TierError::config(
             *field,
             format!(
-                "is a setting of access = \"shared\" (this tier's access is {:?})",
-                p.access
+                "is a setting of access = \"shared\" (this tier's access is \"{}\")",
+                if p.access == FileAccess::Reader {
+                    "reader"
+                } else {
+                    "owner"
+                }
             ),
         ));
     }
