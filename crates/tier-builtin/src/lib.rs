@@ -45,4 +45,45 @@ mod tests {
         kinds.sort_unstable();
         assert_eq!(kinds, ["mem", "nixl-file", "nixl-obj", "object"]);
     }
+
+    /// The error `tier` (a TOML table's fields) gets, as text.
+    fn refused(tier: &str) -> String {
+        let text = format!("[[tiers]]\n{tier}\n");
+        let config = tier_hierarchy::config::HierarchyConfig::from_toml(&text).expect("parses");
+        match super::registry().plan(&config) {
+            Ok(_) => panic!("{tier} was accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn shared_access_refuses_what_it_does_not_use_and_the_others_its_settings() {
+        let folder = "kind = \"nixl-file\"\ndirs = [\"/tmp/kvtier-unused\"]";
+        let prefix = "kind = \"object\"\nstore = \"memory\"\nprefix = \"p\"\ncapacity = 1024";
+        let cases = [
+            (
+                format!("{folder}\naccess = \"shared\"\npolicy = \"lru\""),
+                "tiers[0].policy",
+            ),
+            (format!("{folder}\nlease = \"5s\""), "tiers[0].lease"),
+            (
+                format!("{folder}\naccess = \"reader\"\nlow_watermark = 0.5"),
+                "tiers[0].low_watermark",
+            ),
+            (
+                format!("{prefix}\naccess = \"shared\"\npolicy = \"lru\""),
+                "tiers[0].policy",
+            ),
+            (format!("{prefix}\nrelist = \"1s\""), "tiers[0].relist"),
+            (
+                format!("{prefix}\naccess = \"shared\"\nlow_watermark = 1.5"),
+                "tiers[0].low_watermark",
+            ),
+        ];
+        for (tier, field) in cases {
+            let err = refused(&tier);
+            assert!(err.contains(field), "{tier}: {err}");
+        }
+        assert!(refused(&format!("{folder}\nlease = \"5s\"")).contains("access is \"owner\""));
+    }
 }
