@@ -12,6 +12,7 @@ mod info;
 mod key;
 mod order;
 mod page;
+mod read_slot;
 mod stats;
 mod tier;
 
@@ -20,7 +21,8 @@ pub use evict::{EvictedPage, EvictionCause, EvictionListener};
 pub use info::TierInfo;
 pub use key::PageKey;
 pub use order::{OrderGuard, WriteOrder};
-pub use page::{copied_bytes, CopiedBytes, Lookup, Page, PageBuf, PageData, ReadSlot};
+pub use page::{copied_bytes, CopiedBytes, Page, PageData};
+pub use read_slot::{Lookup, PageBuf, ReadSlot};
 pub use stats::{StatsRecorder, TierStats};
 pub use tier::{GetResult, PutResult, RemoveResult, StorageTier};
 

@@ -10,14 +10,10 @@
 //! calls, then a flush and a read of every key, are checked as [`crate::history`] checks a
 //! random history: against every order the calls could have run in.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
-use tier_core::{
-    async_trait, GetResult, Page, PageKey, PutResult, ReadSlot, RemoveResult, StorageTier,
-    TierError, TierInfo, TierStats,
-};
+use tier_core::PageKey;
 use tier_hierarchy::{Hierarchy, HierarchyPolicy, WritePolicy};
 use tokio::sync::oneshot;
 
@@ -25,10 +21,12 @@ use crate::history::{check, perform, Answer, Call, Event};
 use crate::model::ModelTier;
 use crate::suite::DynTier;
 
+mod gate;
+
+use gate::{settle, GatedTier, Gates};
+
 /// Page length every scenario writes.
 const LEN: usize = 4096;
-/// Yields the explorer gives the other tasks to reach their next gate.
-const SETTLE_YIELDS: usize = 16;
 
 /// One client call of a scenario, on key indices.
 #[derive(Debug, Clone, Copy)]
@@ -90,109 +88,6 @@ pub struct Explored {
     pub with_drop: usize,
     /// The most choices one schedule made.
     pub deepest: usize,
-}
-
-/// Calls waiting at the gates, by arrival.
-#[derive(Default)]
-struct Gates {
-    waiting: Mutex<BTreeMap<u64, (String, oneshot::Sender<()>)>>,
-    next: AtomicU64,
-}
-
-impl Gates {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, (String, oneshot::Sender<()>)>> {
-        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Waits until the explorer lets this call through (forgotten if dropped meanwhile).
-    async fn pass(self: &Arc<Self>, label: String) {
-        struct Leave(Arc<Gates>, u64);
-        impl Drop for Leave {
-            fn drop(&mut self) {
-                self.0.lock().remove(&self.1);
-            }
-        }
-        let id = self.next.fetch_add(1, SeqCst);
-        let (tx, rx) = oneshot::channel();
-        self.lock().insert(id, (label, tx));
-        let _leave = Leave(Arc::clone(self), id);
-        let _ = rx.await;
-    }
-
-    fn waiting(&self) -> Vec<(u64, String)> {
-        self.lock()
-            .iter()
-            .map(|(id, (label, _))| (*id, label.clone()))
-            .collect()
-    }
-
-    fn release(&self, id: u64) {
-        if let Some((_, tx)) = self.lock().remove(&id) {
-            let _ = tx.send(());
-        }
-    }
-}
-
-/// A tier whose every call waits at the gates first.
-struct GatedTier {
-    name: &'static str,
-    inner: DynTier,
-    gates: Arc<Gates>,
-    flaw: Option<Flaw>,
-}
-
-impl GatedTier {
-    fn label(&self, op: &str, keys: impl Iterator<Item = PageKey>) -> String {
-        let keys: Vec<String> = keys.map(|k| k.to_string()).collect();
-        format!("{} {op} {}", self.name, keys.join(","))
-    }
-}
-
-#[async_trait]
-impl StorageTier for GatedTier {
-    fn info(&self) -> TierInfo {
-        self.inner.info()
-    }
-
-    fn stats(&self) -> TierStats {
-        self.inner.stats()
-    }
-
-    async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
-        let label = self.label("put", pages.iter().map(|p| p.key.clone()));
-        self.gates.pass(label).await;
-        if self.flaw == Some(Flaw::LowerKeepsOldVersions) {
-            let keys: Vec<PageKey> = pages.iter().map(|p| p.key.clone()).collect();
-            let held = matches!(self.inner.exists(&keys[..1]).await, Ok(1));
-            if pages.len() == 1 && held {
-                return vec![Ok(())];
-            }
-        }
-        self.inner.put(pages).await
-    }
-
-    async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
-        let label = self.label("get", slots.iter().map(|s| s.key.clone()));
-        self.gates.pass(label).await;
-        self.inner.get(slots).await
-    }
-
-    async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
-        let label = self.label("exists", keys.iter().cloned());
-        self.gates.pass(label).await;
-        self.inner.exists(keys).await
-    }
-
-    async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
-        let label = self.label("remove", keys.iter().cloned());
-        self.gates.pass(label).await;
-        self.inner.remove(keys).await
-    }
-
-    async fn clear(&self) -> Result<(), TierError> {
-        self.gates.pass(format!("{} clear", self.name)).await;
-        self.inner.clear().await
-    }
 }
 
 /// A choice the explorer makes at one point of a schedule.
@@ -444,21 +339,6 @@ impl Log {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Lets every other task run until the calls waiting at the gates stop changing.
-async fn settle(gates: &Gates) {
-    let mut seen = gates.waiting();
-    for _ in 0..1000 {
-        for _ in 0..SETTLE_YIELDS {
-            tokio::task::yield_now().await;
-        }
-        let now = gates.waiting();
-        if now == seen {
-            return;
-        }
-        seen = now;
-    }
 }
 
 /// Runs every schedule of `scenario` and checks each; the first violation fails it, with the
