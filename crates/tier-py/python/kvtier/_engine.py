@@ -65,6 +65,16 @@ class RateLimitedLog:
             self.logger.warning("kvtier %s failed (%d so far): %s", what, count, err)
 
 
+def close_all(log: RateLimitedLog, what: str, *closers: Callable[[], object]) -> None:
+    """Calls each closer in turn, every one even if an earlier one fails; failures are logged
+    as ``what`` (an engine's shutdown never raises)."""
+    for close in closers:
+        try:
+            close()
+        except Exception as e:
+            log.warn(what, e)
+
+
 def owned_file_tiers(config: dict[str, Any]) -> list[Any]:
     """The NIXL FILE tiers of ``config`` that own their folders (one process each)."""
     return [

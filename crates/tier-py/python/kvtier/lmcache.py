@@ -22,7 +22,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ._engine import RateLimitedLog, load_config, open_instance
+from ._engine import RateLimitedLog, close_all, load_config, open_instance
 
 logger = logging.getLogger(__name__)
 
@@ -113,12 +113,4 @@ class KvtierL2Connector:
         if self._closed:
             return
         self._closed = True
-        try:
-            self.queue.close()
-        except Exception as e:
-            self.log.warn("close", e)
-        try:
-            self.store.close()
-        except Exception as e:
-            self.log.warn("close", e)
-        self._instance.release()
+        close_all(self.log, "close", self.queue.close, self.store.close, self._instance.release)

@@ -28,7 +28,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 from . import Store
-from ._engine import RateLimitedLog, load_config, namespace
+from ._engine import RateLimitedLog, close_all, load_config, namespace
 
 logger = logging.getLogger(__name__)
 
@@ -303,10 +303,7 @@ class KvtierStorage(HiCacheStorage):
         """Writes the pages still queued for the lower tiers (bounded by the hierarchy's
         ``flush_timeout``; what did not land is logged) and stops background work. SGLang
         calls it when it detaches the backend; at interpreter exit kvtier does."""
-        try:
-            self.store.close()
-        except Exception as e:
-            self.log.warn("close", e)
+        close_all(self.log, "close", self.store.close)
 
     # ------------------------------------------------------------------ metrics
 

@@ -42,7 +42,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from . import Store
-from ._engine import RateLimitedLog, load_config, open_instance
+from ._engine import RateLimitedLog, close_all, load_config, open_instance
 from ._engine import namespace as page_namespace
 
 logger = logging.getLogger(__name__)
@@ -258,11 +258,6 @@ class KvtierSecondaryTier(SecondaryTierManager):
         if self.store is None:
             return
         self.drain_jobs()
-        for close in (self.queue.close, self.store.close):
-            try:
-                close()
-            except Exception as e:
-                self.log.warn("shutdown", e)
+        close_all(self.log, "shutdown", self.queue.close, self.store.close, self._instance.release)
         self.queue = self.store = None
-        self._instance.release()
         self._primary_kv_view = None
