@@ -73,7 +73,8 @@ pub enum Durability {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FileEngine {
-    /// The NIXL FILE plugin: one registration and one transfer per batch.
+    /// The NIXL FILE plugin: one registration and one transfer per batch (per 2 MiB of it
+    /// with checksums on, each part's pages checksummed as soon as it lands).
     #[default]
     Nixl,
     /// Plain `pread`/`pwrite` by the tier's own threads, for host memory on a local or mounted

@@ -1,0 +1,72 @@
+//! What page checksums cost a batch read: each engine (NIXL, syscalls) with CRC-32C beside
+//! itself with checksums off, on the same page size and batch (32 pages of 2 MiB by default,
+//! LMCache's L2 batch), from the page cache, rounds interleaved, medians quoted.
+//!
+//! `cargo bench -p tier-nixl --bench checksum_reads` (rounds: `$KVTIER_BENCH_ROUNDS`, default
+//! 101; pages: `$KVTIER_BENCH_PAGES`, default 32; page size in KiB: `$KVTIER_BENCH_PAGE_KIB`,
+//! default 2048).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::Workload;
+use tier_nixl::{FileEngine, NixlFileConfig, NixlFileTier, PageChecksum};
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let rounds = env("KVTIER_BENCH_ROUNDS", 101);
+    let pages = env("KVTIER_BENCH_PAGES", 32);
+    let page = env("KVTIER_BENCH_PAGE_KIB", 2048) << 10;
+    let tmp = tempfile::tempdir().unwrap();
+    let w = Workload::new(page, pages * page, 1);
+    let mut tiers = Vec::new();
+    for engine in [FileEngine::Nixl, FileEngine::Syscalls] {
+        for checksum in [PageChecksum::Crc32c, PageChecksum::Off] {
+            let name = format!("{engine:?} {checksum:?}").to_lowercase();
+            let mut config = NixlFileConfig::new([tmp.path().join(name.replace(' ', "-"))]);
+            config.engine = engine;
+            config.page_checksum = checksum;
+            let tier = NixlFileTier::open(config).await.unwrap();
+            common::put_batches(&tier, &w, pages).await;
+            tiers.push((name, tier));
+        }
+    }
+    let mut bufs = common::buffers(&w, pages);
+    let mut times: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
+    for _ in 0..rounds {
+        for (name, tier) in &tiers {
+            let t = Instant::now();
+            common::get_batches(tier, &w, &mut bufs).await;
+            times.entry(name).or_default().push(t.elapsed());
+        }
+    }
+    let med: BTreeMap<&str, Duration> = times
+        .into_iter()
+        .map(|(k, mut v)| {
+            v.sort();
+            (k, v[v.len() / 2])
+        })
+        .collect();
+    println!(
+        "Batch reads of {pages} pages of {} KiB, medians of {rounds} interleaved rounds",
+        page >> 10
+    );
+    for (name, _) in &tiers {
+        let t = med[name.as_str()];
+        let off = med[name.replace("crc32c", "off").as_str()];
+        println!(
+            "{name:<16} {:>8.0} MiB/s  {:.2} x checksums off",
+            (pages * page) as f64 / t.as_secs_f64() / (1 << 20) as f64,
+            off.as_secs_f64() / t.as_secs_f64()
+        );
+    }
+}
