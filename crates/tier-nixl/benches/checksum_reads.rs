@@ -4,7 +4,8 @@
 //!
 //! `cargo bench -p tier-nixl --bench checksum_reads` (rounds: `$KVTIER_BENCH_ROUNDS`, default
 //! 101; pages: `$KVTIER_BENCH_PAGES`, default 32; page size in KiB: `$KVTIER_BENCH_PAGE_KIB`,
-//! default 2048).
+//! default 2048; `KVTIER_BENCH_FROM_DISK=1` drops the pages' files from the page cache before
+//! every read, so reads come from the disk).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -13,6 +14,16 @@ mod common;
 
 use common::Workload;
 use tier_nixl::{FileEngine, NixlFileConfig, NixlFileTier, PageChecksum};
+
+/// Drops `tier`'s files of `w`'s pages from the page cache (they are clean: written, synced).
+fn evict(tier: &NixlFileTier, w: &Workload) {
+    use std::os::unix::io::AsRawFd;
+    for key in &w.keys {
+        let file = std::fs::File::open(tier.page_path(key).unwrap()).unwrap();
+        // SAFETY: plain syscall on an open fd.
+        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
+}
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -40,10 +51,18 @@ async fn main() {
             tiers.push((name, tier));
         }
     }
+    let from_disk = env("KVTIER_BENCH_FROM_DISK", 0) == 1;
+    if from_disk {
+        // SAFETY: plain syscall: writes the pages out, so dropping them from the cache works.
+        unsafe { libc::sync() };
+    }
     let mut bufs = common::buffers(&w, pages);
     let mut times: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
     for _ in 0..rounds {
         for (name, tier) in &tiers {
+            if from_disk {
+                evict(tier, &w);
+            }
             let t = Instant::now();
             common::get_batches(tier, &w, &mut bufs).await;
             times.entry(name).or_default().push(t.elapsed());
@@ -57,8 +76,9 @@ async fn main() {
         })
         .collect();
     println!(
-        "Batch reads of {pages} pages of {} KiB, medians of {rounds} interleaved rounds",
-        page >> 10
+        "Batch reads of {pages} pages of {} KiB from the {}, medians of {rounds} interleaved rounds",
+        page >> 10,
+        if from_disk { "disk" } else { "page cache" }
     );
     for (name, _) in &tiers {
         let t = med[name.as_str()];

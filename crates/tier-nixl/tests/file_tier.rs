@@ -760,7 +760,8 @@ async fn a_dropped_read_leaves_its_page_evictable() {
 /// A batch read checksums each page where it landed, also when the batch moves in several
 /// transfers (the NIXL engine checksums a few MiB at a time) and on both threads of a big batch:
 /// exactly the pages changed on disk are misses, every other page a hit with its own bytes;
-/// against the checksums the index knows, and against the files' own after a restart.
+/// against the checksums the index knows (pages in the page cache), and against the files' own
+/// after a restart (pages from the disk, several transfers in flight).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_big_batch_checksums_every_page_as_its_own() {
     const LEN: usize = 512 << 10;
@@ -810,6 +811,14 @@ async fn a_big_batch_checksums_every_page_as_its_own() {
         flip(&tier, 38);
         drop(tier);
         let tier = NixlFileTier::open(config).await.unwrap();
+        // SAFETY: plain syscall: the files are written out, then dropped from the page cache.
+        unsafe { libc::sync() };
+        for i in (0..PAGES).filter(|i| ![3, 25].contains(i)) {
+            use std::os::unix::io::AsRawFd;
+            let file = std::fs::File::open(tier.page_path(&key(i)).unwrap()).unwrap();
+            // SAFETY: plain syscall on an open fd.
+            unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        }
         read_all(&tier, &[3, 9, 25, 38], &format!("{engine:?} restarted")).await;
         assert_eq!(tier.stats().errors, 2, "{engine:?} restarted");
     }

@@ -9,7 +9,7 @@ pub(crate) mod sys;
 mod transfer;
 
 use lists::{Params, QueryResp, RegList, StringList, XferList};
-pub use transfer::{Finished, Held, Owned, Registered, Unsettled};
+pub use transfer::{Finished, Held, Owned, Registered, Transfer, Unsettled};
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, CStr, CString};

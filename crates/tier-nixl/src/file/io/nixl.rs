@@ -11,7 +11,9 @@ use std::sync::Arc;
 use tier_core::TierError;
 
 use crate::batch::Failure;
-use crate::nixl::{next_dev_id, Backend, Desc, Finished, Held, MemKind, Unsettled, XferOp};
+use crate::nixl::{
+    next_dev_id, Backend, Desc, Finished, Held, MemKind, Transfer, Unsettled, XferOp,
+};
 
 use super::syscalls::open_page;
 use super::{op_name, FileIo, Xfer};
@@ -95,6 +97,7 @@ impl Xfer {
 }
 
 impl FileIo {
+    /// Moves the items `which` of `items` in one registration and one transfer.
     pub(super) fn transfer(
         &self,
         op: XferOp,
@@ -102,6 +105,18 @@ impl FileIo {
         which: &[usize],
         memory: &Arc<Held>,
     ) -> Result<(), Failure> {
+        let transfer = self.post(op, items, which, memory)?;
+        self.settle(op, transfer)
+    }
+
+    /// Registers the files of the items `which` of `items` and posts their transfer.
+    pub(super) fn post(
+        &self,
+        op: XferOp,
+        items: &[Xfer],
+        which: &[usize],
+        memory: &Arc<Held>,
+    ) -> Result<Transfer, Failure> {
         // Fd mode: open every file first; the transfer holds them with their registration.
         let mut files: Vec<File> = Vec::new();
         let mut metas: Vec<Vec<u8>> = Vec::new();
@@ -147,10 +162,13 @@ impl FileIo {
         let mut held = Held::default();
         held.include(memory);
         held.files(registration, files);
-        let transfer = self
-            .backend
+        self.backend
             .post(op, &local, MemKind::File, &remote, &held.seal())
-            .map_err(|e| Failure::Batch(format!("{}: posting the transfer: {e}", op_name(op))))?;
+            .map_err(|e| Failure::Batch(format!("{}: posting the transfer: {e}", op_name(op))))
+    }
+
+    /// Waits for a posted transfer (bounded by the transfer timeout) and says how it ended.
+    pub(super) fn settle(&self, op: XferOp, transfer: Transfer) -> Result<(), Failure> {
         // Writes only read memory: a caller's pages need no waiting for (see Abandoned).
         match transfer.finish(self.timeout) {
             Finished::Done => Ok(()),
