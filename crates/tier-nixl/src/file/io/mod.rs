@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use tier_core::{PageKey, TierError};
 
 use super::checksum;
-use crate::batch::{move_isolating, BatchOutcome, Failure};
-use crate::nixl::{Backend, Held, Unsettled, XferOp};
+use crate::batch::{move_isolating, BatchOutcome};
+use crate::nixl::{Backend, Held, XferOp};
 use crate::staging::align_up;
 use crate::{FileEngine, READ_ATTEMPTS};
 
@@ -331,9 +331,9 @@ impl FileIo {
     /// lands. While groups land from the page cache, the next is posted only once the last is
     /// checksummed, so its bytes are still in the cores' caches (with more in flight, or
     /// checksummed after the whole batch, they come back from DRAM); while they come from the
-    /// disk, [`HASH_DEPTH`] are in flight, keeping it busy. A group that fails as a whole is
-    /// moved again as [`FileIo::transfer_all`] moves a batch. Direct reads land in staging by
-    /// DMA and are checksummed where they are copied out.
+    /// disk, [`HASH_DEPTH`] are in flight, keeping it busy. A group's failure is handled as
+    /// [`FileIo::transfer_all`] handles a batch's. Direct reads land in staging by DMA and are
+    /// checksummed where they are copied out.
     fn transfer_hashing(
         &self,
         items: &[Xfer],
@@ -363,45 +363,30 @@ impl FileIo {
         loop {
             while in_flight.len() < depth {
                 let Some(group) = next.next() else { break };
-                let which: Vec<usize> = group.clone().collect();
-                let posted = self.post(XferOp::Read, items, &which, memory);
+                let all: Vec<usize> = (0..group.len()).collect();
+                let posted = self.post(XferOp::Read, &items[group.clone()], &all, memory);
                 in_flight.push_back((group, posted));
             }
             let Some((group, posted)) = in_flight.pop_front() else {
                 break;
             };
-            let landed = match posted.and_then(|t| self.settle(XferOp::Read, t)) {
-                Ok(()) => BatchOutcome {
-                    results: group.clone().map(|_| Ok(())).collect(),
-                    poisoned: false,
+            let part = &items[group.clone()];
+            // The group's transfer is its first attempt: a failure is handled as a batch's.
+            let mut first = Some(posted.and_then(|t| self.settle(XferOp::Read, t)));
+            let landed = move_isolating(
+                part.len(),
+                self.timeout,
+                &mut |which| match first.take() {
+                    Some(outcome) => outcome,
+                    None => self.transfer(XferOp::Read, part, which, memory),
                 },
-                Err(Failure::Unsettled(why)) => BatchOutcome {
-                    // Its memory may still be written: no retry, and the batch is poisoned.
-                    results: group
-                        .clone()
-                        .map(|i| {
-                            Err(match &why {
-                                Unsettled::TimedOut => TierError::Timeout {
-                                    op: "NIXL transfer",
-                                    after: self.timeout,
-                                },
-                                Unsettled::Failed(e) => self.item_error(
-                                    XferOp::Read,
-                                    &items[i],
-                                    format!("transfer: {e}"),
-                                ),
-                            })
-                        })
-                        .collect(),
-                    poisoned: true,
-                },
-                Err(_) => self.transfer_all(XferOp::Read, &items[group.clone()], memory),
-            };
-            let bytes: usize = items[group.clone()].iter().map(|i| i.len).sum();
+                &|i, message| self.item_error(XferOp::Read, &part[i], message),
+            );
+            let bytes: usize = part.iter().map(|i| i.len).sum();
             let cached = bytes as f64 >= CACHED_RATE * since.elapsed().as_secs_f64();
             depth = if cached { 1 } else { HASH_DEPTH };
             if !landed.poisoned {
-                for ((item, r), crc) in items[group.clone()]
+                for ((item, r), crc) in part
                     .iter()
                     .zip(&landed.results)
                     .zip(&mut hashed[group.clone()])
