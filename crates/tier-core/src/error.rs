@@ -126,6 +126,16 @@ impl TierError {
         }
     }
 
+    /// Whether this error says the tier itself is failing (I/O, its backend, a timeout, not
+    /// available), rather than what the caller passed (a key, a length, a batch, a setting).
+    /// A hierarchy's tier health counts these.
+    pub fn is_tier_fault(&self) -> bool {
+        matches!(
+            self,
+            Self::Io { .. } | Self::Backend { .. } | Self::Timeout { .. } | Self::Unavailable(_)
+        )
+    }
+
     /// The page this error concerns, if any.
     pub fn key(&self) -> Option<&PageKey> {
         match self {

@@ -1,3 +1,5 @@
+use std::time::Instant;
+
 use async_trait::async_trait;
 
 use crate::{Lookup, Page, PageKey, ReadSlot, TierError, TierInfo, TierStats};
@@ -46,5 +48,41 @@ pub trait StorageTier: Send + Sync {
     /// nothing to wait for.
     async fn flush(&self) -> Result<(), TierError> {
         Ok(())
+    }
+
+    /// [`get`](Self::get), answered by `deadline`: a key not read by then is a miss (its
+    /// buffer's bytes are then unspecified, never reported as a hit). The default runs `get`
+    /// until the deadline and drops it there (every call is drop-safe): all or nothing; a
+    /// hierarchy keeps what its faster tiers found.
+    async fn get_by(&self, slots: &mut [ReadSlot<'_>], deadline: Instant) -> Vec<GetResult> {
+        let n = slots.len();
+        let call = self.get(slots);
+        match tokio::time::timeout_at(deadline.into(), call).await {
+            Ok(results) => results,
+            Err(_) => (0..n).map(|_| Ok(Lookup::Miss)).collect(),
+        }
+    }
+
+    /// [`exists`](Self::exists), answered by `deadline`: what is not known present by then
+    /// counts as absent (the default answers 0 at the deadline).
+    async fn exists_by(&self, keys: &[PageKey], deadline: Instant) -> Result<usize, TierError> {
+        tokio::time::timeout_at(deadline.into(), self.exists(keys))
+            .await
+            .unwrap_or(Ok(0))
+    }
+
+    /// [`put`](Self::put), answered by `deadline`: a page not acknowledged by then gets
+    /// [`TierError::Timeout`] (stored whole or not at all, as for any dropped put).
+    async fn put_by(&self, pages: &[Page<'_>], deadline: Instant) -> Vec<PutResult> {
+        let started = Instant::now();
+        match tokio::time::timeout_at(deadline.into(), self.put(pages)).await {
+            Ok(results) => results,
+            Err(_) => {
+                let after = started.elapsed();
+                (0..pages.len())
+                    .map(|_| Err(TierError::Timeout { op: "put", after }))
+                    .collect()
+            }
+        }
     }
 }

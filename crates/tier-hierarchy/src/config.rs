@@ -31,7 +31,9 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 
 use crate::hierarchy::DemotionQueue;
-use crate::{EvictionListener, Hierarchy, HierarchyPolicy, StorageTier, TierError, WritePolicy};
+use crate::{
+    EvictionListener, HealthPolicy, Hierarchy, HierarchyPolicy, StorageTier, TierError, WritePolicy,
+};
 
 /// A byte count written as a number or with a unit: `4096`, `"64KiB"`, `"8GiB"`, `"1.5GB"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -168,6 +170,51 @@ pub struct PolicyConfig {
     pub flush_timeout: Option<TimeSpan>,
     /// Requests of a key before its page is written below (default 1: every page).
     pub admit_after: u32,
+    /// `[hierarchy.health]`: when a tier counts as slow or down.
+    pub health: HealthConfig,
+}
+
+/// The `[hierarchy.health]` table; every field optional (see [`HealthPolicy`]).
+///
+/// ```toml
+/// [hierarchy.health]
+/// trip_after = 3          # failed calls in a row before a tier is down (0: no breaker)
+/// stall_after = "2s"      # a call unanswered this long marks its tier down
+/// slow_after = "1s"       # 90th percentile of recent calls over which a tier is slow
+/// probe_backoff = "500ms" # first wait before a down tier is probed (doubles)
+/// probe_backoff_max = "30s"
+/// probe_timeout = "2s"
+/// ```
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    /// Failed calls in a row before a tier is down (a timeout counts at once); 0: never.
+    pub trip_after: Option<u32>,
+    /// A call unanswered this long marks its tier down.
+    pub stall_after: Option<TimeSpan>,
+    /// The 90th percentile of recent calls over which a tier is slow.
+    pub slow_after: Option<TimeSpan>,
+    /// The first wait before a down tier is probed.
+    pub probe_backoff: Option<TimeSpan>,
+    /// The longest wait between probes.
+    pub probe_backoff_max: Option<TimeSpan>,
+    /// Bound on one probe.
+    pub probe_timeout: Option<TimeSpan>,
+}
+
+impl HealthConfig {
+    /// The policy these settings give, over the defaults.
+    pub fn policy(&self) -> HealthPolicy {
+        let d = HealthPolicy::default();
+        HealthPolicy {
+            trip_after: self.trip_after.unwrap_or(d.trip_after),
+            stall_after: self.stall_after.map_or(d.stall_after, |t| t.0),
+            slow_after: self.slow_after.map(|t| t.0).or(d.slow_after),
+            probe_backoff: self.probe_backoff.map_or(d.probe_backoff, |t| t.0),
+            probe_backoff_max: self.probe_backoff_max.map_or(d.probe_backoff_max, |t| t.0),
+            probe_timeout: self.probe_timeout.map_or(d.probe_timeout, |t| t.0),
+        }
+    }
 }
 
 impl Default for PolicyConfig {
@@ -179,6 +226,7 @@ impl Default for PolicyConfig {
             queue_bytes: None,
             flush_timeout: None,
             admit_after: d.admit_after,
+            health: HealthConfig::default(),
         }
     }
 }
@@ -265,6 +313,7 @@ impl HierarchyConfig {
                 .flush_timeout
                 .map_or(d.flush_timeout, |s| s.0),
             admit_after: self.hierarchy.admit_after,
+            health: self.hierarchy.health.policy(),
         }
     }
 }

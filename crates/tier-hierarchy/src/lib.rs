@@ -6,9 +6,11 @@
 //! The contract every tier implements lives in `tier-core`; this crate names no backend.
 
 pub mod config;
+mod health;
 mod hierarchy;
 mod metrics;
 
+pub use health::{HealthPolicy, TierHealth, TierState};
 pub use hierarchy::{
     Hierarchy, HierarchyBuilder, HierarchyPolicy, HierarchyStats, LevelStats, WritePolicy,
 };

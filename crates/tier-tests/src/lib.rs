@@ -28,6 +28,7 @@ pub mod fd;
 pub mod history;
 pub mod model;
 pub mod movement;
+pub mod outage;
 pub mod rng;
 pub mod s3;
 pub mod s3_faults;

@@ -34,7 +34,8 @@ pub struct S3Target {
 }
 
 impl S3Target {
-    fn of(server: &S3Server, prefix: &str) -> Self {
+    /// The target of `server`'s bucket under `prefix`, each call bounded by 5 s.
+    pub fn of(server: &S3Server, prefix: &str) -> Self {
         Self {
             endpoint: server.endpoint(),
             bucket: server.bucket.clone(),
@@ -251,6 +252,34 @@ macro_rules! s3_outage_suite {
         async fn a_restarted_server_serves_again_and_nothing_read_is_corrupt() {
             let outage = $crate::s3_faults::restarted_server(&$factory).await.unwrap();
             println!("outage: put and get failed in {outage:?}; after the restart 40 pages read back exact");
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_frozen_server_costs_nothing_once_its_tier_is_down() {
+            let f = $crate::outage::frozen_server(&$factory, true).await.unwrap();
+            println!("frozen server, gets of pages only below: {:?}", f.gets);
+            println!("puts while down: {:?}; back up {:?} after the thaw", f.puts, f.back_up_in);
+            for line in f.metrics {
+                println!("{line}");
+            }
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_killed_server_is_skipped_then_found_back_up() {
+            let skipped = $crate::outage::killed_server(&$factory).await.unwrap();
+            println!("killed server: a get of the down tier took {skipped:?}; restarted, 64 pages read back exact");
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_deadline_bounds_a_get_on_a_frozen_server() {
+            let took = $crate::outage::deadline_on_a_frozen_server(&$factory).await.unwrap();
+            println!("get with a 300 ms deadline on a frozen server: {took:?}, the top tier's page a hit");
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn write_back_keeps_its_queue_while_the_tier_is_down() {
+            let demoted = $crate::outage::write_back_keeps_its_queue(&$factory).await.unwrap();
+            println!("write-back through a frozen server: {demoted} pages demoted after the thaw, none dropped");
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

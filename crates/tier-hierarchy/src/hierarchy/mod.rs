@@ -35,6 +35,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use crate::health::{Guarded, HealthPolicy, TierHealth, TierState};
 use crate::metrics::{CallFamilies, CallMeter, Metered};
 use crate::{
     GetResult, Page, PageKey, PutResult, ReadSlot, RemoveResult, StatsRecorder, StorageTier,
@@ -72,6 +73,8 @@ pub struct HierarchyPolicy {
     /// and at every put from then on, write-back demotes it on eviction from then on;
     /// otherwise its copies below are removed (never served stale). 1: every page.
     pub admit_after: u32,
+    /// When a tier counts as slow or down (every tier below the top has a breaker).
+    pub health: HealthPolicy,
 }
 
 impl Default for HierarchyPolicy {
@@ -82,6 +85,7 @@ impl Default for HierarchyPolicy {
             queue_bytes: None,
             flush_timeout: Duration::from_secs(60),
             admit_after: 1,
+            health: HealthPolicy::default(),
         }
     }
 }
@@ -95,6 +99,8 @@ pub struct LevelStats {
     pub stats: TierStats,
     /// Keys this level served for the hierarchy.
     pub served: u64,
+    /// Up, slow or down, and its read estimate.
+    pub health: TierHealth,
 }
 
 /// Hierarchy-wide counters.
@@ -142,7 +148,7 @@ struct Counters {
 }
 
 struct Level {
-    tier: Arc<dyn StorageTier>,
+    tier: Arc<Guarded>,
     served: AtomicU64,
 }
 
@@ -227,13 +233,21 @@ impl Hierarchy {
         let inner = Arc::new(Inner {
             levels: tiers
                 .into_iter()
-                .map(|tier| Level {
-                    tier: Arc::new(Metered::new(tier, &families)) as Arc<dyn StorageTier>,
+                .enumerate()
+                .map(|(depth, tier)| Level {
+                    tier: Arc::new(Guarded::new(
+                        Arc::new(Metered::new(tier, &families)),
+                        policy.health.clone(),
+                        depth > 0,
+                    )),
                     served: AtomicU64::new(0),
                 })
                 .collect(),
             counters: Counters::default(),
         });
+        for level in &inner.levels[1..] {
+            level.tier.probe_at_open();
+        }
         let worker = tokio::spawn(queue::background_writer(
             Arc::clone(&inner),
             rx,
@@ -261,8 +275,20 @@ impl Hierarchy {
         self.inner
             .levels
             .iter()
-            .map(|l| Arc::clone(&l.tier))
+            .map(|l| Arc::clone(&l.tier) as Arc<dyn StorageTier>)
             .collect()
+    }
+
+    /// Each tier's health, fastest first: up, slow or down, and its read estimate.
+    pub fn health(&self) -> Vec<TierHealth> {
+        self.inner.levels.iter().map(|l| l.tier.health()).collect()
+    }
+
+    /// Whether some tier below the top is down now.
+    fn lower_down(&self) -> bool {
+        self.inner.levels[1..]
+            .iter()
+            .any(|l| l.tier.state() == TierState::Down)
     }
 
     /// Per-level and hierarchy-wide counters.
@@ -279,6 +305,7 @@ impl Hierarchy {
                     info: l.tier.info(),
                     stats: l.tier.stats(),
                     served: l.served.load(Relaxed),
+                    health: l.tier.health(),
                 })
                 .collect(),
             promotions: c.promotions.load(Relaxed),
@@ -340,12 +367,17 @@ impl Hierarchy {
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Waits (at most `flush_timeout`) until the queue has room for `bytes`. Holds nothing
-    /// while it waits, so a dropped call leaves nothing behind.
-    async fn room_for(&self, bytes: u64) {
-        let _ = tokio::time::timeout(
-            self.policy.flush_timeout,
-            self.motion.wait_until(|m| m.has_room(bytes)),
+    /// Waits (at most `flush_timeout`, or until `deadline`) until the queue has room for
+    /// `bytes`. Holds nothing while it waits, so a dropped call leaves nothing behind. With a
+    /// tier below down it does not wait: what cannot be queued then is not carried down (its
+    /// copies below are never served), so a dead tier never slows a put.
+    async fn room_for(&self, bytes: u64, deadline: Option<std::time::Instant>) {
+        let bound = tokio::time::Instant::now() + self.policy.flush_timeout;
+        let until = deadline.map_or(bound, |d| bound.min(d.into()));
+        let _ = tokio::time::timeout_at(
+            until,
+            self.motion
+                .wait_until(|m| m.has_room(bytes) || self.lower_down()),
         )
         .await;
     }
@@ -398,18 +430,53 @@ impl StorageTier for Hierarchy {
     }
 
     async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
-        self.meter.put(pages, self.put_unmetered(pages)).await
+        self.meter.put(pages, self.put_unmetered(pages, None)).await
     }
 
     async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
         let (started, span) = self.meter.getting(slots.len());
-        let results = self.get_unmetered(slots).instrument(span).await;
+        let results = self.get_unmetered(slots, None).instrument(span).await;
         self.meter.got(started, slots, &results);
         results
     }
 
     async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
-        self.meter.exists(keys, self.exists_unmetered(keys)).await
+        self.meter
+            .exists(keys, self.exists_unmetered(keys, None))
+            .await
+    }
+
+    /// Each tier is asked until `deadline`: what faster tiers found is kept, what a slower
+    /// one had not returned by then is a miss. A tier that is slow and whose estimate does
+    /// not fit in the time left is not asked.
+    async fn get_by(
+        &self,
+        slots: &mut [ReadSlot<'_>],
+        deadline: std::time::Instant,
+    ) -> Vec<GetResult> {
+        let (started, span) = self.meter.getting(slots.len());
+        let results = self
+            .get_unmetered(slots, Some(deadline))
+            .instrument(span)
+            .await;
+        self.meter.got(started, slots, &results);
+        results
+    }
+
+    async fn exists_by(
+        &self,
+        keys: &[PageKey],
+        deadline: std::time::Instant,
+    ) -> Result<usize, TierError> {
+        self.meter
+            .exists(keys, self.exists_unmetered(keys, Some(deadline)))
+            .await
+    }
+
+    async fn put_by(&self, pages: &[Page<'_>], deadline: std::time::Instant) -> Vec<PutResult> {
+        self.meter
+            .put(pages, self.put_unmetered(pages, Some(deadline)))
+            .await
     }
 
     async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {

@@ -9,7 +9,8 @@ use tokio::sync::mpsc;
 use super::admission::Admission;
 use super::motion::Motion;
 use super::Inner;
-use crate::{EvictedPage, EvictionListener, Page, PageData, PageKey};
+use crate::health::TierState;
+use crate::{EvictedPage, EvictionListener, Page, PageData, PageKey, StorageTier};
 
 /// One page (or a tombstone: its copies below are stale) on its way down.
 pub(super) struct Moving {
@@ -29,6 +30,8 @@ pub(super) struct Job {
     pub targets: std::ops::Range<usize>,
     pub pages: Vec<Moving>,
     pub demotion: bool,
+    /// Times this job was tried already (a failed demotion is tried again).
+    pub attempt: u32,
 }
 
 /// The queue that carries evicted pages down one tier (write-back). Create it first, hand
@@ -96,6 +99,7 @@ impl DemotionQueue {
                 targets: level + 1..level + 2,
                 pages: vec![moving],
                 demotion: true,
+                attempt: 0,
             };
             if let Err(mpsc::error::SendError(job)) = tx.send(job) {
                 // The hierarchy is closed: nothing will land.
@@ -107,6 +111,9 @@ impl DemotionQueue {
     }
 }
 
+/// Tries of a demotion a target fails as a tier while not down (while down: until it is up).
+const DEMOTION_ATTEMPTS: u32 = 3;
+
 /// Writes each job's pages that are still current (a newer version or a remove supersedes a
 /// queued one) into its target tiers, holding their keys' stripes so a remove waits for it.
 pub(super) async fn background_writer(
@@ -114,44 +121,81 @@ pub(super) async fn background_writer(
     mut rx: mpsc::UnboundedReceiver<Job>,
     motion: Arc<Motion>,
 ) {
-    while let Some(job) = rx.recv().await {
+    // A demotion the target failed as a tier: tried again (once it is up, if it went down)
+    // before anything queued after it.
+    let mut retry: Option<Job> = None;
+    loop {
+        let job = match retry.take() {
+            Some(job) => job,
+            None => match rx.recv().await {
+                Some(job) => job,
+                None => return,
+            },
+        };
+        if job.demotion {
+            // Write-back: an evicted page waits in the queue (within its bound) while the
+            // tier it goes to is down; write-through copies fail at once and are not carried.
+            for level in job.targets.clone() {
+                if let Some(target) = inner.levels.get(level) {
+                    target.tier.wait_up().await;
+                }
+            }
+        }
         let keys: Vec<PageKey> = job.pages.iter().map(|p| p.key.clone()).collect();
         let landing = motion.landing(&keys).await;
-        let (mut pages, mut stale) = (Vec::new(), Vec::new());
-        for p in job
-            .pages
-            .iter()
-            .filter(|p| motion.is_current(&p.key, p.seq))
-        {
+        // Positions in `job.pages` of the current pages to write, and of tombstones.
+        let (mut written, mut stale) = (Vec::new(), Vec::new());
+        for (at, p) in job.pages.iter().enumerate() {
+            if !motion.is_current(&p.key, p.seq) {
+                continue;
+            }
             match &p.data {
-                Some(data) => pages.push(Page::with_data(p.key.clone(), data.clone())),
+                Some(_) => written.push(at),
                 None => stale.push(p.key.clone()),
             }
         }
+        let pages: Vec<Page<'static>> = written
+            .iter()
+            .filter_map(|&at| {
+                let p = &job.pages[at];
+                p.data
+                    .as_ref()
+                    .map(|data| Page::with_data(p.key.clone(), data.clone()))
+            })
+            .collect();
         let bytes: u64 = pages.iter().map(|p| p.data.len() as u64).sum();
         let c = &inner.counters;
         // Keys a target failed to take: that target may keep an older version.
         let mut failed_keys: Vec<bool> = vec![false; pages.len()];
+        // Demoted pages the target failed as a tier: carried again.
+        let mut again: Vec<usize> = Vec::new();
         for level in job.targets.clone() {
             let Some(target) = inner.levels.get(level) else {
                 continue;
             };
             if !pages.is_empty() {
                 let results = target.tier.put(&pages).await;
+                // A demotion is the page's only copy: one the target failed as a tier (not for
+                // the page) is carried again, while the target is down or a few times.
+                let again_ok = job.demotion
+                    && (target.tier.state() == TierState::Down || job.attempt < DEMOTION_ATTEMPTS);
                 let mut failed = 0;
                 for (i, r) in results.iter().enumerate() {
-                    if r.is_err() {
-                        failed += 1;
-                        failed_keys[i] = true;
+                    match r {
+                        Err(e) if again_ok && e.is_tier_fault() => again.push(i),
+                        Err(_) => {
+                            failed += 1;
+                            failed_keys[i] = true;
+                        }
+                        Ok(()) => {}
                     }
                 }
+                let landed = pages.len() - failed - again.len();
                 c.lower_errors.fetch_add(failed as u64, Relaxed);
-                c.copied_down
-                    .fetch_add((pages.len() - failed) as u64, Relaxed);
+                c.copied_down.fetch_add(landed as u64, Relaxed);
                 c.bytes_moved.fetch_add(bytes, Relaxed);
                 if job.demotion {
-                    c.demotions
-                        .fetch_add((pages.len() - failed) as u64, Relaxed);
+                    c.demotions.fetch_add(landed as u64, Relaxed);
                 }
             }
             if !stale.is_empty() {
@@ -164,12 +208,28 @@ pub(super) async fn background_writer(
                 }
             }
         }
-        for (page, failed) in pages.iter().zip(failed_keys) {
-            motion.set_stale_below(&page.key, failed);
+        for (i, (page, failed)) in pages.iter().zip(failed_keys).enumerate() {
+            if !again.contains(&i) {
+                motion.set_stale_below(&page.key, failed);
+            }
         }
         drop(landing);
-        for p in &job.pages {
-            motion.done(&p.key, p.seq, p.bytes());
+        let carried_again: Vec<usize> = again.iter().map(|&i| written[i]).collect();
+        let mut kept = Vec::new();
+        for (at, p) in job.pages.into_iter().enumerate() {
+            if carried_again.contains(&at) {
+                kept.push(p);
+            } else {
+                motion.done(&p.key, p.seq, p.bytes());
+            }
+        }
+        if !kept.is_empty() {
+            retry = Some(Job {
+                targets: job.targets,
+                pages: kept,
+                demotion: true,
+                attempt: job.attempt + 1,
+            });
         }
     }
 }

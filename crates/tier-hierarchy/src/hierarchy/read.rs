@@ -3,14 +3,19 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
 
 use super::motion::InMotion;
 use super::{Hierarchy, WritePolicy};
-use crate::{GetResult, Lookup, Page, PageKey, ReadSlot, TierError};
+use crate::{GetResult, Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
 
 /// The calls themselves; the trait's methods measure them.
 impl Hierarchy {
-    pub(super) async fn get_unmetered(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
+    pub(super) async fn get_unmetered(
+        &self,
+        slots: &mut [ReadSlot<'_>],
+        deadline: Option<Instant>,
+    ) -> Vec<GetResult> {
         let keys: Vec<PageKey> = slots.iter().map(|s| s.key.clone()).collect();
         let admitted_now = self.admission.record(&keys);
         // What a promotion (or a copy down of a page this read admits) must find unchanged.
@@ -32,7 +37,10 @@ impl Hierarchy {
                 .filter(|(_, w)| **w)
                 .map(|(s, _)| s.reborrow())
                 .collect();
-            let level_results = level.tier.get(&mut batch).await;
+            let level_results = match deadline {
+                Some(d) => level.tier.get_by(&mut batch, d).await,
+                None => level.tier.get(&mut batch).await,
+            };
             drop(batch);
             let mut still = Vec::new();
             let mut promote = Vec::new();
@@ -71,7 +79,12 @@ impl Hierarchy {
                 }
             }
             if !promote.is_empty() {
-                self.promote(depth, promote, &generations).await;
+                let promotion = self.promote(depth, promote, &generations);
+                match deadline {
+                    // A promotion is only a copy: one the deadline cuts is not made.
+                    Some(d) => drop(tokio::time::timeout_at(d.into(), promotion).await),
+                    None => promotion.await,
+                }
             }
             if depth == 0 && self.policy.write == WritePolicy::WriteThrough {
                 // A page put before its key was admitted went no further than the top tier:
@@ -119,7 +132,11 @@ impl Hierarchy {
             })
             .collect()
     }
-    pub(super) async fn exists_unmetered(&self, keys: &[PageKey]) -> Result<usize, TierError> {
+    pub(super) async fn exists_unmetered(
+        &self,
+        keys: &[PageKey],
+        deadline: Option<Instant>,
+    ) -> Result<usize, TierError> {
         let mut at = 0;
         while at < keys.len() {
             let rest = &keys[at..];
@@ -133,7 +150,11 @@ impl Hierarchy {
                     // Copies below of a key whose demotion was not carried are stale.
                     stale_from = self.motion.first_stale_below(rest);
                 }
-                match level.tier.exists(rest).await {
+                let found = match deadline {
+                    Some(d) => level.tier.exists_by(rest, d).await,
+                    None => level.tier.exists(rest).await,
+                };
+                match found {
                     Ok(n) => best = best.max(n.min(stale_from)),
                     Err(e) if depth == 0 => return Err(e),
                     Err(_) => {

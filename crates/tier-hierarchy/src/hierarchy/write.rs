@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
 
 use tokio::sync::mpsc;
 
@@ -12,7 +13,11 @@ use crate::{Page, PageKey, PutResult, RemoveResult, StorageTier, TierError};
 
 /// The calls themselves; the trait's methods measure them.
 impl Hierarchy {
-    pub(super) async fn put_unmetered(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
+    pub(super) async fn put_unmetered(
+        &self,
+        pages: &[Page<'_>],
+        deadline: Option<Instant>,
+    ) -> Vec<PutResult> {
         // Every tier must be able to take the page, not just the top one.
         let limit = self.info().max_page_bytes;
         let mut results: Vec<PutResult> = pages.iter().map(|p| p.check_len(limit)).collect();
@@ -29,7 +34,7 @@ impl Hierarchy {
         // (write-back).
         let bytes: u64 = valid.iter().map(|&i| pages[i].data.len() as u64).sum();
         let _reservation = if lower {
-            self.room_for(bytes).await;
+            self.room_for(bytes, deadline).await;
             Some(self.motion.reserve(bytes))
         } else {
             None
@@ -37,7 +42,7 @@ impl Hierarchy {
         let Some(tx) = sender else {
             let mutation = self.motion.writing(&keys).await;
             let top: Vec<Page<'_>> = valid.iter().map(|&i| pages[i].clone()).collect();
-            self.put_top(&top, &valid, &mut results).await;
+            self.put_top(&top, &valid, &mut results, deadline).await;
             drop(mutation);
             self.count_puts(pages, &results);
             return results;
@@ -46,7 +51,7 @@ impl Hierarchy {
         // The queue keeps the pages past this call: take shared content once (lent regions
         // are copied here, once) and give the same pages to the top tier.
         let shared: Vec<Page<'static>> = valid.iter().map(|&i| pages[i].to_shared()).collect();
-        self.put_top(&shared, &valid, &mut results).await;
+        self.put_top(&shared, &valid, &mut results, deadline).await;
         // From here to the send nothing awaits: a dropped put queues all its stored pages or
         // none, and what it queues is readable until it lands.
         let moving: Vec<Moving> = shared
@@ -73,6 +78,7 @@ impl Hierarchy {
                 targets: 1..self.inner.levels.len(),
                 pages: moving,
                 demotion: false,
+                attempt: 0,
             };
             if let Err(mpsc::error::SendError(job)) = tx.send(job) {
                 for p in &job.pages {
@@ -146,8 +152,19 @@ impl Hierarchy {
     }
     /// Puts `top` (the pages at positions `at` of the batch) into the top tier; records each
     /// outcome at its position in `results`.
-    pub(super) async fn put_top(&self, top: &[Page<'_>], at: &[usize], results: &mut [PutResult]) {
-        let mut top_results = self.inner.levels[0].tier.put(top).await.into_iter();
+    pub(super) async fn put_top(
+        &self,
+        top: &[Page<'_>],
+        at: &[usize],
+        results: &mut [PutResult],
+        deadline: Option<Instant>,
+    ) {
+        let tier = &self.inner.levels[0].tier;
+        let top_results = match deadline {
+            Some(d) => tier.put_by(top, d).await,
+            None => tier.put(top).await,
+        };
+        let mut top_results = top_results.into_iter();
         for &i in at {
             results[i] = top_results.next().unwrap_or_else(|| {
                 Err(TierError::Unavailable(
@@ -209,6 +226,7 @@ impl Hierarchy {
             targets: 1..self.inner.levels.len(),
             pages: moving,
             demotion: false,
+            attempt: 0,
         };
         if let Err(mpsc::error::SendError(job)) = tx.send(job) {
             for p in &job.pages {

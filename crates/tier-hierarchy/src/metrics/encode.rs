@@ -11,7 +11,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use super::{CallFamilies, HierarchyLabels, TierLabels};
-use crate::{HierarchyStats, LevelStats};
+use crate::{HierarchyStats, LevelStats, TierState};
 
 /// The counters a hierarchy and its tiers keep, as they were when scraped.
 #[derive(Debug)]
@@ -90,6 +90,49 @@ impl Collector for Snapshot {
                 };
                 let metric = family.encode_family(&labels)?;
                 encode_value(kind, value(level), metric)?;
+            }
+        }
+        let health: [(&str, &str, Shape, LevelValue); 5] = [
+            (
+                "tier_up",
+                "1 while the tier answers (up or slow), 0 while it is down and skipped",
+                Shape::Gauge,
+                |l| u64::from(l.health.state != TierState::Down),
+            ),
+            (
+                "tier_slow",
+                "1 while the tier's recent calls are over its slow bound",
+                Shape::Gauge,
+                |l| u64::from(l.health.state == TierState::Slow),
+            ),
+            (
+                "tier_state_transitions",
+                "Changes of the tier's state (up, slow, down)",
+                Shape::Counter,
+                |l| l.health.transitions,
+            ),
+            (
+                "tier_skipped_reads",
+                "Pages answered as misses at once because the tier was down or too slow",
+                Shape::Counter,
+                |l| l.health.reads_skipped,
+            ),
+            (
+                "tier_skipped_writes",
+                "Pages not written (or removed) because the tier was down",
+                Shape::Counter,
+                |l| l.health.writes_skipped,
+            ),
+        ];
+        for (name, help, kind, value) in health {
+            let mut family = encoder.encode_descriptor(name, help, None, kind.metric_type())?;
+            for level in &self.stats.levels {
+                let labels = TierLabels {
+                    hierarchy: self.hierarchy.clone(),
+                    tier: level.info.name.clone(),
+                    kind: level.info.kind.clone(),
+                };
+                encode_value(kind, value(level), family.encode_family(&labels)?)?;
             }
         }
         let s = &self.stats;
