@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
-use tier_hierarchy::{Hierarchy, HierarchyPolicy, WritePolicy};
+use tier_hierarchy::{HealthPolicy, Hierarchy, HierarchyPolicy, WritePolicy};
 use tier_mem::{MemTier, MemTierConfig};
 use tier_tests::content;
 use tier_tests::faulty::{Faults, FaultyTier};
@@ -128,7 +128,15 @@ async fn a_failing_lower_tier_never_fails_what_the_top_serves() {
         Faults::default(),
     ));
     lower.set_failing(true);
+    // No breaker: every call reaches the failing tier (the breaker has cases of its own).
     let h = Hierarchy::builder("dram/faulty")
+        .policy(HierarchyPolicy {
+            health: HealthPolicy {
+                trip_after: 0,
+                ..HealthPolicy::default()
+            },
+            ..HierarchyPolicy::default()
+        })
         .tier(Arc::new(
             MemTier::open(MemTierConfig::new(64 << 20)).unwrap(),
         ))

@@ -327,11 +327,13 @@ async fn a_dead_server_under_a_hierarchy(#[case] kind: &str) {
     let started = Instant::now();
     let (r, _) = read(h.as_ref(), 500, 65536).await;
     timed(started);
+    // A typed error, or a miss once the failures marked the tier down (skipped at once).
+    let down = h.health()[1].state == tier_hierarchy::TierState::Down;
     assert!(
         matches!(
             r,
             Err(TierError::Backend { .. } | TierError::Timeout { .. })
-        ),
+        ) || (down && matches!(r, Ok(Lookup::Miss))),
         "a page only S3 holds: {r:?}"
     );
     let started = Instant::now();

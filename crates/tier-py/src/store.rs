@@ -4,13 +4,15 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyMapping, PyString, PyTuple};
 use tier_builtin::registry;
 use tier_core::{PageKey, StorageTier, TierError, TierStats};
 use tier_hierarchy::config::HierarchyConfig;
-use tier_hierarchy::{serve_metrics, Hierarchy};
+use tier_hierarchy::{serve_metrics, Hierarchy, TierHealth};
 use tokio::task::JoinHandle;
 
 use crate::buffers::{lent_pages, read_slots, Lent};
@@ -109,27 +111,51 @@ pub(crate) fn close_all_at_exit(py: Python<'_>) {
 }
 
 impl Store {
-    fn put_lent(&self, py: Python<'_>, keys: &[String], lent: Lent) -> PyResult<Vec<PyObject>> {
+    fn put_lent(
+        &self,
+        py: Python<'_>,
+        keys: &[String],
+        lent: Lent,
+        timeout: Option<f64>,
+    ) -> PyResult<Vec<PyObject>> {
         let page_keys = self::keys(py, keys)?;
+        let deadline = deadline(timeout)?;
         let hierarchy = &self.hierarchy;
         let results = py.allow_threads(|| {
             // SAFETY: each region is a live buffer export held by `lent`, or memory the caller
             // vouches for (a raw pair), for this call.
             let pages = unsafe { lent_pages(&page_keys, &lent.pages) };
-            runtime().block_on(hierarchy.put(&pages))
+            runtime().block_on(async {
+                match deadline {
+                    Some(d) => hierarchy.put_by(&pages, d).await,
+                    None => hierarchy.put(&pages).await,
+                }
+            })
         });
         drop(lent);
         Ok(Outcome::Put(results).to_py(py))
     }
 
-    fn get_lent(&self, py: Python<'_>, keys: &[String], lent: Lent) -> PyResult<Vec<PyObject>> {
+    fn get_lent(
+        &self,
+        py: Python<'_>,
+        keys: &[String],
+        lent: Lent,
+        timeout: Option<f64>,
+    ) -> PyResult<Vec<PyObject>> {
         let page_keys = self::keys(py, keys)?;
+        let deadline = deadline(timeout)?;
         let hierarchy = &self.hierarchy;
         let results = py.allow_threads(|| {
             // SAFETY: writable, disjoint regions (checked by `Lent`) of live exports held by
             // `lent`, or caller-vouched raw memory, for this call.
             let mut slots = unsafe { read_slots(&page_keys, &lent.pages) };
-            runtime().block_on(hierarchy.get(&mut slots))
+            runtime().block_on(async {
+                match deadline {
+                    Some(d) => hierarchy.get_by(&mut slots, d).await,
+                    None => hierarchy.get(&mut slots).await,
+                }
+            })
         });
         drop(lent);
         Ok(Outcome::Get(results).to_py(py))
@@ -150,6 +176,35 @@ impl Store {
             metrics_server: Mutex::new(None),
         })
     }
+}
+
+/// The deadline `timeout` seconds from now (`None`: no deadline). Not a finite number of
+/// seconds at least 0: a `ValueError` naming it; too far to represent: no deadline.
+pub(crate) fn deadline(timeout: Option<f64>) -> PyResult<Option<Instant>> {
+    let Some(secs) = timeout else {
+        return Ok(None);
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(PyValueError::new_err(format!(
+            "timeout must be a finite number of seconds >= 0, not {secs}"
+        )));
+    }
+    Ok(Duration::try_from_secs_f64(secs)
+        .ok()
+        .and_then(|d| Instant::now().checked_add(d)))
+}
+
+fn health_dict<'py>(py: Python<'py>, h: &TierHealth) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("state", h.state.as_str())?;
+    d.set_item("reason", &h.reason)?;
+    d.set_item("state_seconds", h.for_how_long.as_secs_f64())?;
+    d.set_item("transitions", h.transitions)?;
+    d.set_item("reads_skipped", h.reads_skipped)?;
+    d.set_item("writes_skipped", h.writes_skipped)?;
+    d.set_item("read_latency_s", h.read_latency.map(|l| l.as_secs_f64()))?;
+    d.set_item("read_bandwidth_bps", h.read_bandwidth)?;
+    Ok(d)
 }
 
 fn stats_dict<'py>(py: Python<'py>, s: &TierStats) -> PyResult<Bound<'py, PyDict>> {
@@ -226,60 +281,114 @@ impl Store {
 
     /// Stores pages. Each page is a buffer, an (address, length) pair, or a list of those
     /// (its regions, stored as one page). Returns per key `None` (stored) or the exception.
+    /// With `timeout` (seconds), a page not stored by then gets a `TimeoutError`.
+    #[pyo3(signature = (keys, pages, *, timeout = None))]
     fn put(
         &self,
         py: Python<'_>,
         keys: Vec<String>,
         pages: Vec<Bound<'_, PyAny>>,
+        timeout: Option<f64>,
     ) -> PyResult<Vec<PyObject>> {
         let lent = Lent::parse(py, &keys, &pages, false)?;
-        self.put_lent(py, &keys, lent)
+        self.put_lent(py, &keys, lent, timeout)
     }
 
     /// Stores pages of raw host regions: `addresses[i]`, `lengths[i]`, the same number of
     /// regions per key, consecutive per page (an engine's `get_page_buffer_meta` lists).
+    #[pyo3(signature = (keys, addresses, lengths, *, timeout = None))]
     fn put_regions(
         &self,
         py: Python<'_>,
         keys: Vec<String>,
         addresses: Vec<usize>,
         lengths: Vec<usize>,
+        timeout: Option<f64>,
     ) -> PyResult<Vec<PyObject>> {
         let lent = Lent::raw(py, &keys, addresses, lengths, false)?;
-        self.put_lent(py, &keys, lent)
+        self.put_lent(py, &keys, lent, timeout)
     }
 
     /// Reads pages into the caller's buffers (each a writable buffer, an (address, length)
     /// pair, or a list of those, filled in order). Returns per key `True` (hit), `False`
     /// (miss) or the exception.
+    /// With `timeout` (seconds), it returns by then: what arrived is a hit, the rest misses
+    /// (a miss's buffer holds unspecified bytes).
+    #[pyo3(signature = (keys, bufs, *, timeout = None))]
     fn get_into(
         &self,
         py: Python<'_>,
         keys: Vec<String>,
         bufs: Vec<Bound<'_, PyAny>>,
+        timeout: Option<f64>,
     ) -> PyResult<Vec<PyObject>> {
         let lent = Lent::parse(py, &keys, &bufs, true)?;
-        self.get_lent(py, &keys, lent)
+        self.get_lent(py, &keys, lent, timeout)
     }
 
     /// Reads pages into raw host regions laid out as for [`Store::put_regions`].
+    #[pyo3(signature = (keys, addresses, lengths, *, timeout = None))]
     fn get_into_regions(
         &self,
         py: Python<'_>,
         keys: Vec<String>,
         addresses: Vec<usize>,
         lengths: Vec<usize>,
+        timeout: Option<f64>,
     ) -> PyResult<Vec<PyObject>> {
         let lent = Lent::raw(py, &keys, addresses, lengths, true)?;
-        self.get_lent(py, &keys, lent)
+        self.get_lent(py, &keys, lent, timeout)
     }
 
-    /// The number of leading keys that are all present (the reusable prefix).
-    fn exists(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
+    /// The number of leading keys that are all present (the reusable prefix). With `timeout`
+    /// (seconds), what is not known present by then counts as absent.
+    #[pyo3(signature = (keys, *, timeout = None))]
+    fn exists(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<usize> {
         let keys = self::keys(py, &key_list(py, keys)?)?;
+        let deadline = deadline(timeout)?;
         let hierarchy = &self.hierarchy;
-        py.allow_threads(|| runtime().block_on(hierarchy.exists(&keys)))
-            .map_err(|e| to_py(py, &e))
+        py.allow_threads(|| {
+            runtime().block_on(async {
+                match deadline {
+                    Some(d) => hierarchy.exists_by(&keys, d).await,
+                    None => hierarchy.exists(&keys).await,
+                }
+            })
+        })
+        .map_err(|e| to_py(py, &e))
+    }
+
+    /// Per level, fastest first, the estimated seconds to read `pages` pages of `page_bytes`
+    /// each in one call (`None` until the level has served reads to fit from), with its name
+    /// and state (`up`, `slow`, `down`): what loading a prefix would cost, to weigh against
+    /// recomputing it.
+    fn estimate<'py>(
+        &self,
+        py: Python<'py>,
+        pages: u64,
+        page_bytes: u64,
+    ) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let stats = self.hierarchy.hierarchy_stats();
+        stats
+            .levels
+            .iter()
+            .map(|l| {
+                let d = PyDict::new(py);
+                d.set_item("name", &l.info.name)?;
+                d.set_item("state", l.health.state.as_str())?;
+                let secs = l
+                    .health
+                    .load_time(pages, page_bytes)
+                    .map(|t| t.as_secs_f64());
+                d.set_item("seconds", secs)?;
+                Ok(d)
+            })
+            .collect()
     }
 
     /// Removes pages; per key `True` (was present), `False`, or the exception.
@@ -325,6 +434,7 @@ impl Store {
                 ld.set_item("name", &l.info.name)?;
                 ld.set_item("kind", &l.info.kind)?;
                 ld.set_item("served", l.served)?;
+                ld.set_item("health", health_dict(py, &l.health)?)?;
                 Ok(ld)
             })
             .collect::<PyResult<Vec<_>>>()?;

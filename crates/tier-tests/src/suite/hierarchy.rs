@@ -1,9 +1,10 @@
 //! The tier below a hierarchy whose calls to it fail, or whose lower level goes away.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tier_core::{Lookup, PageKey, StorageTier};
-use tier_hierarchy::Hierarchy;
+use tier_hierarchy::{HealthPolicy, Hierarchy, HierarchyPolicy, TierState};
 
 use super::{
     exists, expect_pages, keys, open, page_len, put_all, read, versioned, CaseResult, DynTier,
@@ -17,10 +18,18 @@ use crate::model::ModelTier;
 /// A hierarchy of an in-memory top tier over this tier behind a [`FaultyTier`].
 type OverFaulty = (DynTier, Arc<ModelTier>, Arc<FaultyTier>, Arc<Hierarchy>);
 
-pub(super) fn over_faulty(tier: DynTier, faults: Faults) -> Result<OverFaulty, String> {
+pub(super) fn over_faulty(
+    tier: DynTier,
+    faults: Faults,
+    health: HealthPolicy,
+) -> Result<OverFaulty, String> {
     let faulty = Arc::new(FaultyTier::new(Arc::clone(&tier), faults));
     let top = Arc::new(ModelTier::default());
     let h = Hierarchy::builder("suite/faulty-lower")
+        .policy(HierarchyPolicy {
+            health,
+            ..HierarchyPolicy::default()
+        })
         .tier(top.clone())
         .tier(faulty.clone())
         .build()
@@ -50,10 +59,19 @@ async fn tally(tier: &DynTier, pages: &[(PageKey, u64, usize)]) -> Result<[usize
     Ok(counts)
 }
 
+/// A breaker that probes often, so a case sees a tier that recovers up again within a second.
+pub(super) fn quick_probes() -> HealthPolicy {
+    HealthPolicy {
+        probe_backoff: Duration::from_millis(50),
+        probe_backoff_max: Duration::from_millis(200),
+        ..HealthPolicy::default()
+    }
+}
+
 /// DRAM (a model tier) over this tier behind a fault injector (30% of calls fail, every other
 /// hit torn: half garbage and an error): reads through the hierarchy are exact pages, misses
 /// or errors, never wrong bytes; a torn page is never promoted; once faults stop, every page
-/// this tier reports present is exact.
+/// this tier reports present is exact. (No breaker: every call reaches the faults.)
 pub async fn hierarchy_over_faulty_tier(f: &dyn TierFactory) -> CaseResult {
     over_faulty_tier(f, None).await
 }
@@ -75,7 +93,11 @@ pub(super) async fn over_faulty_tier(
         torn_reads: true,
         ..Faults::default()
     };
-    let (tier, top, faulty, hierarchy) = over_faulty(open(f).await?, faults)?;
+    let no_breaker = HealthPolicy {
+        trip_after: 0,
+        ..HealthPolicy::default()
+    };
+    let (tier, top, faulty, hierarchy) = over_faulty(open(f).await?, faults, no_breaker)?;
     let h = calls_through(&top, &hierarchy, flaw);
     let len = page_len(&tier, 16 << 10);
     let pages = versioned(&keys("hft", 96), 1, len);
@@ -118,14 +140,14 @@ pub(super) async fn over_faulty_tier(
 }
 
 /// With this tier failing every call under a hierarchy, the top tier still serves what it holds
-/// and takes new pages; when the tier recovers, pages written before the outage and after it
-/// are read from it exactly.
+/// and takes new pages, and the tier is marked down; when the tier recovers, a probe finds it
+/// up and pages written before the outage and after it are read from it exactly.
 pub async fn hierarchy_lower_outage(f: &dyn TierFactory) -> CaseResult {
     lower_outage(f, None).await
 }
 
 pub(super) async fn lower_outage(f: &dyn TierFactory, flaw: Option<HierarchyFlaw>) -> CaseResult {
-    let (tier, top, faulty, h) = over_faulty(open(f).await?, Faults::default())?;
+    let (tier, top, faulty, h) = over_faulty(open(f).await?, Faults::default(), quick_probes())?;
     let dyn_h = calls_through(&top, &h, flaw);
     let len = page_len(&tier, 16 << 10);
     let before = versioned(&keys("out", 32), 1, len);
@@ -151,7 +173,20 @@ pub(super) async fn lower_outage(f: &dyn TierFactory, flaw: Option<HierarchyFlaw
     if h.hierarchy_stats().lower_errors == 0 {
         return Err("the outage was not counted as lower-tier errors".into());
     }
+    if h.health()[1].state != TierState::Down {
+        return Err(format!(
+            "a tier failing every call is not down: {:?}",
+            h.health()[1]
+        ));
+    }
     faulty.set_failing(false);
+    let recovering = Instant::now();
+    while h.health()[1].state == TierState::Down {
+        if recovering.elapsed() > Duration::from_secs(10) {
+            return Err("the recovered tier was not found up within 10 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     put_all(&dyn_h, &after, 16).await?;
     settle(&h).await?;
     top.clear()

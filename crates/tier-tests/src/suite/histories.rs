@@ -4,7 +4,10 @@ use std::sync::Arc;
 
 use tier_hierarchy::{Hierarchy, HierarchyPolicy, WritePolicy};
 
-use super::{fds_back_to, open, open_fds, over_faulty, page_len, CaseResult, DynTier, TierFactory};
+use super::{
+    fds_back_to, open, open_fds, over_faulty, page_len, quick_probes, CaseResult, DynTier,
+    TierFactory,
+};
 use crate::faulty::Faults;
 use crate::history::{run_history, HistoryCounts, HistoryPlan};
 use crate::model::ModelTier;
@@ -98,7 +101,7 @@ pub async fn histories(f: &dyn TierFactory) -> CaseResult {
         torn_reads: true,
         ..Faults::default()
     };
-    let (_, _, faulty, h) = over_faulty(Arc::clone(&tier), faults)?;
+    let (_, _, faulty, h) = over_faulty(Arc::clone(&tier), faults, quick_probes())?;
     let plan = HistoryPlan {
         seed: base.seed + 3,
         may_lose: true,

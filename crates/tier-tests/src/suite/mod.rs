@@ -30,7 +30,7 @@ use tokio::sync::RwLock;
 use crate::broken::HierarchyFlaw;
 use crate::content;
 use descriptors::{fds_back_to, open_fds};
-use hierarchy::{lower_outage, over_faulty, over_faulty_tier};
+use hierarchy::{lower_outage, over_faulty, over_faulty_tier, quick_probes};
 
 /// A shared tier handle.
 pub type DynTier = Arc<dyn StorageTier>;
