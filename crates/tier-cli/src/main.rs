@@ -96,6 +96,13 @@ enum Command {
         /// Serve Prometheus metrics at http://ADDR/metrics while replaying (e.g. 127.0.0.1:9464).
         #[arg(long)]
         metrics_addr: Option<std::net::SocketAddr>,
+        /// Tokens per block of the trace (Mooncake's hash ids: 512), for the prefill saved.
+        #[arg(long, default_value_t = 512)]
+        block_tokens: u64,
+        /// Prefill throughput of the model on its GPU, tokens per second, for the prefill
+        /// saved (default: 10,000, a mid-size model on one datacenter GPU; state yours).
+        #[arg(long, default_value_t = 10_000.0)]
+        prefill_tokens_per_sec: f64,
     },
     /// Measure a hierarchy: put, get, exists and remove of fixed-size pages, beside a baseline
     /// on the top tier's medium (memcpy, plain files, a direct object_store loop).
@@ -158,6 +165,8 @@ async fn run(cli: Cli) -> Result<(), String> {
         admit_after: vec![1, 2],
         json: None,
         metrics_addr: None,
+        block_tokens: 512,
+        prefill_tokens_per_sec: 10_000.0,
     });
     match command {
         Command::Probe => {
@@ -217,7 +226,12 @@ async fn run(cli: Cli) -> Result<(), String> {
             nodes,
             route,
             top_pages,
+            block_tokens,
+            prefill_tokens_per_sec,
         } => {
+            if !(prefill_tokens_per_sec.is_finite() && prefill_tokens_per_sec > 0.0) {
+                return Err("--prefill-tokens-per-sec must be a positive number".into());
+            }
             if page_bytes == 0 {
                 return Err("--page-bytes must be at least 1".into());
             }
@@ -288,7 +302,11 @@ async fn run(cli: Cli) -> Result<(), String> {
                     &requests,
                     &report,
                     page_bytes,
-                    replay::top_policy(&config)
+                    replay::top_policy(&config),
+                    replay::Prefill {
+                        block_tokens,
+                        tokens_per_sec: prefill_tokens_per_sec,
+                    },
                 )
             );
             if let Some(path) = plot {

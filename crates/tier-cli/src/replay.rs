@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use tier_core::{Bytes, Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
-use tier_hierarchy::Hierarchy;
+use tier_hierarchy::{Hierarchy, TierState};
 
 use crate::sim::{self, Curve, Ratio};
 use crate::trace::Request;
@@ -149,9 +149,81 @@ pub fn failed_tiers(hierarchy: &Hierarchy) -> Vec<String> {
         .hierarchy_stats()
         .levels
         .iter()
-        .filter(|l| l.stats.errors > 0 && l.stats.bytes_written == 0)
-        .map(|l| format!("{} ({} errors)", l.info.name, l.stats.errors))
+        .filter(|l| {
+            (l.stats.errors > 0 || l.health.writes_skipped > 0) && l.stats.bytes_written == 0
+        })
+        .map(|l| match l.health.state {
+            TierState::Down => format!(
+                "{} ({} errors, {} page writes skipped: down, {})",
+                l.info.name, l.stats.errors, l.health.writes_skipped, l.health.reason
+            ),
+            _ => format!("{} ({} errors)", l.info.name, l.stats.errors),
+        })
         .collect()
+}
+
+/// What a reused block saves: the prefill of its tokens on the stated model and GPU.
+#[derive(Debug, Clone, Copy)]
+pub struct Prefill {
+    /// Tokens a block (a trace's hash id) holds.
+    pub block_tokens: u64,
+    /// Prefill throughput of the model on its GPU, tokens per second.
+    pub tokens_per_sec: f64,
+}
+
+/// Each tier's state line (for tiers not up or that changed state), and the load-or-recompute
+/// lines: the time loading the blocks each tier served would take by its fitted estimate (a
+/// call per request plus the bytes at its bandwidth) beside the prefill those blocks save.
+fn health_and_seconds(
+    stats: &tier_hierarchy::HierarchyStats,
+    report: &Report,
+    page_bytes: usize,
+    prefill: Prefill,
+) -> String {
+    let mut out = String::new();
+    for level in &stats.levels {
+        let h = &level.health;
+        if h.state != TierState::Up || h.transitions > 0 {
+            out += &format!(
+                "tier {}: {} for {:.1?} ({} state changes; {} page reads and {} writes skipped){}\n",
+                level.info.name,
+                h.state.as_str(),
+                h.for_how_long,
+                h.transitions,
+                h.reads_skipped,
+                h.writes_skipped,
+                if h.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", h.reason)
+                }
+            );
+        }
+    }
+    let mut load = 0.0;
+    let mut parts = Vec::new();
+    for level in stats.levels.iter().filter(|l| l.served > 0) {
+        let h = &level.health;
+        match (h.read_latency, h.read_bandwidth) {
+            (Some(latency), Some(bandwidth)) => {
+                let secs = report.requests as f64 * latency.as_secs_f64()
+                    + (level.served * page_bytes as u64) as f64 / bandwidth.max(1.0);
+                load += secs;
+                parts.push(format!("{} {:.3} s", level.info.name, secs));
+            }
+            _ => parts.push(format!("{} (no estimate)", level.info.name)),
+        }
+    }
+    let served: u64 = stats.levels.iter().map(|l| l.served).sum();
+    let saved = (served * prefill.block_tokens) as f64 / prefill.tokens_per_sec.max(1.0);
+    out += &format!(
+        "load or recompute: loading the {served} reused blocks takes {load:.3} s by the tiers' estimates ({}); recomputing them ({} tokens a block at {:.0} tokens/s of prefill) would take {saved:.1} s: {:.1} s saved\n",
+        if parts.is_empty() { "none served".to_string() } else { parts.join(", ") },
+        prefill.block_tokens,
+        prefill.tokens_per_sec,
+        saved - load
+    );
+    out
 }
 
 /// One tier's part of a replay, for `--json`.
@@ -249,6 +321,7 @@ pub fn render(
     report: &Report,
     page_bytes: usize,
     top_policy: Option<tier_policy::PolicyKind>,
+    prefill: Prefill,
 ) -> String {
     let mut out = String::new();
     let stats = hierarchy.hierarchy_stats();
@@ -335,6 +408,7 @@ pub fn render(
         stats.demotions_dropped,
         stats.not_admitted
     );
+    out += &health_and_seconds(&stats, report, page_bytes, prefill);
     if let Some(pages) = top_pages(hierarchy, page_bytes) {
         let (lru, next_use, bound, all) = (
             sim::lru(trace, pages),

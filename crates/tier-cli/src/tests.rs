@@ -169,6 +169,10 @@ async fn a_tier_failing_every_write_is_reported() {
         &replay::replay(&h, &[], 1024, |_| {}).await.unwrap(),
         1024,
         None,
+        replay::Prefill {
+            block_tokens: 512,
+            tokens_per_sec: 10_000.0,
+        },
     );
     let failed = replay::failed_tiers(&h);
     assert_eq!(failed.len(), 1, "{failed:?}\n{text}");
