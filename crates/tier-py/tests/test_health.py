@@ -138,3 +138,30 @@ def test_the_estimate_is_fitted_from_reads(own_s3):
         h = lower_health(store)
         assert h["read_bandwidth_bps"] > 0 and h["read_latency_s"] >= 0, h
         print(f"estimated load of 16 pages of 64 KiB: DRAM {dram}, S3 {s3:.4f} s")
+
+
+def test_sglang_reads_stop_at_its_prefetch_timeout(own_s3):
+    """SGLang gives up a prefetch at its own bound (base + per 1,024 tokens): kvtier's read
+    for it returns by then too, on a store that does not answer."""
+    from conftest import fill_pages, make_pool, storage_config
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    pool = make_pool(pages=16)
+    tiers = [{"kind": "object", "store": "s3", "prefix": "sg", "op_timeout": "10s",
+              **s3_params(own_s3, own_s3.bucket())}]
+    extra = {"backend_name": "kvtier", "module_path": "kvtier.sglang", "class_name": "KvtierStorage",
+             "interface_v1": 1, "tiers": tiers, "prefetch_timeout_base": 0.3,
+             "prefetch_timeout_per_ki_token": 0.0}
+    b = StorageBackendFactory.create_backend("dynamic", storage_config(extra), pool)
+    b.register_mem_pool_host(pool)
+    idx = fill_pages(pool, 0, 4, seed=3)
+    keys = [f"{i:064x}" for i in range(4)]
+    assert b.batch_set_v1(keys, idx) == [True] * 4
+    os.kill(own_s3.proc.pid, signal.SIGSTOP)
+    started = time.monotonic()
+    assert b.batch_get_v1(keys, idx) == [False] * 4
+    assert time.monotonic() - started < 0.3 + FAST
+    started = time.monotonic()
+    assert b.batch_exists(keys) == 0
+    assert time.monotonic() - started < 0.3 + FAST
+    os.kill(own_s3.proc.pid, signal.SIGCONT)

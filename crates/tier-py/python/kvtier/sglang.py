@@ -60,6 +60,15 @@ class KvtierStorage(HiCacheStorage):
         self._backup_pgs: list[int] = []
         self._prefetch_bw: list[float] = []
         self._backup_bw: list[float] = []
+        # SGLang's own prefetch bound (its defaults where the extra config names none): a read
+        # kvtier has not finished by then is one SGLang has given up on, so kvtier stops it.
+        self.timeout_base = float(extra.get("prefetch_timeout_base", 1.0))
+        self.timeout_per_ki_token = float(extra.get("prefetch_timeout_per_ki_token", 0.25))
+
+    def _read_timeout(self, pages: int) -> float:
+        """SGLang's prefetch timeout for ``pages`` pages: base + per 1,024 tokens."""
+        page_size = getattr(self.mem_pool_host, "page_size", 1) or 1
+        return self.timeout_base + pages * page_size / 1024 * self.timeout_per_ki_token
 
     def _serve_metrics(self, addr: str) -> tuple[Any, ...]:
         """Serves this rank's metrics at the port given plus the rank's TP rank (plus
@@ -199,7 +208,9 @@ class KvtierStorage(HiCacheStorage):
         try:
             if self.zero_copy:
                 ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
-                results = self.store.get_into_regions(self._keys(keys), ptrs, sizes)
+                results = self.store.get_into_regions(
+                    self._keys(keys), ptrs, sizes, timeout=self._read_timeout(len(keys))
+                )
             else:
                 results = self._get_generic(keys, host_indices)
         except Exception as e:
@@ -216,7 +227,7 @@ class KvtierStorage(HiCacheStorage):
     def _get_generic(self, keys: list[str], host_indices: torch.Tensor) -> list[Any]:
         ps = self.mem_pool_host.page_size
         bufs = [self.mem_pool_host.get_dummy_flat_data_page() for _ in keys]
-        results = self.store.get_into(self._keys(keys), bufs)
+        results = self.store.get_into(self._keys(keys), bufs, timeout=self._read_timeout(len(keys)))
         for i, r in enumerate(results):
             if r is True:
                 self.mem_pool_host.set_from_flat_data_page(host_indices[i * ps], bufs[i])
@@ -226,7 +237,7 @@ class KvtierStorage(HiCacheStorage):
         if not keys:
             return 0
         try:
-            return self.store.exists(self._keys(keys))
+            return self.store.exists(self._keys(keys), timeout=self.timeout_base)
         except Exception as e:
             self.log.warn("batch_exists", e)
             return 0
@@ -245,7 +256,9 @@ class KvtierStorage(HiCacheStorage):
         try:
             if target_locations is None:
                 target_locations = [self.mem_pool_host.get_dummy_flat_data_page() for _ in keys]
-            results = self.store.get_into(self._keys(keys), list(target_locations))
+            results = self.store.get_into(
+                self._keys(keys), list(target_locations), timeout=self._read_timeout(len(keys))
+            )
         except Exception as e:
             self.log.warn("batch_get", e)
             return [None] * len(keys)
