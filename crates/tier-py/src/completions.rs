@@ -121,7 +121,10 @@ impl Shared {
 
     /// Waits, up to `timeout`, until no call runs; the number still running.
     fn wait_idle(&self, timeout: Duration) -> usize {
-        let deadline = Instant::now() + timeout;
+        let now = Instant::now();
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(MAX_WAIT_SECS as u64));
         let mut state = self.lock();
         while state.running > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -137,6 +140,9 @@ impl Shared {
         state.running
     }
 }
+
+/// The longest `close` waits, in seconds (a larger timeout waits this long).
+const MAX_WAIT_SECS: f64 = 1e9;
 
 /// A call running in the runtime: finishes as `Dropped` if its task ends without finishing,
 /// so the queue always learns of it and the buffers it holds are released by a drain.
@@ -245,8 +251,10 @@ impl CompletionQueue {
         keys: &[String],
         lent: Lent,
         read: bool,
+        timeout: Option<f64>,
     ) -> PyResult<u64> {
         let keys = crate::store::keys(py, keys)?;
+        let deadline = crate::store::deadline(timeout)?;
         let regions = lent.pages.clone();
         let ticket = self.ticket(py, keys.len(), lent)?;
         let id = ticket.id;
@@ -261,10 +269,16 @@ impl CompletionQueue {
             // `Lent`).
             let outcome = if read {
                 let mut slots = unsafe { read_slots(&keys, &regions) };
-                Outcome::Get(hierarchy.get(&mut slots).await)
+                Outcome::Get(match deadline {
+                    Some(d) => hierarchy.get_by(&mut slots, d).await,
+                    None => hierarchy.get(&mut slots).await,
+                })
             } else {
                 let pages = unsafe { lent_pages(&keys, &regions) };
-                Outcome::Put(hierarchy.put(&pages).await)
+                Outcome::Put(match deadline {
+                    Some(d) => hierarchy.put_by(&pages, d).await,
+                    None => hierarchy.put(&pages).await,
+                })
             };
             ticket.finish(outcome);
         });
@@ -280,60 +294,79 @@ impl CompletionQueue {
     }
 
     /// Submits a put (pages as for `Store.put`); returns the call's id.
+    #[pyo3(signature = (keys, pages, *, timeout = None))]
     fn submit_put(
         &self,
         py: Python<'_>,
         keys: Vec<String>,
         pages: Vec<Bound<'_, PyAny>>,
+        timeout: Option<f64>,
     ) -> PyResult<u64> {
         let lent = Lent::parse(py, &keys, &pages, false)?;
-        self.submit_move(py, &keys, lent, false)
+        self.submit_move(py, &keys, lent, false, timeout)
     }
 
     /// Submits a put of raw host regions (laid out as for `Store.put_regions`).
+    #[pyo3(signature = (keys, addresses, lengths, *, timeout = None))]
     fn submit_put_regions(
         &self,
         py: Python<'_>,
         keys: Vec<String>,
         addresses: Vec<usize>,
         lengths: Vec<usize>,
+        timeout: Option<f64>,
     ) -> PyResult<u64> {
         let lent = Lent::raw(py, &keys, addresses, lengths, false)?;
-        self.submit_move(py, &keys, lent, false)
+        self.submit_move(py, &keys, lent, false, timeout)
     }
 
     /// Submits a read into writable buffers (as for `Store.get_into`); returns the call's id.
+    #[pyo3(signature = (keys, bufs, *, timeout = None))]
     fn submit_get_into(
         &self,
         py: Python<'_>,
         keys: Vec<String>,
         bufs: Vec<Bound<'_, PyAny>>,
+        timeout: Option<f64>,
     ) -> PyResult<u64> {
         let lent = Lent::parse(py, &keys, &bufs, true)?;
-        self.submit_move(py, &keys, lent, true)
+        self.submit_move(py, &keys, lent, true, timeout)
     }
 
     /// Submits a read into raw host regions (laid out as for `Store.put_regions`).
+    #[pyo3(signature = (keys, addresses, lengths, *, timeout = None))]
     fn submit_get_into_regions(
         &self,
         py: Python<'_>,
         keys: Vec<String>,
         addresses: Vec<usize>,
         lengths: Vec<usize>,
+        timeout: Option<f64>,
     ) -> PyResult<u64> {
         let lent = Lent::raw(py, &keys, addresses, lengths, true)?;
-        self.submit_move(py, &keys, lent, true)
+        self.submit_move(py, &keys, lent, true, timeout)
     }
 
     /// Submits a presence check; its completion answers per key whether it belongs to the
     /// leading run of present keys.
-    fn submit_exists(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<u64> {
+    /// With `timeout` (seconds), what is not known present by then counts as absent.
+    #[pyo3(signature = (keys, *, timeout = None))]
+    fn submit_exists(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<u64> {
         let keys = crate::store::keys(py, &crate::store::key_list(py, keys)?)?;
+        let deadline = crate::store::deadline(timeout)?;
         let ticket = self.ticket(py, keys.len(), Lent::default())?;
         let id = ticket.id;
         let hierarchy = Arc::clone(&self.hierarchy);
         runtime().spawn(async move {
-            let n = hierarchy.exists(&keys).await;
+            let n = match deadline {
+                Some(d) => hierarchy.exists_by(&keys, d).await,
+                None => hierarchy.exists(&keys).await,
+            };
             ticket.finish(Outcome::Exists(n, keys.len()));
         });
         Ok(id)
@@ -382,7 +415,9 @@ impl CompletionQueue {
         }
         self.shared.lock().closed = true;
         let shared = &self.shared;
-        let running = py.allow_threads(|| shared.wait_idle(Duration::from_secs_f64(timeout)));
+        // Past about 30 years a wait is a wait for ever: bounded there, never an overflow.
+        let wait = Duration::from_secs_f64(timeout.min(MAX_WAIT_SECS));
+        let running = py.allow_threads(|| shared.wait_idle(wait));
         if running > 0 {
             return Err(to_py(
                 py,

@@ -165,3 +165,26 @@ def test_sglang_reads_stop_at_its_prefetch_timeout(own_s3):
     assert b.batch_exists(keys) == 0
     assert time.monotonic() - started < 0.3 + FAST
     os.kill(own_s3.proc.pid, signal.SIGCONT)
+
+
+def test_queued_calls_carry_deadlines_too(own_s3):
+    with dram_over_s3(own_s3, op_timeout="10s") as store:
+        stock(store)
+        q = store.completion_queue()
+        os.kill(own_s3.proc.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        ids = {q.submit_get_into([key(255), key(0)], [bytearray(PAGE), bytearray(PAGE)], timeout=0.3): "get",
+               q.submit_exists([key(0)], timeout=0.3): "exists"}
+        done: dict[str, list[object]] = {}
+        while len(done) < 2:
+            assert time.monotonic() - started < 0.3 + 2 * FAST, done
+            for qid, results in q.drain():
+                done[ids[qid]] = results
+            time.sleep(0.005)
+        os.kill(own_s3.proc.pid, signal.SIGCONT)
+        assert done == {"get": [True, False], "exists": [False]}
+        with pytest.raises(ValueError, match="timeout"):
+            q.submit_exists([key(0)], timeout=-1.0)
+        # Timeouts past what an Instant can hold wait "for ever" (bounded), never panic.
+        q.close(1e20)
+        q.close(1e19)
