@@ -180,27 +180,25 @@ impl Guarded {
         let tier: Weak<dyn StorageTier> = Arc::downgrade(&self.inner);
         let health = Arc::downgrade(&self.health);
         tokio::spawn(async move {
-            let mut backoff = match health.upgrade() {
-                Some(h) => h.policy().probe_backoff,
-                None => return,
-            };
             loop {
-                tokio::time::sleep(backoff).await;
+                let wait = match health.upgrade() {
+                    Some(h) => h.next_backoff(),
+                    None => return,
+                };
+                tokio::time::sleep(wait).await;
                 let (Some(tier), Some(health)) = (tier.upgrade(), health.upgrade()) else {
                     return;
                 };
                 if health.state() != TierState::Down {
                     return;
                 }
-                let policy = health.policy().clone();
-                match probe(tier.as_ref(), policy.probe_timeout).await {
+                match probe(tier.as_ref(), health.policy().probe_timeout).await {
                     Ok(()) => {
                         health.recovered();
                         return;
                     }
                     Err(why) => {
                         tracing::debug!(tier = %tier.info().name, error = %why, "probe failed");
-                        backoff = (backoff * 2).min(policy.probe_backoff_max);
                     }
                 }
             }

@@ -155,6 +155,11 @@ struct State {
     in_flight: BTreeMap<u64, Instant>,
     recent: VecDeque<Duration>,
     fit: ReadFit,
+    /// The wait before the next probe; it keeps growing until a call (not a probe) answers.
+    backoff: Duration,
+    /// A probe found the tier back, and no call has answered since: the next failure trips
+    /// at once (a probe may be answered from a tier's memory while its storage hangs).
+    on_trial: bool,
 }
 
 /// A least-squares fit, with decay, of a read call's seconds against its bytes.
@@ -214,7 +219,7 @@ impl Health {
     pub(crate) fn new(tier: String, policy: HealthPolicy) -> Self {
         Self {
             tier,
-            policy,
+            policy: policy.clone(),
             state: Mutex::new(State {
                 state: TierState::Up,
                 reason: String::new(),
@@ -225,6 +230,8 @@ impl Health {
                 in_flight: BTreeMap::new(),
                 recent: VecDeque::with_capacity(WINDOW),
                 fit: ReadFit::default(),
+                backoff: policy.probe_backoff,
+                on_trial: false,
             }),
             watch: watch::channel(TierState::Up).0,
             reads_skipped: AtomicU64::new(0),
@@ -283,6 +290,8 @@ impl Health {
             Outcome::Neutral => false,
             Outcome::Answered { read_bytes } => {
                 s.failures = 0;
+                s.on_trial = false;
+                s.backoff = self.policy.probe_backoff;
                 if let Some(bytes) = read_bytes.filter(|b| *b > 0) {
                     s.fit.add(bytes as f64, took.as_secs_f64());
                 }
@@ -315,9 +324,11 @@ impl Health {
                 s.failures = s.failures.saturating_add(1);
                 let trip = self.policy.trip_after > 0
                     && s.state != TierState::Down
-                    && (timeout || s.failures >= self.policy.trip_after);
+                    && (timeout || s.on_trial || s.failures >= self.policy.trip_after);
                 if trip {
-                    let why = if timeout {
+                    let why = if s.on_trial {
+                        format!("the first call after a probe found it back failed: {why}")
+                    } else if timeout {
                         format!("a call timed out: {why}")
                     } else {
                         format!("{} calls in a row failed, the last: {why}", s.failures)
@@ -333,10 +344,19 @@ impl Health {
     pub(crate) fn recovered(&self) {
         let mut s = self.lock();
         s.failures = 0;
+        s.on_trial = true;
         s.recent.clear();
         if s.state == TierState::Down {
             self.change(&mut s, TierState::Up, String::new());
         }
+    }
+
+    /// The wait before the next probe, doubled for the one after (up to the bound).
+    pub(crate) fn next_backoff(&self) -> Duration {
+        let mut s = self.lock();
+        let wait = s.backoff;
+        s.backoff = (wait * 2).min(self.policy.probe_backoff_max);
+        wait
     }
 
     /// Marks the tier down (a probe at open failed). `true`: it was not down before.
@@ -457,6 +477,34 @@ mod tests {
         std::thread::sleep(Duration::from_millis(30));
         assert!(matches!(h.gate(), Gate::Skip(true)));
         assert_eq!(h.state(), TierState::Down);
+    }
+
+    #[test]
+    fn a_tier_a_probe_found_back_trips_on_its_first_failure_and_backs_off_longer() {
+        let h = Health::new("t".into(), HealthPolicy::default());
+        assert!(h.trip("probe at open".into()));
+        assert_eq!(h.next_backoff(), Duration::from_millis(500));
+        h.recovered();
+        let (id, at) = h.begin();
+        assert!(h.end(id, at, failed()), "one failure trips a tier on trial");
+        assert_eq!(
+            h.next_backoff(),
+            Duration::from_secs(1),
+            "the backoff kept growing"
+        );
+        h.recovered();
+        let (id, at) = h.begin();
+        h.end(id, at, Outcome::Answered { read_bytes: None });
+        assert_eq!(
+            h.next_backoff(),
+            Duration::from_millis(500),
+            "an answer resets it"
+        );
+        let (id, at) = h.begin();
+        assert!(
+            !h.end(id, at, failed()),
+            "off trial, one failure does not trip"
+        );
     }
 
     #[test]
