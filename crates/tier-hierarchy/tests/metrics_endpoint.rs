@@ -61,6 +61,36 @@ async fn serves_metrics_refuses_the_rest_and_outlasts_silent_clients() {
     task.abort();
 }
 
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_connections_holds_at_most_sixteen_descriptors_and_scrapes_go_on() {
+    let (addr, task) =
+        tier_hierarchy::serve_metrics("127.0.0.1:0".parse().unwrap(), || "kvtier_up 1\n".into())
+            .await
+            .unwrap();
+    let before = open_fds();
+    let mut flood = Vec::new();
+    for _ in 0..64 {
+        flood.push(TcpStream::connect(addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Our 64 client ends, and at most 16 the server accepted (64 more without a bound).
+    let held = open_fds() - before;
+    assert!(
+        held <= 64 + 16 + 2,
+        "{held} descriptors for 64 idle connections"
+    );
+    // While the flood lasts, scrapes wait their turn (each idle connection is let go after
+    // 5 s); once it ends, a scrape is served at once.
+    drop(flood);
+    let response = ask(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(response.ends_with("kvtier_up 1\n"), "{response}");
+    task.abort();
+}
+
 #[tokio::test]
 async fn a_taken_port_is_a_config_error_naming_the_address() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -24,12 +24,22 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 /// A connection that sends no complete request head in this long is let go.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Connections served at once: past this, new ones wait in the kernel's backlog (a flood of
+/// connections cannot take the descriptors the engine in this process needs).
+pub(crate) const MAX_CONNECTIONS: usize = 16;
+
+/// A connection is let go after this long, whatever it is doing.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A failing `accept` (descriptors exhausted, say) is retried after this pause, not in a spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Serves `text()` over HTTP on `addr` (`GET /metrics`, Prometheus' default path, or `/`)
 /// until the returned task is aborted. Returns the bound address (`addr` may ask for port 0)
-/// and the task. Must run inside a tokio runtime.
+/// and the task. Must run inside a tokio runtime. At most 16 connections are served at once,
+/// each for at most 10 s (5 s to send its request); it serves nothing but the counters. Bind
+/// it to loopback (`127.0.0.1:PORT`, what the adapters default to) unless a scraper on
+/// another host needs it.
 pub async fn serve_metrics(
     addr: SocketAddr,
     text: impl Fn() -> String + Send + Sync + 'static,
@@ -42,9 +52,14 @@ pub async fn serve_metrics(
         .map_err(|e| TierError::config("metrics_addr", format!("{addr}: {e}")))?;
     let text: Arc<dyn Fn() -> String + Send + Sync> = Arc::new(text);
     let span = tracing::debug_span!("metrics", %bound);
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let task = tokio::spawn(
         async move {
             loop {
+                // A slot first: while all are taken, nothing is accepted.
+                let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+                    return;
+                };
                 let socket = match listener.accept().await {
                     Ok((socket, _)) => socket,
                     Err(e) => {
@@ -63,11 +78,15 @@ pub async fn serve_metrics(
                         .timer(TokioTimer::new())
                         .header_read_timeout(HEAD_TIMEOUT)
                         .keep_alive(false)
-                        .serve_connection(TokioIo::new(socket), service)
-                        .await;
-                    if let Err(e) = served {
-                        tracing::debug!(error = %e, "metrics connection ended with an error");
+                        .serve_connection(TokioIo::new(socket), service);
+                    match tokio::time::timeout(CONNECTION_TIMEOUT, served).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "metrics connection ended with an error")
+                        }
+                        Err(_) => tracing::debug!("metrics connection let go after 10 s"),
                     }
+                    drop(slot);
                 });
             }
         }
