@@ -8,7 +8,6 @@ GIL is released while they wait. The classes are the native ones (``kvtier._kvti
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -28,26 +27,40 @@ def _nixl_packages() -> list[str]:
 _AUTO = "KVTIER_NIXL_LIB_DIR_AUTO"
 
 
+def _site_dirs() -> list[Path]:
+    """The interpreter's installation folders and the site-packages folders on ``sys.path``
+    (a ``.pth`` may add another venv's), never the working directory or other entries: a
+    ``nixl_cu12/`` planted where Python runs must not get its library loaded."""
+    import site
+    import sysconfig
+
+    found: list[str] = [sysconfig.get_paths().get(k, "") for k in ("platlib", "purelib")]
+    found += site.getsitepackages()
+    if site.ENABLE_USER_SITE:
+        found.append(site.getusersitepackages())
+    found += [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+    dirs: list[Path] = []
+    for d in found:
+        if d and Path(d).is_absolute() and Path(d) not in dirs:
+            dirs.append(Path(d))
+    return dirs
+
+
 def _nixl_from_pip() -> None:
     """Points kvtier at the NIXL runtime of an installed ``nixl`` package (its ``nixl-cu12``
     or ``nixl-cu13`` wheel ships ``libnixl_capi.so``), unless the user set ``NIXL_LIB_DIR``.
-    Called again as each store opens (the runtime loads with the first NIXL tier), so a NIXL
-    that SGLang imported meanwhile is the one kvtier uses: one runtime per process."""
+    Only the interpreter's site-packages are searched. Called again as each store opens (the
+    runtime loads with the first NIXL tier), so a NIXL that SGLang imported meanwhile is the
+    one kvtier uses: one runtime per process."""
     current = os.environ.get("NIXL_LIB_DIR")
     if current and current != os.environ.get(_AUTO):
         return
     for name in _nixl_packages():
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            continue
-        if spec is None or not spec.submodule_search_locations:
-            continue
-        site = Path(next(iter(spec.submodule_search_locations))).parent
-        libs = site / f".{name}.mesonpy.libs"
-        if (libs / "libnixl_capi.so").is_file():
-            os.environ["NIXL_LIB_DIR"] = os.environ[_AUTO] = str(libs)
-            return
+        for site_dir in _site_dirs():
+            libs = site_dir / f".{name}.mesonpy.libs"
+            if (site_dir / name).is_dir() and (libs / "libnixl_capi.so").is_file():
+                os.environ["NIXL_LIB_DIR"] = os.environ[_AUTO] = str(libs)
+                return
 
 
 _nixl_from_pip()
