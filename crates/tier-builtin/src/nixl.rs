@@ -187,8 +187,10 @@ struct ObjParams {
     prefix: String,
     bucket: String,
     endpoint: Option<String>,
+    #[serde(default)]
     access_key: String,
-    secret_key: String,
+    #[serde(default)]
+    secret_key: tier_object::Secret,
     region: Option<String>,
     #[serde(default)]
     virtual_hosted: bool,
@@ -214,7 +216,9 @@ struct ObjParams {
 }
 
 fn to_obj_config(name: &str, p: ObjParams) -> Result<NixlObjConfig, TierError> {
-    let mut s3 = tier_object::S3Settings::endpoint("", &p.bucket, &p.access_key, &p.secret_key);
+    let mut s3 = tier_object::S3Settings::endpoint("", &p.bucket, &p.access_key, "");
+    s3.secret_key = p.secret_key;
+    s3.keys_from_env();
     s3.endpoint = p.endpoint;
     s3.virtual_hosted = p.virtual_hosted;
     if let Some(region) = p.region {

@@ -29,7 +29,7 @@ use object_store::ObjectStore;
 use serde::Deserialize;
 use tier_core::{EvictionListener, TierError};
 use tier_hierarchy::config::{ByteSize, OpenFuture, Registry, TierContext, TierPlan, TimeSpan};
-use tier_object::{ObjectTier, ObjectTierConfig, PrefixAccess, S3Settings, SharedPrefix};
+use tier_object::{ObjectTier, ObjectTierConfig, PrefixAccess, S3Settings, Secret, SharedPrefix};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -39,7 +39,7 @@ struct ObjectParams {
     endpoint: Option<String>,
     bucket: Option<String>,
     access_key: Option<String>,
-    secret_key: Option<String>,
+    secret_key: Option<Secret>,
     region: Option<String>,
     dir: Option<PathBuf>,
     concurrency: Option<usize>,
@@ -161,12 +161,14 @@ fn build_store(
     let field = |f: &str| format!("{}.{f}", ctx.field);
     Ok(match p.store {
         StoreKind::S3 => {
+            // Neither key: credentials from the environment (see `S3Settings::build`).
             let mut s = S3Settings::endpoint(
                 "",
                 &required(ctx, "bucket", p.bucket.clone())?,
-                &required(ctx, "access_key", p.access_key.clone())?,
-                &required(ctx, "secret_key", p.secret_key.clone())?,
+                p.access_key.as_deref().unwrap_or_default(),
+                "",
             );
+            s.secret_key = p.secret_key.clone().unwrap_or_default();
             s.endpoint = p.endpoint.clone();
             if let Some(region) = p.region.clone() {
                 s.region = region;

@@ -311,7 +311,7 @@ fn hostile_configs_are_refused_with_clear_errors() {
         ("[[tiers]]\nkind = \"nixl-file\"\ndirs = [\"/x\"]\ncapacity = 0\n".into(), "capacity"),
         ("[[tiers]]\nkind = \"nixl-file\"\ndirs = [\"/x\"]\npolicy = \"tinylfu\"\n".into(), "tinylfu is moka's"),
         ("[[tiers]]\nkind = \"nixl-file\"\ndirs = [\"/x\"]\ndurability = \"disk\"\n".into(), "unknown variant `disk`, expected `process` or `power`"),
-        ("[[tiers]]\nkind = \"object\"\nstore = \"s3\"\nprefix = \"p\"\nbucket = \"b\"\n".into(), "access_key"),
+        ("[[tiers]]\nkind = \"object\"\nstore = \"s3\"\nprefix = \"p\"\nbucket = \"b\"\naccess_key = \"k\"\n".into(), "access_key and secret_key, or neither"),
         (format!("[[tiers]]\nkind = \"object\"\nstore = \"s3\"\nprefix = \"../up\"\naccess_key = \"k\"\nsecret_key = \"s\"\n{s3}"), "prefix"),
         ("[[tiers]]\nkind = \"object\"\nstore = \"memory\"\nprefix = \"p\"\nconcurrency = 0\n".into(), "concurrency"),
         (format!("[[tiers]]\nkind = \"nixl-obj\"\nprefix = \"p\"\naccess_key = \"k\"\n{s3}"), "secret_key"),

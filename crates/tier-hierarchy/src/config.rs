@@ -267,8 +267,17 @@ impl HierarchyConfig {
 
     /// Parses TOML.
     pub fn from_toml(text: &str) -> Result<Self, TierError> {
-        let value: toml::Value = toml::from_str(text)
-            .map_err(|e| TierError::config("(file)", format!("not valid TOML: {e}")))?;
+        // The message and position only: toml's own text quotes the line, which may hold a
+        // secret key.
+        let value: toml::Value = toml::from_str(text).map_err(|e| {
+            let at = e.span().map_or_else(String::new, |span| {
+                let before = &text[..span.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                format!(" at line {line}, column {column}")
+            });
+            TierError::config("(file)", format!("not valid TOML{at}: {}", e.message()))
+        })?;
         let json =
             serde_json::to_value(value).map_err(|e| TierError::config("(file)", e.to_string()))?;
         Self::from_value(json)
@@ -450,6 +459,14 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_toml_syntax_error_names_its_place_without_quoting_the_line() {
+        let text = "[[tiers]]\nkind = \"object\"\nsecret_key = \"hunter2-secret\" oops\n";
+        let e = HierarchyConfig::from_toml(text).unwrap_err().to_string();
+        assert!(e.contains("line 3"), "{e}");
+        assert!(!e.contains("hunter2"), "the secret is quoted: {e}");
+    }
 
     #[test]
     fn sizes_parse_with_units_and_reject_nonsense() {

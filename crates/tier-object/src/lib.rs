@@ -34,7 +34,7 @@ mod shared;
 
 pub use config::{ObjectTierConfig, PrefixAccess};
 pub use names::check_prefix;
-pub use s3::S3Settings;
+pub use s3::{S3Settings, Secret};
 pub use shared::{PrefixStats, SharedPrefix};
 pub use tier_policy::PolicyKind;
 

@@ -1,4 +1,5 @@
-//! Building an S3 (or S3-compatible) store with bounded retries and timeouts.
+//! Building an S3 (or S3-compatible) store with bounded retries and timeouts, and [`Secret`],
+//! the secret key that never prints.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -6,6 +7,48 @@ use std::time::Duration;
 use object_store::aws::AmazonS3Builder;
 use object_store::{ClientOptions, ObjectStore, RetryConfig};
 use tier_core::TierError;
+
+/// A credential: its `Debug` and `Display` print `***`, so settings, errors and logs that
+/// format it never show it. [`Secret::expose`] hands the value to the one place that needs it.
+#[derive(Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The value itself.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether none was given.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(value: &str) -> Self {
+        Self(value.to_string())
+    }
+}
+
+impl From<String> for Secret {
+    fn from(value: String) -> Self {
+        Self(value)
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl std::fmt::Display for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
+}
 
 /// Where and how to reach an S3 bucket.
 #[derive(Debug, Clone)]
@@ -16,10 +59,10 @@ pub struct S3Settings {
     pub bucket: String,
     /// Region.
     pub region: String,
-    /// Access key id.
+    /// Access key id (empty: from the environment, see [`S3Settings::build`]).
     pub access_key: String,
-    /// Secret access key.
-    pub secret_key: String,
+    /// Secret access key (printed as `***`).
+    pub secret_key: Secret,
     /// Virtual-hosted-style addressing (`bucket.host`) instead of path style.
     pub virtual_hosted: bool,
     /// Per-request timeout (and connect timeout).
@@ -40,7 +83,7 @@ impl S3Settings {
             bucket: bucket.to_string(),
             region: "us-east-1".into(),
             access_key: access_key.to_string(),
-            secret_key: secret_key.to_string(),
+            secret_key: Secret::from(secret_key),
             virtual_hosted: false,
             request_timeout: Duration::from_secs(10),
             max_retries: 3,
@@ -49,12 +92,29 @@ impl S3Settings {
         }
     }
 
-    /// Builds the store (no request is made).
+    /// Takes `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY` from the environment when neither
+    /// key was given.
+    pub fn keys_from_env(&mut self) {
+        if self.access_key.is_empty() && self.secret_key.is_empty() {
+            if let (Ok(id), Ok(secret)) = (
+                std::env::var("AWS_ACCESS_KEY_ID"),
+                std::env::var("AWS_SECRET_ACCESS_KEY"),
+            ) {
+                self.access_key = id;
+                self.secret_key = Secret::from(secret);
+            }
+        }
+    }
+
+    /// Builds the store (no request is made). With neither key given, credentials come from
+    /// the environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`) or
+    /// the providers object_store asks then (web identity, ECS task role, EC2 instance
+    /// metadata); one key without the other is a config error.
     pub fn build(&self) -> Result<Arc<dyn ObjectStore>, TierError> {
-        if self.access_key.is_empty() || self.secret_key.is_empty() {
+        if self.access_key.is_empty() != self.secret_key.is_empty() {
             return Err(TierError::config(
                 "access_key",
-                "S3 credentials are missing",
+                "give both access_key and secret_key, or neither (credentials from the environment)",
             ));
         }
         let mut client = ClientOptions::new()
@@ -64,11 +124,16 @@ impl S3Settings {
         if let Some(max) = self.max_idle_connections {
             client = client.with_pool_max_idle_per_host(max);
         }
-        let mut builder = AmazonS3Builder::new()
+        let mut builder = if self.access_key.is_empty() {
+            AmazonS3Builder::from_env()
+        } else {
+            AmazonS3Builder::new()
+                .with_access_key_id(&self.access_key)
+                .with_secret_access_key(self.secret_key.expose())
+        };
+        builder = builder
             .with_bucket_name(&self.bucket)
             .with_region(&self.region)
-            .with_access_key_id(&self.access_key)
-            .with_secret_access_key(&self.secret_key)
             .with_virtual_hosted_style_request(self.virtual_hosted)
             .with_retry(RetryConfig {
                 max_retries: self.max_retries,

@@ -49,10 +49,13 @@ impl S3TierFactory for Objects {
 tier_tests::s3_outage_suite!(Objects);
 
 #[test]
-fn missing_credentials_are_a_config_error() {
-    assert!(S3Settings::endpoint("http://127.0.0.1:9", "b", "", "")
-        .build()
-        .is_err());
+fn half_given_credentials_are_a_config_error() {
+    for (id, secret) in [("id", ""), ("", "secret")] {
+        assert!(matches!(
+            S3Settings::endpoint("http://127.0.0.1:9", "b", id, secret).build(),
+            Err(TierError::Config { .. })
+        ));
+    }
 }
 
 #[test]
@@ -105,4 +108,41 @@ async fn pages_over_the_threshold_go_up_in_parts() {
     println!("ETags: 20 MiB page {big}, 4 KiB page {small}");
     assert!(big.trim_matches('"').ends_with("-3"), "{big}");
     assert!(!small.contains('-'), "{small}");
+}
+
+#[test]
+fn a_secret_key_never_prints() {
+    let s = S3Settings::endpoint("http://127.0.0.1:9", "b", "id", "hunter2-secret");
+    let shown = format!("{s:?} {}", s.secret_key);
+    assert!(
+        !shown.contains("hunter2") && shown.contains("***"),
+        "{shown}"
+    );
+    assert_eq!(s.secret_key.expose(), "hunter2-secret");
+}
+
+/// No key in the config: the environment's (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`) are
+/// used, by object_store's provider chain and by `keys_from_env` (for NIXL OBJ); one key
+/// without the other is a config error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_come_from_the_environment_when_the_config_gives_none() {
+    let server = S3Server::shared();
+    // No other test of this binary reads these variables.
+    std::env::set_var("AWS_ACCESS_KEY_ID", &server.access_key);
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", &server.secret_key);
+    let settings = S3Settings::endpoint(&server.endpoint(), &server.bucket, "", "");
+    let t = tier(settings.build().unwrap(), "env", Duration::from_secs(5));
+    let page = Page::new(key(7), content::page(&key(7), 1, 4096));
+    for r in t.put(std::slice::from_ref(&page)).await {
+        r.unwrap();
+    }
+    let (r, buf) = read(&t, 7, 4096).await;
+    assert_eq!(r.unwrap(), Lookup::Hit);
+    content::verify(&key(7), 1, &buf).unwrap();
+    let mut filled = settings.clone();
+    filled.keys_from_env();
+    assert_eq!(filled.access_key, server.access_key);
+    assert_eq!(filled.secret_key.expose(), server.secret_key);
+    let one = S3Settings::endpoint(&server.endpoint(), &server.bucket, "id-only", "");
+    assert!(matches!(one.build(), Err(TierError::Config { .. })));
 }

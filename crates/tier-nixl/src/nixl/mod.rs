@@ -260,7 +260,10 @@ impl Agent {
             sys::nixl_capi_create_backend(self.raw, cplugin.as_ptr(), params.0, &mut raw)
         };
         check("nixl_capi_create_backend", status).map_err(|e| NixlError {
-            detail: format!("plugin {plugin} could not be initialised with {overrides:?} (see NIXL's log on stderr for the reason)"),
+            detail: format!(
+                "plugin {plugin} could not be initialised with {:?} (see NIXL's log on stderr for the reason)",
+                redacted(overrides)
+            ),
             ..e
         })?;
         let mut opt = ptr::null_mut();
@@ -440,5 +443,47 @@ impl Drop for Registration {
             tracing::warn!(status, plugin = %self.backend.plugin, "NIXL deregistration failed");
         }
         LIVE_REGISTRATIONS.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Backend parameters as errors may show them: the value of every key that names a secret,
+/// token, password or session is `***`.
+fn redacted(params: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
+    params
+        .iter()
+        .map(|(k, v)| {
+            let lower = k.to_ascii_lowercase();
+            let secret = ["secret", "token", "password", "session", "credential"]
+                .iter()
+                .any(|s| lower.contains(s));
+            (k.as_str(), if secret { "***" } else { v.as_str() })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_parameters_in_errors_hide_secrets() {
+        let params: BTreeMap<String, String> = [
+            ("bucket", "b"),
+            ("access_key", "AKIA-id"),
+            ("secret_key", "hunter2"),
+            ("session_token", "tok"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let shown = format!("{:?}", redacted(&params));
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("tok\""),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("AKIA-id") && shown.contains("\"b\""),
+            "{shown}"
+        );
     }
 }

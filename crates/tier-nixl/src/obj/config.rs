@@ -107,7 +107,8 @@ impl NixlObjConfig {
         if self.s3.access_key.is_empty() || self.s3.secret_key.is_empty() {
             return Err(TierError::config(
                 "access_key",
-                "S3 credentials are missing",
+                "S3 credentials are missing: set access_key and secret_key, or \
+                 AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
             ));
         }
         if !(1..=crate::file::MAX_LANES).contains(&self.lanes) {
@@ -152,7 +153,7 @@ impl NixlObjConfig {
         p.insert("bucket".into(), s3.bucket.clone());
         p.insert("region".into(), s3.region.clone());
         p.insert("access_key".into(), s3.access_key.clone());
-        p.insert("secret_key".into(), s3.secret_key.clone());
+        p.insert("secret_key".into(), s3.secret_key.expose().to_string());
         p.insert(
             "use_virtual_addressing".into(),
             s3.virtual_hosted.to_string(),
