@@ -24,7 +24,7 @@ type LevelValue = fn(&LevelStats) -> u64;
 
 impl Collector for Snapshot {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), fmt::Error> {
-        let per_tier: [(&str, &str, Shape, LevelValue); 10] = [
+        let per_tier: [(&str, &str, Shape, LevelValue); 15] = [
             (
                 "tier_hits",
                 "Reads that found their page",
@@ -76,23 +76,6 @@ impl Collector for Snapshot {
                 Shape::Gauge,
                 |l| l.stats.resident_bytes.unwrap_or(0),
             ),
-        ];
-        for (name, help, kind, value) in per_tier {
-            let mut family = encoder.encode_descriptor(name, help, None, kind.metric_type())?;
-            for level in &self.stats.levels {
-                if kind == Shape::Gauge && level.stats.resident_bytes.is_none() {
-                    continue;
-                }
-                let labels = TierLabels {
-                    hierarchy: self.hierarchy.clone(),
-                    tier: level.info.name.clone(),
-                    kind: level.info.kind.clone(),
-                };
-                let metric = family.encode_family(&labels)?;
-                encode_value(kind, value(level), metric)?;
-            }
-        }
-        let health: [(&str, &str, Shape, LevelValue); 5] = [
             (
                 "tier_up",
                 "1 while the tier answers (up or slow), 0 while it is down and skipped",
@@ -124,15 +107,19 @@ impl Collector for Snapshot {
                 |l| l.health.writes_skipped,
             ),
         ];
-        for (name, help, kind, value) in health {
+        for (name, help, kind, value) in per_tier {
             let mut family = encoder.encode_descriptor(name, help, None, kind.metric_type())?;
             for level in &self.stats.levels {
+                if name == "tier_resident_bytes" && level.stats.resident_bytes.is_none() {
+                    continue;
+                }
                 let labels = TierLabels {
                     hierarchy: self.hierarchy.clone(),
                     tier: level.info.name.clone(),
                     kind: level.info.kind.clone(),
                 };
-                encode_value(kind, value(level), family.encode_family(&labels)?)?;
+                let metric = family.encode_family(&labels)?;
+                encode_value(kind, value(level), metric)?;
             }
         }
         let s = &self.stats;
