@@ -2,6 +2,7 @@
 //! pages surviving eviction from the top tier, and a failing lower tier not failing top hits.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
 use tier_hierarchy::{HealthPolicy, Hierarchy, HierarchyPolicy, WritePolicy};
@@ -172,6 +173,65 @@ async fn a_failing_lower_tier_never_fails_what_the_top_serves() {
     assert!(s.lower_errors >= 16, "lower failures are counted: {s:?}");
     assert!(lower.injected() > 0);
     h.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_settings_that_cannot_work_are_config_errors() {
+    let zero = Duration::ZERO;
+    let d = HealthPolicy::default();
+    let cases = [
+        (
+            HealthPolicy {
+                probe_backoff: zero,
+                ..d.clone()
+            },
+            "health.probe_backoff",
+        ),
+        (
+            HealthPolicy {
+                probe_timeout: zero,
+                ..d.clone()
+            },
+            "health.probe_timeout",
+        ),
+        (
+            HealthPolicy {
+                stall_after: zero,
+                ..d.clone()
+            },
+            "health.stall_after",
+        ),
+        (
+            HealthPolicy {
+                slow_after: Some(zero),
+                ..d.clone()
+            },
+            "health.slow_after",
+        ),
+        (
+            HealthPolicy {
+                probe_backoff_max: Duration::from_millis(1),
+                ..d.clone()
+            },
+            "health.probe_backoff_max",
+        ),
+    ];
+    for (health, field) in cases {
+        let built = Hierarchy::builder("bad-health")
+            .policy(HierarchyPolicy {
+                health,
+                ..HierarchyPolicy::default()
+            })
+            .tier(Arc::new(
+                MemTier::open(MemTierConfig::new(1 << 20)).unwrap(),
+            ))
+            .build();
+        match built {
+            Err(TierError::Config { field: f, .. }) => assert_eq!(f, field),
+            Err(e) => panic!("{field}: {e}"),
+            Ok(_) => panic!("{field}: accepted"),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -42,6 +42,40 @@ pub struct HealthPolicy {
     pub probe_timeout: Duration,
 }
 
+impl HealthPolicy {
+    /// A config error naming the first setting that cannot work: a zero wait or bound (a
+    /// probe loop without a pause, a probe that always times out), or a backoff bound below
+    /// the first wait.
+    pub fn check(&self) -> Result<(), tier_core::TierError> {
+        let positive = [
+            ("health.stall_after", self.stall_after),
+            ("health.probe_backoff", self.probe_backoff),
+            ("health.probe_timeout", self.probe_timeout),
+        ];
+        for (field, value) in positive {
+            if value.is_zero() {
+                return Err(tier_core::TierError::config(
+                    field,
+                    "must be longer than zero",
+                ));
+            }
+        }
+        if self.slow_after.is_some_and(|d| d.is_zero()) {
+            return Err(tier_core::TierError::config(
+                "health.slow_after",
+                "must be longer than zero (leave it out for never slow)",
+            ));
+        }
+        if self.probe_backoff_max < self.probe_backoff {
+            return Err(tier_core::TierError::config(
+                "health.probe_backoff_max",
+                "must be at least probe_backoff",
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for HealthPolicy {
     fn default() -> Self {
         Self {

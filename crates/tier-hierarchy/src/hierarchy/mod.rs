@@ -210,6 +210,7 @@ impl Hierarchy {
                 "the queue must hold at least one byte",
             ));
         }
+        policy.health.check()?;
         let rx = queue
             .rx
             .lock()
