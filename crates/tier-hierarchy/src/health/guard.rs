@@ -206,6 +206,18 @@ impl Guarded {
     }
 }
 
+/// Runs `call` to its end, or until `deadline`: `None` when the deadline came first (the call
+/// is then dropped, which every tier allows).
+async fn until<T>(
+    deadline: Option<Instant>,
+    call: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    match deadline {
+        None => Some(call.await),
+        Some(d) => tokio::time::timeout_at(d.into(), call).await.ok(),
+    }
+}
+
 /// One probe: an `exists` of one key, bounded.
 async fn probe(tier: &dyn StorageTier, timeout: Duration) -> Result<(), String> {
     let key = PageKey::new("kvtier-health-probe").map_err(|e| e.to_string())?;
@@ -230,16 +242,9 @@ impl Guarded {
             return (0..n).map(|_| Ok(Lookup::Miss)).collect();
         }
         let ticket = self.begin();
-        let call = self.inner.get(slots);
-        let results = match deadline {
-            None => call.await,
-            Some(d) => match tokio::time::timeout_at(d.into(), call).await {
-                Ok(results) => results,
-                Err(_) => {
-                    ticket.cut();
-                    return (0..n).map(|_| Ok(Lookup::Miss)).collect();
-                }
-            },
+        let Some(results) = until(deadline, self.inner.get(slots)).await else {
+            ticket.cut();
+            return (0..n).map(|_| Ok(Lookup::Miss)).collect();
         };
         let read: u64 = slots
             .iter()
@@ -261,16 +266,9 @@ impl Guarded {
             return Ok(0);
         }
         let ticket = self.begin();
-        let call = self.inner.exists(keys);
-        let result = match deadline {
-            None => call.await,
-            Some(d) => match tokio::time::timeout_at(d.into(), call).await {
-                Ok(result) => result,
-                Err(_) => {
-                    ticket.cut();
-                    return Ok(0);
-                }
-            },
+        let Some(result) = until(deadline, self.inner.exists(keys)).await else {
+            ticket.cut();
+            return Ok(0);
         };
         ticket.end(judge_one(&result));
         result
@@ -285,20 +283,13 @@ impl Guarded {
                 .collect();
         }
         let ticket = self.begin();
-        let call = self.inner.put(pages);
-        let results = match deadline {
-            None => call.await,
-            Some(d) => match tokio::time::timeout_at(d.into(), call).await {
-                Ok(results) => results,
-                Err(_) => {
-                    let after = ticket.started.elapsed();
-                    ticket.cut();
-                    return pages
-                        .iter()
-                        .map(|_| Err(TierError::Timeout { op: "put", after }))
-                        .collect();
-                }
-            },
+        let Some(results) = until(deadline, self.inner.put(pages)).await else {
+            let after = ticket.started.elapsed();
+            ticket.cut();
+            return pages
+                .iter()
+                .map(|_| Err(TierError::Timeout { op: "put", after }))
+                .collect();
         };
         ticket.end(judge(&results, None));
         results
