@@ -67,11 +67,27 @@ impl Outcome {
     }
 }
 
+/// A read's per-key results for Python, once its staged bytes are settled into their tensors
+/// (a tensor that could not take them gets its error instead).
+pub(crate) fn read_results(
+    py: Python<'_>,
+    results: Vec<Result<Lookup, TierError>>,
+    lent: &Lent,
+) -> Vec<PyObject> {
+    let errors = lent.settle(py, &results);
+    Outcome::Get(results)
+        .to_py(py)
+        .into_iter()
+        .zip(errors)
+        .map(|(result, error)| error.map_or(result, |e| e.into_value(py).into_any()))
+        .collect()
+}
+
 /// A finished call, holding the buffers it used until it is drained.
 struct Done {
     id: u64,
     outcome: Outcome,
-    _lent: Lent,
+    lent: Lent,
 }
 
 #[derive(Default)]
@@ -99,11 +115,7 @@ impl Shared {
     fn finish(&self, id: u64, outcome: Outcome, lent: Lent) {
         let mut state = self.lock();
         state.running -= 1;
-        state.done.push(Done {
-            id,
-            outcome,
-            _lent: lent,
-        });
+        state.done.push(Done { id, outcome, lent });
         drop(state);
         self.finished.notify_all();
         let one: u64 = 1;
@@ -176,7 +188,8 @@ impl Drop for Ticket {
 /// ``max_pending`` calls are running or undrained). A finished call makes :meth:`event_fd`
 /// readable; :meth:`drain` takes every finished call as ``(id, per-key results)``, results as
 /// in :class:`Store`'s blocking calls (:meth:`submit_exists` answers per key whether it is in
-/// the leading run of present keys). The buffers a call uses are held until it is drained.
+/// the leading run of present keys). The buffers a call uses are held until it is drained; a
+/// read into a tensor torch may reallocate lands in it at the drain.
 #[pyclass(module = "kvtier", frozen)]
 pub struct CompletionQueue {
     hierarchy: Arc<Hierarchy>,
@@ -392,7 +405,13 @@ impl CompletionQueue {
         self.shared.reset();
         let done = std::mem::take(&mut self.shared.lock().done);
         done.into_iter()
-            .map(|d| (d.id, d.outcome.to_py(py)))
+            .map(|d| {
+                let results = match d.outcome {
+                    Outcome::Get(results) => read_results(py, results, &d.lent),
+                    outcome => outcome.to_py(py),
+                };
+                (d.id, results)
+            })
             .collect()
     }
 

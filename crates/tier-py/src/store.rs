@@ -16,7 +16,7 @@ use tier_hierarchy::{serve_metrics, Hierarchy, TierHealth};
 use tokio::task::JoinHandle;
 
 use crate::buffers::{lent_pages, read_slots, Lent};
-use crate::completions::{CompletionQueue, Outcome};
+use crate::completions::{read_results, CompletionQueue, Outcome};
 use crate::errors::{config_error, to_py};
 
 /// The one runtime of the process, shared by every store and adapter.
@@ -157,8 +157,9 @@ impl Store {
                 }
             })
         });
+        let results = read_results(py, results, &lent);
         drop(lent);
-        Ok(Outcome::Get(results).to_py(py))
+        Ok(results)
     }
 
     fn open(py: Python<'_>, config: Result<HierarchyConfig, TierError>) -> PyResult<Self> {
