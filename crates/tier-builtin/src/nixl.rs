@@ -19,6 +19,8 @@
 //! runtime_dir = "/opt/kvtier/nixl/lib"
 //! access = "owner"             # owner; reader (reads what an owner stores there); shared:
 //!                               # any number of processes and machines store and read there
+//! mode = "owner"                # owner: folders 0700, files 0600 (this user only); group:
+//!                               # 2770/0660, for a cache several users of a group share
 //! lease = "10s"                 # shared: an evictor that dies or stalls is taken over after it
 //! touch_interval = "60s"        # shared: a hit refreshes its page's use time at most this often
 //! low_watermark = 0.9           # shared: an eviction brings the folders down to this fraction
@@ -56,8 +58,8 @@ use tier_core::EvictionListener;
 use tier_core::TierError;
 use tier_hierarchy::config::{ByteSize, OpenFuture, Registry, TierContext, TierPlan, TimeSpan};
 use tier_nixl::{
-    DirectIo, Durability, FileAccess, FileEngine, FilePlugin, NixlFileConfig, NixlFileTier,
-    NixlObjConfig, NixlObjTier, PageChecksum, PathModeChoice, RequestChecksum,
+    DirectIo, Durability, FileAccess, FileEngine, FilePlugin, FolderMode, NixlFileConfig,
+    NixlFileTier, NixlObjConfig, NixlObjTier, PageChecksum, PathModeChoice, RequestChecksum,
 };
 
 #[derive(Debug, Deserialize)]
@@ -85,6 +87,8 @@ struct FileParams {
     runtime_dir: Option<PathBuf>,
     #[serde(default)]
     access: FileAccess,
+    #[serde(default)]
+    mode: FolderMode,
     lease: Option<TimeSpan>,
     touch_interval: Option<TimeSpan>,
     low_watermark: Option<f64>,
@@ -141,6 +145,7 @@ fn to_config(name: &str, p: FileParams) -> Result<NixlFileConfig, TierError> {
     c.durability = p.durability;
     c.page_checksum = p.page_checksum;
     c.access = p.access;
+    c.mode = p.mode;
     c.engine = p.engine;
     if let Some(b) = p.staging_bytes {
         c.staging_bytes = b.0 as usize;

@@ -11,8 +11,8 @@ pub mod runtime;
 mod staging;
 
 pub use file::{
-    DirectIo, Durability, FileAccess, FileEngine, FileMode, FilePlugin, FleetStats, NixlFileConfig,
-    NixlFileTier, PageChecksum, PathModeChoice, SharedFolder, BUCKETS,
+    route_hash, DirectIo, Durability, FileAccess, FileEngine, FileMode, FilePlugin, FleetStats,
+    FolderMode, NixlFileConfig, NixlFileTier, PageChecksum, PathModeChoice, SharedFolder, BUCKETS,
 };
 pub use nixl::{live_registrations, live_transfers};
 pub use obj::{NixlObjConfig, NixlObjTier, RequestChecksum};

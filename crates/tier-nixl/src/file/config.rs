@@ -7,7 +7,7 @@ use std::time::Duration;
 use tier_core::TierError;
 use tier_policy::PolicyKind;
 
-use super::PageChecksum;
+use super::{FolderMode, PageChecksum};
 use crate::staging::ALIGN;
 
 /// Largest staging buffer (and page).
@@ -184,6 +184,8 @@ pub struct NixlFileConfig {
     pub runtime_dir: Option<PathBuf>,
     /// Whether the tier owns its folders, reads another process's, or shares them.
     pub access: FileAccess,
+    /// Who may use the folders: this user (the default) or the folder's group.
+    pub mode: FolderMode,
     /// Eviction lease, use-time refresh and watermarks of shared folders.
     pub shared: SharedFolder,
 }
@@ -209,6 +211,7 @@ impl NixlFileConfig {
             max_abandoned_bytes: crate::nixl::DEFAULT_ABANDON_LIMIT,
             runtime_dir: None,
             access: FileAccess::Owner,
+            mode: FolderMode::Owner,
             shared: SharedFolder::default(),
         }
     }

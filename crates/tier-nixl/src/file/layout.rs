@@ -5,7 +5,8 @@
 //! then the splitmix64 finaliser; folder = hash % N; bucket = (hash >> 32) & 0xff as two hex
 //! digits. Names keep `[A-Za-z0-9_-]` and non-leading `.`, and write every other byte as
 //! `%XX`, so no name is `.`, `..`, holds `/`, or starts with `.`. Writes go to
-//! `.tmp-<pid>-<seq>-<name>` in the same bucket and are renamed into place when complete.
+//! `.tmp-<host>-<pid>-<nonce><seq>-<name>` in the same bucket (the nonce random per layout, so
+//! no one can plant a file under the name first) and are renamed into place when complete.
 
 use std::collections::HashSet;
 use std::fs;
@@ -14,6 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tier_core::{PageKey, TierError};
+
+use super::perms::{nonce, FolderMode};
 
 /// Bucket folders per storage folder.
 pub const BUCKETS: usize = 256;
@@ -25,13 +28,15 @@ const TEMP_PREFIX: &str = ".tmp-";
 #[derive(Debug)]
 pub struct Layout {
     dirs: Vec<PathBuf>,
+    mode: FolderMode,
+    temp_nonce: u64,
     temp_seq: AtomicU64,
 }
 
 impl Layout {
-    /// Creates (if needed) and canonicalises the folders, rejecting duplicates by real path,
-    /// then creates all bucket folders in each.
-    pub fn create(dirs: &[PathBuf]) -> Result<Self, TierError> {
+    /// Creates (if needed), checks and canonicalises the folders, rejecting duplicates by real
+    /// path and folders `mode` does not trust, then creates or checks all bucket folders in each.
+    pub fn create(dirs: &[PathBuf], mode: FolderMode) -> Result<Self, TierError> {
         if dirs.is_empty() {
             return Err(TierError::config(
                 "dirs",
@@ -41,8 +46,7 @@ impl Layout {
         let mut seen = HashSet::new();
         let mut real = Vec::with_capacity(dirs.len());
         for (i, dir) in dirs.iter().enumerate() {
-            fs::create_dir_all(dir)
-                .map_err(|e| TierError::io("create storage folder", None, Some(dir.clone()), e))?;
+            mode.create_storage_dir(dir)?;
             let canon = dir
                 .canonicalize()
                 .map_err(|e| TierError::io("resolve storage folder", None, Some(dir.clone()), e))?;
@@ -60,6 +64,8 @@ impl Layout {
         }
         let layout = Self {
             dirs: real,
+            mode,
+            temp_nonce: nonce(),
             temp_seq: AtomicU64::new(0),
         };
         layout.create_buckets()?;
@@ -71,21 +77,32 @@ impl Layout {
         &self.dirs
     }
 
-    /// Makes every bucket folder: path mode cannot create parent folders.
+    /// Who may use the folders, and so the mode of the files made in them.
+    pub fn mode(&self) -> FolderMode {
+        self.mode
+    }
+
+    /// Makes every bucket folder (path mode cannot create parent folders), and refuses one
+    /// that is a link or another user's.
     pub fn create_buckets(&self) -> Result<(), TierError> {
         for dir in &self.dirs {
             for b in 0..BUCKETS {
-                let bucket = dir.join(bucket_name(b));
-                match fs::create_dir(&bucket) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                    Err(e) => {
-                        return Err(TierError::io("create bucket folder", None, Some(bucket), e))
-                    }
-                }
+                self.mode.create_bucket(&dir.join(bucket_name(b)))?;
             }
         }
         Ok(())
+    }
+
+    /// The bucket folders of `dir` a scan may walk: each a real folder, never a link put in
+    /// its place (skipped, with a warning).
+    fn walkable_buckets(dir: &Path) -> impl Iterator<Item = PathBuf> + '_ {
+        (0..BUCKETS).map(|b| dir.join(bucket_name(b))).filter(|bucket| {
+            let ok = FolderMode::walkable(bucket);
+            if !ok && fs::symlink_metadata(bucket).is_ok() {
+                tracing::warn!(bucket = %bucket.display(), "a bucket that is not a real folder is skipped");
+            }
+            ok
+        })
     }
 
     /// The file a page lives in, or `KeyRejected` if its escaped name is too long.
@@ -113,9 +130,10 @@ impl Layout {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         final_path.with_file_name(format!(
-            "{TEMP_PREFIX}{}-{}-{seq}-{name}",
+            "{TEMP_PREFIX}{}-{}-{:016x}{seq}-{name}",
             host_tag(),
-            std::process::id()
+            std::process::id(),
+            self.temp_nonce
         ))
     }
 
@@ -124,8 +142,7 @@ impl Layout {
     pub fn scan(&self) -> Result<ScanReport, TierError> {
         let mut report = ScanReport::default();
         for dir in &self.dirs {
-            for b in 0..BUCKETS {
-                let bucket = dir.join(bucket_name(b));
+            for bucket in Self::walkable_buckets(dir) {
                 let entries = fs::read_dir(&bucket)
                     .map_err(|e| TierError::io("scan bucket", None, Some(bucket.clone()), e))?;
                 for entry in entries.flatten() {
@@ -175,8 +192,7 @@ impl Layout {
     ) -> Result<FolderScan, TierError> {
         let mut report = FolderScan::default();
         for dir in &self.dirs {
-            for b in 0..BUCKETS {
-                let bucket = dir.join(bucket_name(b));
+            for bucket in Self::walkable_buckets(dir) {
                 let entries = match fs::read_dir(&bucket) {
                     Ok(entries) => entries,
                     // Another process's clear or a hand may have removed it: it holds nothing.

@@ -18,7 +18,8 @@
 //! paths), `catalog` (the pages' files and index entries, changed together), `fleet` (shared
 //! folders' usage and evictor), `index` (entries,
 //! generations, checksums, eviction order), `io` (the engines that move bytes), `helpers`
-//! (threads for big batches), `layout` (paths), `checksum` (CRC-32C).
+//! (threads for big batches), `layout` (paths), `perms` (folder modes, files made without
+//! following links), `checksum` (CRC-32C).
 
 mod catalog;
 mod checksum;
@@ -29,6 +30,7 @@ mod index;
 mod io;
 mod layout;
 mod open;
+mod perms;
 mod read;
 mod write;
 
@@ -44,6 +46,7 @@ use tier_core::{
 pub use checksum::PageChecksum;
 pub use io::{probe_path_mode, FileMode};
 pub use layout::{route_hash, BUCKETS};
+pub use perms::FolderMode;
 
 use crate::staging::{align_up, StagingPool, ALIGN};
 use catalog::Catalog;

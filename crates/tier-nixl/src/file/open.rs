@@ -14,6 +14,7 @@ use super::fleet::Fleet;
 use super::index::PageIndex;
 use super::io::{self, FileIo, FileMode};
 use super::layout::Layout;
+use super::perms::{self, FolderMode};
 use super::{
     checksum, DirectIo, Durability, FileAccess, FilePlugin, NixlFileConfig, PageChecksum,
     PathModeChoice, Shared,
@@ -27,7 +28,7 @@ const LOCK_WAIT: Duration = Duration::from_secs(5);
 impl Shared {
     pub(super) fn open(config: NixlFileConfig) -> Result<Self, TierError> {
         let runtime = crate::runtime::load(config.runtime_dir.as_deref())?;
-        let layout = Layout::create(&config.dirs)?;
+        let layout = Layout::create(&config.dirs, config.mode)?;
         let index = PageIndex::new(config.policy).ok_or_else(|| {
             TierError::config("policy", format!("{} is not for file tiers", config.policy))
         })?;
@@ -36,7 +37,7 @@ impl Shared {
             access => layout
                 .dirs()
                 .iter()
-                .map(|d| lock_folder(&d.join(LOCK_FILE), access))
+                .map(|d| lock_folder(&d.join(LOCK_FILE), access, config.mode))
                 .collect::<Result<Vec<_>, _>>()?,
         };
         if config.access != FileAccess::Reader && config.page_checksum == PageChecksum::Crc32c {
@@ -89,7 +90,7 @@ impl Shared {
                 .layout()
                 .dirs()
                 .iter()
-                .find(|d| !supports_direct_io(d))
+                .find(|d| !supports_direct_io(d, config.mode))
             {
                 None => true,
                 Some(dir) if choice == DirectIo::Required => {
@@ -127,6 +128,7 @@ impl Shared {
                 timeout: config.transfer_timeout,
                 sync: config.durability == Durability::Power,
                 checksums: config.page_checksum == PageChecksum::Crc32c,
+                file_mode: config.mode,
             })
             .collect();
         let shared = Self {
@@ -189,12 +191,16 @@ fn create_backend(
 /// Locks a storage folder for `access`: alone for an owner, beside other sharers for a
 /// sharer. Waits up to [`LOCK_WAIT`] for an owner's lock (a restarting owner's predecessor may
 /// still be exiting); a folder held in the other mode is refused at once, naming both modes.
-fn lock_folder(path: &std::path::Path, access: FileAccess) -> Result<File, TierError> {
-    let file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
+///
+/// The lock file is opened for reading and writing (NFSv4 refuses a shared lock on a
+/// descriptor without read access), never through a link.
+fn lock_folder(
+    path: &std::path::Path,
+    access: FileAccess,
+    mode: FolderMode,
+) -> Result<File, TierError> {
+    let file = mode
+        .open_fixed(path)
         .map_err(|e| TierError::io("open lock file", None, Some(path.to_path_buf()), e))?;
     let folder = path.parent().unwrap_or(path).display().to_string();
     let op = if access == FileAccess::Shared {
@@ -211,7 +217,11 @@ fn lock_folder(path: &std::path::Path, access: FileAccess) -> Result<File, TierE
         }
         // Held: by sharers if a shared lock can be had beside them (an owner's excludes it).
         let held_by_sharers = access == FileAccess::Owner && {
-            let probe = File::open(path).ok();
+            let probe = fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(path)
+                .ok();
             probe.is_some_and(|p| try_flock(&p, libc::LOCK_SH).unwrap_or(false))
         };
         if held_by_sharers {
@@ -255,15 +265,11 @@ fn try_flock(file: &File, op: libc::c_int) -> std::io::Result<bool> {
     }
 }
 
-fn supports_direct_io(dir: &std::path::Path) -> bool {
-    let probe = dir.join(format!(".kvtier-direct-probe-{}", std::process::id()));
-    let ok = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(&probe)
-        .is_ok();
+/// Whether a file of `dir` opens with `O_DIRECT`: a probe file under a name no one can guess,
+/// created exclusively, removed after.
+fn supports_direct_io(dir: &std::path::Path, mode: FolderMode) -> bool {
+    let probe = dir.join(format!(".kvtier-direct-probe-{:016x}", perms::nonce()));
+    let ok = mode.create_new(&probe, libc::O_DIRECT).is_ok();
     let _ = fs::remove_file(&probe);
     ok
 }

@@ -1,6 +1,7 @@
 //! The catalog: files and entries change together; generations guard every change.
 
 use super::*;
+use crate::file::FolderMode;
 use tier_policy::PolicyKind;
 
 fn key(s: &str) -> PageKey {
@@ -9,7 +10,7 @@ fn key(s: &str) -> PageKey {
 
 fn owner() -> (tempfile::TempDir, Catalog) {
     let dir = tempfile::tempdir().expect("a temp folder");
-    let layout = Layout::create(&[dir.path().to_path_buf()]).expect("a layout");
+    let layout = Layout::create(&[dir.path().to_path_buf()], FolderMode::Owner).expect("a layout");
     let index = PageIndex::new(PolicyKind::Lru).expect("an index");
     let (catalog, _) = Catalog::owned(layout, index).expect("a catalog");
     (dir, catalog)

@@ -1,7 +1,7 @@
 //! The files processes sharing some folders agree through: the usage count and the eviction
 //! lease, each changed under a short `flock` that is waited for within a bound.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use tier_core::TierError;
 
 use super::{layout, now_ms};
+use crate::file::FolderMode;
 
 /// Bound on waiting for the usage or lease file's `flock` (held for a few system calls).
 const FLOCK_WAIT: Duration = Duration::from_secs(5);
@@ -152,21 +153,16 @@ impl Drop for Flock<'_> {
     }
 }
 
-pub(super) fn open_rw(path: &Path) -> Result<File, TierError> {
-    fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(|e| {
-            TierError::io(
-                "open a shared folder's file",
-                None,
-                Some(path.to_path_buf()),
-                e,
-            )
-        })
+/// Opens (creating if needed) one of the folders' shared files, never through a link.
+pub(super) fn open_rw(path: &Path, mode: FolderMode) -> Result<File, TierError> {
+    mode.open_fixed(path).map_err(|e| {
+        TierError::io(
+            "open a shared folder's file",
+            None,
+            Some(path.to_path_buf()),
+            e,
+        )
+    })
 }
 
 /// This tier's name as a lease holder: machine, process, and a number of its own (two tiers of

@@ -101,11 +101,11 @@ impl Fleet {
         let first = &layout.dirs()[0];
         let fleet = Self {
             usage: Usage {
-                file: open_rw(&first.join(USAGE_FILE))?,
+                file: open_rw(&first.join(USAGE_FILE), layout.mode())?,
                 path: first.join(USAGE_FILE),
             },
             lease: Lease {
-                file: open_rw(&first.join(LEASE_FILE))?,
+                file: open_rw(&first.join(LEASE_FILE), layout.mode())?,
                 path: first.join(LEASE_FILE),
                 holder: holder_id(),
                 ttl: settings.lease,

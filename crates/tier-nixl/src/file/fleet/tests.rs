@@ -2,13 +2,14 @@
 
 use super::lease::{open_rw, Lease};
 use super::*;
+use crate::file::FolderMode;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use tier_core::PageKey;
 
 fn layout() -> (tempfile::TempDir, Layout) {
     let dir = tempfile::tempdir().expect("a temp folder");
-    let layout = Layout::create(&[dir.path().to_path_buf()]).expect("a layout");
+    let layout = Layout::create(&[dir.path().to_path_buf()], FolderMode::Owner).expect("a layout");
     (dir, layout)
 }
 
@@ -81,7 +82,7 @@ fn one_holder_at_a_time_and_an_expired_lease_is_taken_over() {
     let (dir, _layout) = layout();
     let path = dir.path().join(LEASE_FILE);
     let lease = |holder: &str, ttl| Lease {
-        file: open_rw(&path).expect("the lease file"),
+        file: open_rw(&path, FolderMode::Owner).expect("the lease file"),
         path: path.clone(),
         holder: holder.into(),
         ttl,

@@ -54,6 +54,8 @@ pub struct FileIo {
     pub sync: bool,
     /// Read each page file's recorded checksum with its bytes.
     pub checksums: bool,
+    /// Who may use the files written (their mode).
+    pub file_mode: super::FolderMode,
 }
 
 /// Syncs the folder of every page renamed into place, once per folder, so the renames
@@ -135,7 +137,7 @@ impl FileIo {
             return BatchOutcome {
                 results: items
                     .iter()
-                    .map(|item| move_by_syscalls(op, item, self.sync, None))
+                    .map(|item| move_by_syscalls(op, item, self.sync, self.file_mode, None))
                     .collect(),
                 poisoned: false,
             };
@@ -317,7 +319,13 @@ impl FileIo {
                 .zip(hashed.iter_mut())
                 .map(|(item, crc)| {
                     let mut running = (!item.direct).then(checksum::Crc::new);
-                    move_by_syscalls(XferOp::Read, item, self.sync, running.as_mut())?;
+                    move_by_syscalls(
+                        XferOp::Read,
+                        item,
+                        self.sync,
+                        self.file_mode,
+                        running.as_mut(),
+                    )?;
                     *crc = running.map(|c| c.value());
                     Ok(())
                 })

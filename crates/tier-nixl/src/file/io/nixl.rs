@@ -125,16 +125,37 @@ impl FileIo {
             let item = &items[i];
             match self.mode {
                 FileMode::Fd => {
-                    let file = open_page(&item.path, op, item.direct, self.sync).map_err(|e| {
-                        Failure::Item(
-                            i,
-                            TierError::io(op_name(op), Some(&item.key), Some(item.path.clone()), e),
-                        )
-                    })?;
+                    let file = open_page(&item.path, op, item.direct, self.sync, self.file_mode)
+                        .map_err(|e| {
+                            Failure::Item(
+                                i,
+                                TierError::io(
+                                    op_name(op),
+                                    Some(&item.key),
+                                    Some(item.path.clone()),
+                                    e,
+                                ),
+                            )
+                        })?;
                     dev_ids.push(file.as_raw_fd() as u64);
                     files.push(file);
                 }
                 FileMode::Path => {
+                    if op == XferOp::Write {
+                        // Made here, so it is new, this tier's mode, and not a planted link;
+                        // NIXL opens the file it finds.
+                        self.file_mode.create_new(&item.path, 0).map_err(|e| {
+                            Failure::Item(
+                                i,
+                                TierError::io(
+                                    op_name(op),
+                                    Some(&item.key),
+                                    Some(item.path.clone()),
+                                    e,
+                                ),
+                            )
+                        })?;
+                    }
                     metas.push(path_meta(&item.path, op, item.direct, self.sync));
                     dev_ids.push(next_dev_id());
                 }

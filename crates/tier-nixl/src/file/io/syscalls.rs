@@ -8,7 +8,7 @@ use std::path::Path;
 
 use tier_core::TierError;
 
-use super::super::checksum;
+use super::super::{checksum, FolderMode};
 use crate::nixl::XferOp;
 
 use super::{op_name, Xfer};
@@ -26,11 +26,12 @@ pub(super) fn move_by_syscalls(
     op: XferOp,
     item: &Xfer,
     sync: bool,
+    mode: FolderMode,
     mut crc: Option<&mut checksum::Crc>,
 ) -> Result<(), TierError> {
     let io_err =
         |e: std::io::Error| TierError::io(op_name(op), Some(&item.key), Some(item.path.clone()), e);
-    let file = open_page(&item.path, op, item.direct, sync).map_err(io_err)?;
+    let file = open_page(&item.path, op, item.direct, sync, mode).map_err(io_err)?;
     if op == XferOp::Read {
         // The page's file may have been replaced by one of another length since it was
         // planned: never serve a cut or overlong page.
@@ -118,31 +119,28 @@ pub(super) fn move_by_syscalls(
     Ok(())
 }
 
+/// Opens a page file to read, or creates a temp file to write (exclusively, never through a
+/// link, with `mode`'s file mode; see [`FolderMode::create_new`]).
 pub(super) fn open_page(
     path: &Path,
     op: XferOp,
     direct: bool,
     sync: bool,
+    mode: FolderMode,
 ) -> std::io::Result<File> {
     let mut opts = OpenOptions::new();
-    let mut flags = libc::O_CLOEXEC;
+    let mut flags = libc::O_CLOEXEC | libc::O_NOFOLLOW;
     if direct {
         flags |= libc::O_DIRECT;
     }
-    match op {
-        XferOp::Read => {
-            opts.read(true);
+    if op == XferOp::Write {
+        if sync {
+            flags |= libc::O_DSYNC;
         }
-        XferOp::Write => {
-            // Temp names are unique per write; truncate, as a retry of a failed batch reopens
-            // the file its first attempt created.
-            opts.write(true).create(true).truncate(true).mode(0o644);
-            if sync {
-                flags |= libc::O_DSYNC;
-            }
-        }
+        return mode.create_new(path, flags);
     }
-    if op == XferOp::Read {
+    opts.read(true);
+    {
         // Reading a page must not write its inode: without O_NOATIME the first read after a
         // write updates the access time (relatime). Only the file's owner may ask for it.
         match opts

@@ -1,0 +1,229 @@
+//! Who may read a tier's folders, and making files there that no one else planted.
+//!
+//! A page is a prompt in another form, so folders are this user's alone by default (`0700`,
+//! files `0600`); [`FolderMode::Group`] opens them to the folder's group for caches several
+//! users share. Every file kvtier makes is created without following a symbolic link
+//! (`O_NOFOLLOW`), new files exclusively (`O_EXCL`) under names no one can guess, and a
+//! folder kvtier walks is used only if it is a real folder of the right owner.
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+use tier_core::TierError;
+
+/// Who may use a FILE tier's folders (in config files: `mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FolderMode {
+    /// This user only: folders `0700`, files `0600`; a folder of another user is refused.
+    #[default]
+    Owner,
+    /// The folder's group as well: folders `2770` (new files take the folder's group), files
+    /// `0660`; a folder of another user is accepted when its group is one of this process's
+    /// groups and others have no access to it.
+    Group,
+}
+
+impl FolderMode {
+    /// The mode of folders kvtier makes.
+    pub fn dir_mode(self) -> u32 {
+        match self {
+            Self::Owner => 0o700,
+            Self::Group => 0o2770,
+        }
+    }
+
+    /// The mode of files kvtier makes.
+    pub fn file_mode(self) -> u32 {
+        match self {
+            Self::Owner => 0o600,
+            Self::Group => 0o660,
+        }
+    }
+
+    /// Makes `dir` (and missing parents, with this mode) if needed, then [`claim`](Self::claim)s it.
+    pub fn create_storage_dir(self, dir: &Path) -> Result<(), TierError> {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(self.dir_mode())
+            .create(dir)
+            .map_err(|e| TierError::io("create storage folder", None, Some(dir.into()), e))?;
+        self.claim(dir, true)
+    }
+
+    /// Makes a bucket folder if needed and checks it (see [`claim`](Self::claim)).
+    pub fn create_bucket(self, bucket: &Path) -> Result<(), TierError> {
+        match DirBuilder::new().mode(self.dir_mode()).create(bucket) {
+            Ok(()) => self.past_umask(bucket, None),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => self.claim(bucket, false),
+            Err(e) => Err(TierError::io(
+                "create bucket folder",
+                None,
+                Some(bucket.into()),
+                e,
+            )),
+        }
+    }
+
+    /// In group mode, gives what was just made (a folder at `path`, or `file`) the group's
+    /// access that the process's umask took away; owner mode's needs no fixing.
+    fn past_umask(self, path: &Path, file: Option<&File>) -> Result<(), TierError> {
+        if self == Self::Owner {
+            return Ok(());
+        }
+        let mode = if file.is_some() {
+            self.file_mode()
+        } else {
+            self.dir_mode()
+        };
+        let perms = fs::Permissions::from_mode(mode);
+        match file {
+            Some(f) => f.set_permissions(perms),
+            None => fs::set_permissions(path, perms),
+        }
+        .map_err(|e| TierError::io("set mode", None, Some(path.into()), e))
+    }
+
+    /// Checks that `dir` is a real folder (not a symbolic link) kvtier may trust: this user's,
+    /// or in group mode one of its groups' with no access for others. A `storage` folder of
+    /// this user's with more access than the mode gives is narrowed to it.
+    pub fn claim(self, dir: &Path, storage: bool) -> Result<(), TierError> {
+        let meta = fs::symlink_metadata(dir)
+            .map_err(|e| TierError::io("inspect folder", None, Some(dir.into()), e))?;
+        let refuse = |why: String| {
+            Err(TierError::config(
+                "dirs",
+                format!("{}: {why}; kvtier will not use it", dir.display()),
+            ))
+        };
+        // The storage folder itself may be reached through a link the config names
+        // (canonicalised before this); a bucket may not.
+        if !storage && meta.file_type().is_symlink() {
+            return refuse("the bucket folder is a symbolic link".into());
+        }
+        let meta = if storage {
+            fs::metadata(dir)
+                .map_err(|e| TierError::io("inspect folder", None, Some(dir.into()), e))?
+        } else {
+            meta
+        };
+        if !meta.is_dir() {
+            return refuse("not a folder".into());
+        }
+        let me = euid();
+        let mine = meta.uid() == me;
+        match self {
+            Self::Owner if !mine => {
+                return refuse(format!(
+                    "owned by uid {}, not this user (uid {me}); mode = \"owner\" keeps pages \
+                     in this user's folders (mode = \"group\" shares them with a group)",
+                    meta.uid()
+                ))
+            }
+            Self::Group if !(mine || (in_group(meta.gid()) && meta.mode() & 0o007 == 0)) => {
+                return refuse(format!(
+                    "owned by uid {} with group {} and mode {:o}: mode = \"group\" needs a \
+                     folder of this process's groups that others cannot use",
+                    meta.uid(),
+                    meta.gid(),
+                    meta.mode() & 0o7777
+                ))
+            }
+            _ => {}
+        }
+        let wanted = self.dir_mode();
+        if storage && mine && meta.mode() & 0o7777 != wanted {
+            fs::set_permissions(dir, fs::Permissions::from_mode(wanted))
+                .map_err(|e| TierError::io("set folder mode", None, Some(dir.into()), e))?;
+        }
+        Ok(())
+    }
+
+    /// Whether a folder a scan is about to walk is still a real folder (a link put in a
+    /// bucket's place after opening is not followed).
+    pub fn walkable(bucket: &Path) -> bool {
+        fs::symlink_metadata(bucket).is_ok_and(|m| m.is_dir())
+    }
+
+    /// Creates a new file for writing: never through a link, never one that exists. A file
+    /// left at `path` by an earlier attempt of this process (names are unguessable) is
+    /// replaced.
+    pub fn create_new(self, path: &Path, custom_flags: i32) -> io::Result<File> {
+        let open = || {
+            let file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(self.file_mode())
+                .custom_flags(custom_flags | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(path)?;
+            self.past_umask(path, Some(&file))
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            io::Result::Ok(file)
+        };
+        match open() {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                fs::remove_file(path)?;
+                open()
+            }
+            other => other,
+        }
+    }
+
+    /// Opens (creating if needed) a fixed-name file of the folder for reading and writing:
+    /// never through a link, and only a regular file.
+    pub fn open_fixed(self, path: &Path) -> io::Result<File> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(self.file_mode())
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)?;
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            return Err(io::Error::other("not a regular file"));
+        }
+        if meta.uid() == euid() && meta.mode() & 0o777 != self.file_mode() {
+            self.past_umask(path, Some(&file))
+                .map_err(|e| io::Error::other(e.to_string()))?;
+        }
+        Ok(file)
+    }
+}
+
+/// This process's effective user id.
+fn euid() -> u32 {
+    // SAFETY: geteuid takes nothing and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Whether `gid` is this process's effective group or one of its supplementary groups.
+fn in_group(gid: u32) -> bool {
+    // SAFETY: getegid takes nothing and cannot fail.
+    if unsafe { libc::getegid() } == gid {
+        return true;
+    }
+    let mut groups = vec![0 as libc::gid_t; 1024];
+    // SAFETY: the buffer holds `groups.len()` entries.
+    let n = unsafe { libc::getgroups(groups.len() as i32, groups.as_mut_ptr()) };
+    n > 0 && groups[..n as usize].contains(&gid)
+}
+
+/// 64 random bits from the kernel, for names no one can guess.
+pub fn nonce() -> u64 {
+    let mut bytes = [0u8; 8];
+    // SAFETY: writes at most 8 bytes into an 8-byte buffer.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n != 8 {
+        // getrandom cannot fail for 8 bytes once the pool is seeded; should it, the clock and
+        // address of a local still make a name no other process predicts in advance.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        return t ^ (&bytes as *const _ as u64).rotate_left(32);
+    }
+    u64::from_ne_bytes(bytes)
+}

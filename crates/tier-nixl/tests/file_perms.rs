@@ -1,0 +1,281 @@
+//! Who can read a FILE tier's pages, and what a local attacker who can write beside them can
+//! make it do: owner-only modes by default, group mode on request, and no link or planted
+//! file followed, truncated or served (attack tests: each failed before the fix).
+
+use std::fs;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use rstest::rstest;
+use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
+use tier_nixl::{
+    DirectIo, FileAccess, FileEngine, FolderMode, NixlFileConfig, NixlFileTier, PathModeChoice,
+};
+use tier_tests::content;
+
+fn key(i: usize) -> PageKey {
+    PageKey::new(format!("{:064x}", i as u64 + 0x5eed)).unwrap()
+}
+
+fn config(dir: &Path, path_mode: PathModeChoice) -> NixlFileConfig {
+    let mut config = NixlFileConfig::new([dir.to_path_buf()]);
+    config.path_mode = path_mode;
+    config
+}
+
+async fn put_one(tier: &NixlFileTier, i: usize) {
+    let k = key(i);
+    let page = Page::new(k.clone(), content::page(&k, 1, 4096));
+    for r in tier.put(&[page]).await {
+        r.unwrap_or_else(|e| panic!("put {k}: {e}"));
+    }
+}
+
+async fn lookup(tier: &NixlFileTier, i: usize) -> Result<Lookup, TierError> {
+    let mut buf = vec![0u8; 4096];
+    let mut slots = [ReadSlot::new(key(i), &mut buf)];
+    tier.get(&mut slots).await.pop().unwrap()
+}
+
+/// Every page file under `dir` (not the folders' own files).
+fn page_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for bucket in fs::read_dir(dir).unwrap().flatten() {
+        if bucket.file_type().unwrap().is_dir() {
+            out.extend(
+                fs::read_dir(bucket.path())
+                    .unwrap()
+                    .flatten()
+                    .map(|e| e.path()),
+            );
+        }
+    }
+    out
+}
+
+fn mode_of(path: &Path) -> u32 {
+    fs::metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+#[rstest]
+#[case::path_mode(PathModeChoice::On, FileEngine::Nixl)]
+#[case::fd_mode(PathModeChoice::Off, FileEngine::Nixl)]
+#[case::syscalls(PathModeChoice::Off, FileEngine::Syscalls)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn folders_and_pages_are_the_owners_alone_by_default(
+    #[case] path_mode: PathModeChoice,
+    #[case] engine: FileEngine,
+) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("kv");
+    let mut c = config(&dir, path_mode);
+    c.engine = engine;
+    let tier = NixlFileTier::open(c).await.unwrap();
+    put_one(&tier, 1).await;
+    assert_eq!(mode_of(&dir), 0o700, "the storage folder");
+    assert_eq!(mode_of(&dir.join("00")), 0o700, "a bucket folder");
+    let pages = page_files(&dir);
+    assert_eq!(pages.len(), 1);
+    assert_eq!(mode_of(&pages[0]), 0o600, "a page file ({engine:?})");
+    assert_eq!(mode_of(&dir.join(".kvtier.lock")), 0o600, "the lock file");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_folder_open_to_others_is_narrowed_and_group_mode_opens_it_to_the_group() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("kv");
+    fs::create_dir(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+    let tier = NixlFileTier::open(config(&dir, PathModeChoice::Auto))
+        .await
+        .unwrap();
+    assert_eq!(mode_of(&dir), 0o700, "narrowed to the owner");
+    drop(tier);
+
+    let shared = tmp.path().join("team");
+    let mut c = config(&shared, PathModeChoice::Auto);
+    c.mode = FolderMode::Group;
+    let tier = NixlFileTier::open(c).await.unwrap();
+    put_one(&tier, 2).await;
+    assert_eq!(mode_of(&shared), 0o2770);
+    assert_eq!(mode_of(&shared.join("ff")), 0o2770);
+    assert_eq!(mode_of(&page_files(&shared)[0]), 0o660);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_of_another_user_is_refused() {
+    // SAFETY: geteuid takes nothing.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test gives a folder to another user: it runs as root (as CI does)"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("theirs");
+    fs::create_dir(&dir).unwrap();
+    std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+    let err = NixlFileTier::open(config(&dir, PathModeChoice::Auto))
+        .await
+        .err()
+        .expect("another user's folder is refused");
+    assert!(
+        matches!(&err, TierError::Config { field, message } if field == "dirs" && message.contains("uid 65534")),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_replaced_by_a_link_is_refused_and_its_files_never_served() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("kv");
+    let tier = NixlFileTier::open(config(&dir, PathModeChoice::Auto))
+        .await
+        .unwrap();
+    put_one(&tier, 3).await;
+    let planted = page_files(&dir).pop().unwrap();
+    let bucket = planted.parent().unwrap().to_path_buf();
+    drop(tier);
+    // An outside folder holding a file named as the page; the bucket swapped for a link to it.
+    let outside = tmp.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::copy(&planted, outside.join(planted.file_name().unwrap())).unwrap();
+    fs::remove_dir_all(&bucket).unwrap();
+    symlink(&outside, &bucket).unwrap();
+    let err = NixlFileTier::open(config(&dir, PathModeChoice::Auto))
+        .await
+        .err()
+        .expect("a bucket that is a link is refused");
+    assert!(err.to_string().contains("symbolic link"), "{err}");
+    assert!(
+        outside.join(planted.file_name().unwrap()).exists(),
+        "the outside file is left alone"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_swapped_for_a_link_while_shared_is_not_scanned_or_cleared() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("kv");
+    let mut c = config(&dir, PathModeChoice::Auto);
+    c.access = FileAccess::Shared;
+    let tier = NixlFileTier::open(c).await.unwrap();
+    put_one(&tier, 4).await;
+    let page = page_files(&dir).pop().unwrap();
+    let bucket = page.parent().unwrap().to_path_buf();
+    let outside = tmp.path().join("victim");
+    fs::create_dir(&outside).unwrap();
+    let victim = outside.join(page.file_name().unwrap());
+    fs::copy(&page, &victim).unwrap();
+    fs::remove_dir_all(&bucket).unwrap();
+    symlink(&outside, &bucket).unwrap();
+    tier.clear().await.unwrap();
+    assert!(victim.exists(), "clear() deleted a file outside the folder");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_folders_files_are_never_opened_through_a_link() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("kv");
+    fs::create_dir(&dir).unwrap();
+    let victim = tmp.path().join("victim");
+    fs::write(&victim, b"precious").unwrap();
+    symlink(&victim, dir.join(".kvtier.usage")).unwrap();
+    let mut c = config(&dir, PathModeChoice::Auto);
+    c.access = FileAccess::Shared;
+    c.capacity_bytes = Some(1 << 20);
+    let outcome = NixlFileTier::open(c).await;
+    assert!(outcome.is_err(), "a usage file that is a link is refused");
+    assert_eq!(
+        fs::read(&victim).unwrap(),
+        b"precious",
+        "the link's target was written"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_direct_io_probe_never_truncates_through_a_planted_link() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("kv");
+    fs::create_dir(&dir).unwrap();
+    let victim = tmp.path().join("victim");
+    fs::write(&victim, b"precious").unwrap();
+    // The probe's old name was guessable: this process's id.
+    symlink(
+        &victim,
+        dir.join(format!(".kvtier-direct-probe-{}", std::process::id())),
+    )
+    .unwrap();
+    let mut c = config(&dir, PathModeChoice::Auto);
+    c.direct_io = DirectIo::Preferred;
+    let _tier = NixlFileTier::open(c).await.unwrap();
+    assert_eq!(
+        fs::read(&victim).unwrap(),
+        b"precious",
+        "the probe truncated the link's target"
+    );
+}
+
+#[rstest]
+#[case::path_mode(PathModeChoice::On, FileEngine::Nixl)]
+#[case::fd_mode(PathModeChoice::Off, FileEngine::Nixl)]
+#[case::syscalls(PathModeChoice::Off, FileEngine::Syscalls)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn temp_names_cannot_be_guessed_so_a_planted_link_is_never_written_through(
+    #[case] path_mode: PathModeChoice,
+    #[case] engine: FileEngine,
+) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("kv");
+    let mut c = config(&dir, path_mode);
+    c.engine = engine;
+    c.page_checksum = tier_nixl::PageChecksum::Off;
+    let tier = NixlFileTier::open(c).await.unwrap();
+    let victim = tmp.path().join("victim");
+    fs::write(&victim, b"precious").unwrap();
+    let k = key(6);
+    // Where key 6 goes: put it once and remove it, to learn its bucket.
+    let target_bucket = {
+        let page = Page::new(k.clone(), content::page(&k, 1, 4096));
+        tier.put(&[page]).await.pop().unwrap().unwrap();
+        let path = page_files(&dir)
+            .into_iter()
+            .find(|p| p.file_name().unwrap().to_string_lossy() == k.as_str())
+            .unwrap();
+        tier.remove(std::slice::from_ref(&k))
+            .await
+            .pop()
+            .unwrap()
+            .unwrap();
+        path.parent().unwrap().to_path_buf()
+    };
+    // Plant links at the names this process's next writes would have used before: the host
+    // tag (a hash of the host name) and the pid are public, the sequence counts up from 0.
+    let tag = format!(
+        "{:08x}",
+        tier_nixl::route_hash(hostname().as_bytes()) as u32
+    );
+    let pid = std::process::id();
+    for seq in 0..64 {
+        let old = target_bucket.join(format!(".tmp-{tag}-{pid}-{seq}-{}", k.as_str()));
+        let _ = symlink(&victim, &old);
+    }
+    let page = Page::new(k.clone(), content::page(&k, 2, 4096));
+    tier.put(&[page]).await.pop().unwrap().unwrap();
+    assert_eq!(
+        fs::read(&victim).unwrap(),
+        b"precious",
+        "a write followed a planted link"
+    );
+    assert_eq!(lookup(&tier, 6).await.unwrap(), Lookup::Hit);
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length.
+    assert_eq!(
+        unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) },
+        0
+    );
+    let len = buf.iter().position(|&b| b == 0).unwrap();
+    String::from_utf8_lossy(&buf[..len]).into_owned()
+}
