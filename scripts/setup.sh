@@ -20,6 +20,7 @@ S3S_VERSION=0.14.1
 S3S_ROOT=${KVTIER_S3S_ROOT:-/opt/kvtier/s3s}
 RUFF_VERSION=0.17.6
 MYPY_VERSION=2.4.1
+HYPOTHESIS_VERSION=6.170.17
 VENV=${KVTIER_VENV:-/opt/kvtier/venv}
 PY310_VENV=${KVTIER_PY310_VENV:-/opt/kvtier/venv-py310}
 SGLANG_VERSION=0.5.23
@@ -73,6 +74,14 @@ setup_s3() {
 }
 
 setup_py() {
+  setup_py_base
+  # The property tests of the Python API.
+  if ! "$VENV/bin/python" -c "import hypothesis, sys; sys.exit(hypothesis.__version__ != '$HYPOTHESIS_VERSION')" 2>/dev/null; then
+    "$VENV/bin/pip" install --quiet "hypothesis==$HYPOTHESIS_VERSION"
+  fi
+}
+
+setup_py_base() {
   local marker="$VENV/.installed-sglang-$SGLANG_VERSION-nixl-$NIXL_VERSION"
   if [ -f "$marker" ]; then
     return

@@ -31,6 +31,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 
 use crate::hierarchy::DemotionQueue;
+use crate::sealed::{IntegrityConfig, Sealed};
 use crate::{
     EvictionListener, HealthPolicy, Hierarchy, HierarchyPolicy, StorageTier, TierError, WritePolicy,
 };
@@ -238,6 +239,9 @@ pub struct TierSpec {
     pub kind: String,
     /// Instance name; defaults to the kind.
     pub name: Option<String>,
+    /// Keyed page integrity for a tier others can write (see [`crate::sealed`]).
+    #[serde(default)]
+    pub integrity: Option<IntegrityConfig>,
     /// Everything else in the entry, for the kind's factory.
     #[serde(flatten)]
     pub params: serde_json::Map<String, serde_json::Value>,
@@ -426,6 +430,16 @@ impl Registry {
                 params: spec.params.clone(),
             };
             let plan = factory(&ctx)?;
+            if let Some(integrity) = &spec.integrity {
+                if config.hierarchy.write == WritePolicy::WriteBack && i + 1 < config.tiers.len() {
+                    return Err(TierError::config(
+                        format!("{field}.integrity"),
+                        "is for the last tier of a write-back hierarchy (a tier that evicts \
+                         into the next hands its pages on as stored)",
+                    ));
+                }
+                integrity.key(&format!("{field}.integrity"))?;
+            }
             if config.hierarchy.write == WritePolicy::WriteBack
                 && i + 1 < config.tiers.len()
                 && !plan.evicts()
@@ -447,10 +461,17 @@ impl Registry {
         let queue = DemotionQueue::new();
         let last = plans.len() - 1;
         let mut tiers = Vec::new();
-        for (i, (_, plan)) in plans.into_iter().enumerate() {
+        for (i, ((_, plan), spec)) in plans.into_iter().zip(&config.tiers).enumerate() {
             let hook =
                 (policy.write == WritePolicy::WriteBack && i < last).then(|| queue.listener(i));
-            tiers.push(plan.open(hook).await?);
+            let tier = plan.open(hook).await?;
+            tiers.push(match &spec.integrity {
+                Some(integrity) => {
+                    let key = integrity.key(&format!("tiers[{i}].integrity"))?;
+                    Arc::new(Sealed::new(tier, key))
+                }
+                None => tier,
+            });
         }
         Hierarchy::compose("hierarchy".to_owned(), tiers, policy, queue)
     }

@@ -1,5 +1,6 @@
-//! What page checksums cost a batch read: each engine (NIXL, syscalls) with CRC-32C beside
-//! itself with checksums off, on the same page size and batch (32 pages of 2 MiB by default,
+//! What page checksums cost a batch read: each engine (NIXL, syscalls) with CRC-32C, and with
+//! the keyed MAC of `integrity` (BLAKE3, checksums off under it), beside itself with checksums
+//! off, on the same page size and batch (32 pages of 2 MiB by default,
 //! LMCache's L2 batch), from the page cache, rounds interleaved, medians quoted.
 //!
 //! `cargo bench -p tier-nixl --bench checksum_reads` (rounds: `$KVTIER_BENCH_ROUNDS`, default
@@ -8,11 +9,14 @@
 //! every read, so reads come from the disk).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
 
 use common::Workload;
+use tier_core::StorageTier;
+use tier_hierarchy::sealed::Sealed;
 use tier_nixl::{FileEngine, NixlFileConfig, NixlFileTier, PageChecksum};
 
 /// Drops `tier`'s files of `w`'s pages from the page cache (they are clean: written, synced).
@@ -39,16 +43,34 @@ async fn main() {
     let page = env("KVTIER_BENCH_PAGE_KIB", 2048) << 10;
     let tmp = tempfile::tempdir().unwrap();
     let w = Workload::new(page, pages * page, 1);
-    let mut tiers = Vec::new();
+    // (name, the file tier, what reads go through: the tier, or a sealed tier over it).
+    let mut tiers: Vec<(String, Arc<NixlFileTier>, Arc<dyn StorageTier>)> = Vec::new();
     for engine in [FileEngine::Nixl, FileEngine::Syscalls] {
-        for checksum in [PageChecksum::Crc32c, PageChecksum::Off] {
-            let name = format!("{engine:?} {checksum:?}").to_lowercase();
+        for (check, sealed) in [
+            (PageChecksum::Crc32c, false),
+            (PageChecksum::Off, true),
+            (PageChecksum::Off, false),
+        ] {
+            let what = if sealed {
+                "mac".to_string()
+            } else {
+                format!("{check:?}").to_lowercase()
+            };
+            let name = format!("{engine:?} {what}").to_lowercase();
             let mut config = NixlFileConfig::new([tmp.path().join(name.replace(' ', "-"))]);
             config.engine = engine;
-            config.page_checksum = checksum;
-            let tier = NixlFileTier::open(config).await.unwrap();
-            common::put_batches(&tier, &w, pages).await;
-            tiers.push((name, tier));
+            config.page_checksum = check;
+            let tier = Arc::new(NixlFileTier::open(config).await.unwrap());
+            let reader: Arc<dyn StorageTier> = if sealed {
+                Arc::new(Sealed::new(
+                    tier.clone(),
+                    *b"kvtier bench MAC key, 32 bytes!!",
+                ))
+            } else {
+                tier.clone()
+            };
+            common::put_batches(reader.as_ref(), &w, pages).await;
+            tiers.push((name, tier, reader));
         }
     }
     let from_disk = env("KVTIER_BENCH_FROM_DISK", 0) == 1;
@@ -59,12 +81,12 @@ async fn main() {
     let mut bufs = common::buffers(&w, pages);
     let mut times: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
     for _ in 0..rounds {
-        for (name, tier) in &tiers {
+        for (name, tier, reader) in &tiers {
             if from_disk {
                 evict(tier, &w);
             }
             let t = Instant::now();
-            common::get_batches(tier, &w, &mut bufs).await;
+            common::get_batches(reader.as_ref(), &w, &mut bufs).await;
             times.entry(name).or_default().push(t.elapsed());
         }
     }
@@ -80,9 +102,9 @@ async fn main() {
         page >> 10,
         if from_disk { "disk" } else { "page cache" }
     );
-    for (name, _) in &tiers {
+    for (name, _, _) in &tiers {
         let t = med[name.as_str()];
-        let off = med[name.replace("crc32c", "off").as_str()];
+        let off = med[name.replace("crc32c", "off").replace("mac", "off").as_str()];
         println!(
             "{name:<16} {:>8.0} MiB/s  {:.2} x checksums off",
             (pages * page) as f64 / t.as_secs_f64() / (1 << 20) as f64,

@@ -76,12 +76,13 @@ def storage_config(extra, tp_rank=0, tp_size=1, mla=False, model="test-model", p
     )
 
 
-def backend(tiers, pool=None, **cfg):
-    """kvtier's backend created by SGLang's own factory, as `--hicache-storage-backend dynamic`."""
+def backend(tiers, pool=None, extra=None, **cfg):
+    """kvtier's backend created by SGLang's own factory, as `--hicache-storage-backend dynamic`
+    (`extra`: more of its extra config)."""
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
     extra = {"backend_name": "kvtier", "module_path": "kvtier.sglang", "class_name": "KvtierStorage",
-             "interface_v1": 1, "tiers": tiers}
+             "interface_v1": 1, "tiers": tiers, **(extra or {})}
     b = StorageBackendFactory.create_backend("dynamic", storage_config(extra, **cfg), pool)
     if pool is not None:
         b.register_mem_pool_host(pool)

@@ -113,6 +113,8 @@ NAMESPACES = {
     "dp group": {"cfg": {"dp_rank": 1}},
     "pp stage": {"cfg": {"pp_rank": 1, "pp_size": 2}},
     "attention cp rank": {"cfg": {"attn_cp_rank": 1, "attn_cp_size": 2}},
+    "tenant": {"extra": {"tenant": "another-tenant"}},
+    "model revision": {"extra": {"model_revision": "another-revision"}},
 }
 
 
@@ -129,7 +131,9 @@ def test_a_page_is_a_miss_under_every_other_namespace(variant, kind, tmp, s3):
     gc.collect()  # one process owns a folder at a time: the first backend lets go of it
     other_pool = make_pool(pages=16, **NAMESPACES[variant].get("pool", {}))
     assert other_pool.get_size_per_token() * other_pool.page_size == pool.get_size_per_token() * pool.page_size
-    other = backend(tiers, other_pool, **NAMESPACES[variant].get("cfg", {}))
+    other = backend(
+        tiers, other_pool, NAMESPACES[variant].get("extra"), **NAMESPACES[variant].get("cfg", {})
+    )
     idx = torch.arange(0, 4 * other_pool.page_size, dtype=torch.int64)
     assert other.batch_exists(keys) == 0, f"another {variant} sees the pages"
     assert other.batch_get_v1(keys, idx) == [False] * 4, f"another {variant} reads the pages"
@@ -137,6 +141,34 @@ def test_a_page_is_a_miss_under_every_other_namespace(variant, kind, tmp, s3):
     gc.collect()
     again = backend(tiers, make_pool(pages=16))
     assert again.batch_exists(keys) == 4, "the pages are gone: the check above proved nothing"
+
+
+def test_without_the_integrity_secret_no_one_names_probes_or_plants_a_tenants_pages(tmp, monkeypatch):
+    """A shared folder with `integrity` on its tier: the namespace is keyed by the secret, so a
+    backend holding another secret (or none) neither sees the pages nor can write them under
+    the names the fleet reads; the fleet's own backends do see them."""
+    monkeypatch.setenv("KVTIER_TEST_TENANT_SECRET", "the fleet's secret, 32 bytes long")
+    monkeypatch.setenv("KVTIER_TEST_OTHER_SECRET", "another tenant's secret, long too")
+    folder = str(tmp / "shared")
+    sealed = [{"kind": "nixl-file", "dirs": [folder], "access": "shared",
+               "integrity": {"key_env": "KVTIER_TEST_TENANT_SECRET"}}]
+    other = [{**sealed[0], "integrity": {"key_env": "KVTIER_TEST_OTHER_SECRET"}}]
+    plain = [{"kind": "nixl-file", "dirs": [folder], "access": "shared"}]
+    pool = make_pool(pages=16)
+    fleet = backend(sealed, pool)
+    keys, _, _ = roundtrip(fleet, pool, n=4)
+    idx = torch.arange(0, 4 * pool.page_size, dtype=torch.int64)
+    for tiers in (other, plain):
+        outsider = backend(tiers, make_pool(pages=16))
+        assert outsider.batch_exists(keys) == 0, "an outsider probes the tenant's pages"
+        assert outsider.batch_get_v1(keys, idx) == [False] * 4
+        # The outsider writes under the keys; the fleet still finds only its own pages.
+        fill_pages(outsider.mem_pool_host, 0, 4, seed=99)
+        assert outsider.batch_set_v1(keys, idx) == [True] * 4
+    second = backend(sealed, make_pool(pages=16))
+    assert second.batch_exists(keys) == 4, "the fleet's own backend sees its pages"
+    assert second.batch_get_v1(keys, idx) == [True] * 4
+    assert same(second.mem_pool_host.kv_buffer[:, idx], pool.kv_buffer[:, idx])
 
 
 def test_mla_only_the_writer_stores_and_a_reader_rank_reads_its_pages(tmp):

@@ -40,10 +40,39 @@ def load_config(extra: dict[str, Any], where: str = "extra_config") -> dict[str,
     raise ConfigError(f'kvtier needs {where}["config"] (a TOML or JSON path) or {where}["tiers"]')
 
 
-def namespace(engine: str, parts: list[str]) -> str:
+def namespace(
+    engine: str, parts: list[str], tenant: str | None = None, secret: bytes | None = None
+) -> str:
     """The namespace of an engine's pages: its short name and a digest of everything that makes
-    two pages under one key hold different bytes (model, dtype, ranks, geometry, layout)."""
-    return engine + hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
+    two pages under one key hold different bytes (model, revision, dtype, ranks, geometry,
+    layout), and of the tenant, so tenants sharing a folder or bucket never meet. With the
+    integrity ``secret`` of the config's tiers (see :func:`integrity_secret`) the digest is keyed
+    by it: without the secret no one can name a tenant's pages, to probe them with ``exists``
+    or to plant them."""
+    if tenant:
+        parts = [*parts, f"tenant={tenant}"]
+    key = hashlib.blake2b(secret, digest_size=32, person=b"kvtier-ns").digest() if secret else b""
+    return engine + hashlib.blake2b("|".join(parts).encode(), digest_size=8, key=key).hexdigest()
+
+
+def integrity_secret(config: dict[str, Any]) -> bytes | None:
+    """The secret of the first tier of ``config`` with ``integrity`` (its ``key_env`` or
+    ``key_file``, as the store reads it), or ``None``; a secret that cannot be read is the
+    store's ``ConfigError`` when it opens."""
+    for tier in config.get("tiers", []):
+        integrity = tier.get("integrity") if isinstance(tier, dict) else None
+        if not isinstance(integrity, dict):
+            continue
+        if integrity.get("key_env"):
+            value = os.environ.get(str(integrity["key_env"]))
+            return value.encode().strip() if value else None
+        if integrity.get("key_file"):
+            try:
+                with open(str(integrity["key_file"]), "rb") as f:
+                    return f.read().strip()
+            except OSError:
+                return None
+    return None
 
 
 class RateLimitedLog:

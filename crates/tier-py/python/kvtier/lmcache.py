@@ -8,7 +8,8 @@ LMCache loads it by module path::
 
 ``adapter_params`` holds ``config`` (a TOML or JSON path) or inline ``tiers`` (and optional
 ``hierarchy``), and optionally ``max_pending`` (calls running or undrained at once, default
-4096). Submits never block: each starts a call in kvtier's runtime and returns its id; its
+4096) and ``tenant`` (a namespace of its own for the keys, for tenants sharing storage).
+Submits never block: each starts a call in kvtier's runtime and returns its id; its
 completion makes :meth:`KvtierL2Connector.event_fd` readable. Page bytes move straight
 between LMCache's memory objects and storage. Failures are completions with ``ok`` false
 (logged at a bounded rate), never exceptions into LMCache.
@@ -22,7 +23,14 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ._engine import RateLimitedLog, close_all, load_config, open_instance
+from ._engine import (
+    RateLimitedLog,
+    close_all,
+    integrity_secret,
+    load_config,
+    namespace,
+    open_instance,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,10 +47,16 @@ class KvtierL2Connector:
         tiers: list[Any] | None = None,
         hierarchy: dict[str, Any] | None = None,
         max_pending: int = 4096,
+        tenant: str | None = None,
     ):
         params = {"config": config, "tiers": tiers, "hierarchy": hierarchy or {}}
+        loaded = load_config(params, "adapter_params")
+        # LMCache's keys name the model and its salts; a tenant (or the tiers' integrity
+        # secret) adds a namespace of its own, so tenants sharing storage never meet.
+        secret = integrity_secret(loaded)
+        self._prefix = f"{namespace('lmc', [], tenant, secret)}-" if tenant or secret else ""
         # Two LMCache servers on one config each get folders of their own (`open_instance`).
-        self.store, self._instance = open_instance(load_config(params, "adapter_params"))
+        self.store, self._instance = open_instance(loaded)
         self.queue = self.store.completion_queue(max_pending)
         self.log = RateLimitedLog(logger)
         self._lock = threading.Lock()
@@ -59,7 +73,7 @@ class KvtierL2Connector:
 
     def _submit(self, what: str, call: Any, keys: Sequence[str], *args: Any) -> int:
         try:
-            submitted: int = call(list(keys), *args)
+            submitted: int = call([self._prefix + k for k in keys], *args)
             return submitted
         except Exception as e:
             self.log.warn(what, e)

@@ -12,7 +12,8 @@ The hierarchy comes from ``extra_config["config"]`` (a TOML or JSON path) or inl
 ``extra_config["tiers"]`` (and optional ``extra_config["hierarchy"]``). Each page is stored
 whole with all of its host regions (an MHA page's K and V), moved straight between SGLang's
 host pool and storage for the ``page_first`` layouts. Keys are namespaced by model, ranks and
-page geometry, so deployments sharing a folder or bucket never read each other's pages. The
+page geometry (and ``extra_config["tenant"]`` and ``["model_revision"]`` where given), so
+deployments sharing a folder or bucket never read each other's pages. The
 data path never raises: a failure is ``False`` or a shorter prefix, logged at a bounded rate.
 """
 
@@ -28,7 +29,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 from . import Store
-from ._engine import RateLimitedLog, close_all, load_config, namespace
+from ._engine import RateLimitedLog, close_all, integrity_secret, load_config, namespace
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,13 @@ class KvtierStorage(HiCacheStorage):
         self.is_writer = (
             bool(writer) if writer is not None else (not self.is_mla or storage_config.tp_rank == 0)
         )
-        self.store = Store(self._rank_config(load_config(extra)))
+        # Tenants sharing storage never meet: the tenant and the model revision name the pages,
+        # keyed by the tiers' integrity secret where there is one.
+        self.tenant = str(extra["tenant"]) if extra.get("tenant") else None
+        self.revision = str(extra.get("model_revision") or "")
+        config = load_config(extra)
+        self.secret = integrity_secret(config)
+        self.store = Store(self._rank_config(config))
         # Prometheus metrics of this rank's store, at the port given plus the rank.
         self.metrics_addr: Any = None
         if extra.get("metrics_addr"):
@@ -132,7 +139,9 @@ class KvtierStorage(HiCacheStorage):
         if int(getattr(c, "dcp_size", 1) or 1) > 1:
             ranks += f"-dcp{c.dcp_rank}of{c.dcp_size}"
         parts = [c.model_name or "", ranks, f"pp{c.pp_rank}of{c.pp_size}", geometry or "generic"]
-        return namespace("sgl", parts)
+        if self.revision:
+            parts.append(f"revision={self.revision}")
+        return namespace("sgl", parts, self.tenant, self.secret)
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}-{key}"

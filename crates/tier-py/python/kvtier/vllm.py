@@ -42,7 +42,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from . import Store
-from ._engine import RateLimitedLog, close_all, load_config, open_instance
+from ._engine import RateLimitedLog, close_all, integrity_secret, load_config, open_instance
 from ._engine import namespace as page_namespace
 
 logger = logging.getLogger(__name__)
@@ -68,6 +68,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         tiers: list[Any] | None = None,
         hierarchy: dict[str, Any] | None = None,
         namespace: str | None = None,
+        tenant: str | None = None,
         max_pending: int = 4096,
         drain_timeout: float = 120.0,
         **unused: Any,
@@ -78,13 +79,14 @@ class KvtierSecondaryTier(SecondaryTierManager):
         params = {"config": config, "tiers": tiers, "hierarchy": hierarchy or {}}
         # Two vLLM engines on one config each get folders of their own (`open_instance`).
         self.store: Store | None
-        self.store, self._instance = open_instance(
-            load_config(params, "the secondary tier's entry")
-        )
+        loaded = load_config(params, "the secondary tier's entry")
+        self.store, self._instance = open_instance(loaded)
         self.queue: Any = self.store.completion_queue(max_pending)
         self.log = RateLimitedLog(logger)
         self.drain_timeout = float(drain_timeout)
-        self.namespace = namespace or self._default_namespace(offloading_spec)
+        self.namespace = namespace or self._default_namespace(
+            offloading_spec, tenant, integrity_secret(loaded)
+        )
         # The primary tier's chunks: chunk i is `stride` bytes at base + i * stride. The view is
         # held by this tier for its whole life, and no call runs past drain_jobs or shutdown.
         self._stride = self.block_size_bytes
@@ -98,13 +100,14 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._finished: list[JobResult] = []
 
     @staticmethod
-    def _default_namespace(spec: Any) -> str:
+    def _default_namespace(spec: Any, tenant: str | None, secret: bytes | None) -> str:
         c = getattr(spec, "config", None)
         parts = ["vllm"]
         if c is not None:
             p = c.parallel
             parts += [
                 c.model.name,
+                f"revision={getattr(c.model, 'revision', None) or ''}",
                 c.model.dtype,
                 str(c.worker_kv_bytes_per_block),
                 f"{c.cache.tokens_per_hash}x{c.cache.blocks_per_chunk}",
@@ -112,7 +115,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
                 str(c.kv_cache_layout),
                 str(c.canonical_layout),
             ]
-        return page_namespace("vllm", parts)
+        return page_namespace("vllm", parts, tenant, secret)
 
     def _name(self, key: OffloadKey) -> str:
         return f"{self.namespace}-{bytes(key).hex()}"

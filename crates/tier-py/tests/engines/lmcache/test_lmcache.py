@@ -281,3 +281,42 @@ def test_a_folder_that_cannot_be_one_is_a_config_error(tmp):
     not_a_folder.write_text("x")
     with pytest.raises(kvtier.ConfigError, match="plain-file"):
         KvtierL2Connector(tiers=[{"kind": "nixl-file", "dirs": [str(not_a_folder)]}])
+
+
+def test_tenants_sharing_a_prefix_never_see_each_others_pages(tmp, s3):
+    """Two tenants' connectors on one bucket prefix: a page one stores is absent and a miss for
+    the other, present for the same tenant's next connector."""
+    import select
+
+    from kvtier.lmcache import KvtierL2Connector
+
+    def call(c, submit):
+        fid = submit()
+        poller = select.poll()
+        poller.register(c.event_fd(), select.POLLIN)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            poller.poll(1000)
+            for done, ok, error, per_key in c.drain_completions():
+                if done == fid:
+                    assert ok, error
+                    return per_key
+        raise AssertionError("no completion")
+
+    tiers = tier_configs("object", tmp, s3)
+    key = "model@00000000@0@feedbeef"
+    page = bytes(range(256)) * 16
+    a = KvtierL2Connector(tiers=tiers, tenant="tenant-a")
+    b = KvtierL2Connector(tiers=tiers, tenant="tenant-b")
+    again = KvtierL2Connector(tiers=tiers, tenant="tenant-a")
+    try:
+        assert call(a, lambda: a.submit_batch_set([key], [memoryview(page)])) == [True]
+        assert call(b, lambda: b.submit_batch_exists([key])) == [False], "tenant b sees a's page"
+        out = bytearray(len(page))
+        assert call(b, lambda: b.submit_batch_get([key], [memoryview(out)])) == [False]
+        assert call(again, lambda: again.submit_batch_exists([key])) == [True]
+        assert call(again, lambda: again.submit_batch_get([key], [memoryview(out)])) == [True]
+        assert bytes(out) == page
+    finally:
+        for c in (a, b, again):
+            c.close()

@@ -362,3 +362,38 @@ def test_two_engines_on_one_config_both_start_and_keep_their_chunks(kind, tmp):
     code = TWO_ENGINES.replace("TESTS", repr(str(tests))).replace("SYNC", repr(str(sync)))
     opened = run_instances(code.replace("TIERS", json.dumps(tier_configs(kind, tmp))), sync)
     print(f"{kind}: two vLLM engines on one config opened in {opened} s, each loaded its own chunks")
+
+
+def test_another_tenant_on_the_same_storage_finds_nothing(tmp, s3):
+    """Engines of two tenants on one bucket prefix: what tenant a stored is a MISS for tenant
+    b's engine, and a HIT for tenant a's next engine."""
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
+
+    tiers = tier_configs("object", tmp, s3)
+    keys = [make_offload_key(bytes([40 + i]) * 32, 0) for i in range(4)]
+    rng = np.random.default_rng(4)
+    want = {k: rng.integers(-128, 128, BLOCK_BYTES, dtype=np.int8) for k in keys}
+
+    def entry(tenant):
+        return {**kvtier_entry(tiers), "tenant": tenant}
+
+    _, writer = make_manager([entry("tenant-a")])
+    try:
+        store_chunks(writer, primary_view(writer), want)
+    finally:
+        writer.shutdown()
+    for tenant, expect in (("tenant-b", LookupResult.MISS), ("tenant-a", LookupResult.HIT)):
+        _, reader = make_manager([entry(tenant)])
+        try:
+            req = ReqContext(req_id=tenant)
+            with reader.lock:
+                reader.on_new_request(req)
+
+            def settled():
+                with reader.lock:
+                    results = [reader.lookup(k, req) for k in keys]
+                return all(r is expect for r in results)
+
+            step_until(reader, f"{tenant}: every chunk {expect}", settled)
+        finally:
+            reader.shutdown()
