@@ -18,6 +18,8 @@ use tier_core::{
 
 /// Bytes of the MAC stored after each page.
 pub const TAG_BYTES: usize = 32;
+/// Bytes of a batch worth spreading its MACs over several cores.
+const PARALLEL_BYTES: usize = 1 << 20;
 /// The shortest secret accepted.
 const MIN_SECRET: usize = 16;
 
@@ -111,7 +113,7 @@ impl Sealed {
         self.forged.load(Relaxed)
     }
 
-    fn tag<'r>(&self, key: &PageKey, regions: impl Iterator<Item = &'r [u8]>) -> [u8; 32] {
+    fn tag(&self, key: &PageKey, regions: &[&[u8]]) -> [u8; 32] {
         let mut mac = blake3::Hasher::new_keyed(&self.key);
         mac.update(&(key.as_str().len() as u64).to_le_bytes());
         mac.update(key.as_str().as_bytes());
@@ -119,6 +121,34 @@ impl Sealed {
             mac.update(region);
         }
         *mac.finalize().as_bytes()
+    }
+
+    /// The MACs of `pages` (key, regions), on as many cores as the machine has once a batch
+    /// holds more than [`PARALLEL_BYTES`].
+    fn tags(&self, pages: &[(&PageKey, Vec<&[u8]>)]) -> Vec<[u8; 32]> {
+        let bytes: usize = pages
+            .iter()
+            .map(|(_, r)| r.iter().map(|r| r.len()).sum::<usize>())
+            .sum();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = cores.min(pages.len());
+        if bytes < PARALLEL_BYTES || threads < 2 {
+            return pages.iter().map(|(k, r)| self.tag(k, r)).collect();
+        }
+        let per = pages.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            let parts: Vec<_> = pages
+                .chunks(per)
+                .map(|part| {
+                    scope
+                        .spawn(move || part.iter().map(|(k, r)| self.tag(k, r)).collect::<Vec<_>>())
+                })
+                .collect();
+            parts
+                .into_iter()
+                .flat_map(|p| p.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect()
+        })
     }
 
     async fn put_sealed(&self, pages: &[Page<'_>], deadline: Option<Instant>) -> Vec<PutResult> {
@@ -134,10 +164,12 @@ impl Sealed {
             .filter(|(_, r)| r.is_none())
             .map(|(p, _)| p)
             .collect();
-        let tags: Vec<[u8; 32]> = valid
-            .iter()
-            .map(|p| self.tag(&p.key, p.data.regions()))
-            .collect();
+        let tags = self.tags(
+            &valid
+                .iter()
+                .map(|p| (&p.key, p.data.regions().collect()))
+                .collect::<Vec<_>>(),
+        );
         let sealed: Vec<Page<'_>> = valid
             .iter()
             .zip(&tags)
@@ -185,10 +217,24 @@ impl Sealed {
                 None => self.inner.get(&mut sealed).await,
             }
         };
-        for ((slot, tag), result) in slots.iter().zip(&tags).zip(results.iter_mut()) {
+        let hits: Vec<usize> = (0..slots.len())
+            .filter(|&i| matches!(results[i], Ok(Lookup::Hit)))
+            .collect();
+        let wanted = self.tags(
+            &hits
+                .iter()
+                .map(|&i| (&slots[i].key, slots[i].buf.regions().collect()))
+                .collect::<Vec<_>>(),
+        );
+        let mut wanted = hits.into_iter().zip(wanted).peekable();
+        for (i, ((slot, tag), result)) in
+            slots.iter().zip(&tags).zip(results.iter_mut()).enumerate()
+        {
             match result {
                 Ok(Lookup::Hit) => {
-                    let want = self.tag(&slot.key, slot.buf.regions());
+                    let Some((_, want)) = wanted.next_if(|(hit, _)| *hit == i) else {
+                        continue;
+                    };
                     // Constant-time comparison: a forger learns nothing from the timing.
                     if blake3::Hash::from(want) != blake3::Hash::from(*tag) {
                         self.forged.fetch_add(1, Relaxed);
