@@ -131,7 +131,7 @@ impl Layout {
             .unwrap_or_default();
         final_path.with_file_name(format!(
             "{TEMP_PREFIX}{}-{}-{:016x}{seq}-{name}",
-            host_tag(),
+            pid_space_tag(),
             std::process::id(),
             self.temp_nonce
         ))
@@ -271,7 +271,7 @@ impl FileStamp {
     }
 }
 
-/// Of a temp file's name: the tag of the machine and the process id that made it.
+/// Of a temp file's name: the tag of the pid space and the process id that made it.
 pub fn temp_owner(name: &str) -> Option<(&str, u32)> {
     let rest = name.strip_prefix(TEMP_PREFIX)?;
     let mut parts = rest.splitn(3, '-');
@@ -285,21 +285,25 @@ pub fn is_temp(name: &str) -> bool {
     name.starts_with(TEMP_PREFIX)
 }
 
-/// This machine's tag in temp names: 8 hex digits of its host name's routing hash, so
-/// machines sharing a folder tell their own leftovers apart from another machine's writes.
-pub fn host_tag() -> &'static str {
+/// The tag in temp names of the pid space this process's id means something in: 8 hex digits
+/// of the routing hash of the kernel's boot id and the inode of this process's pid namespace.
+/// Only a writer of the same tag can be looked up by its pid (`kill(pid, 0)`); machines, and
+/// containers that share a host name but not a pid namespace (`--net=host` pods), have tags of
+/// their own, and their temp files are left to age out.
+pub fn pid_space_tag() -> &'static str {
     static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     TAG.get_or_init(|| {
-        let mut buf = [0u8; 256];
-        // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it.
-        let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
-        let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        let name = if ok {
-            &buf[..len]
-        } else {
-            b"localhost".as_slice()
-        };
-        format!("{:08x}", route_hash(name) as u32)
+        use std::os::unix::fs::MetadataExt;
+        let boot = fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let pid_ns = fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino());
+        let mut id = boot;
+        id.extend_from_slice(&pid_ns.to_le_bytes());
+        if id.len() == 8 {
+            // No /proc: no process can tell this one's pid space apart; a random tag keeps
+            // its temp files from being taken for another process's.
+            id.extend_from_slice(&nonce().to_le_bytes());
+        }
+        format!("{:08x}", route_hash(&id) as u32)
     })
 }
 

@@ -165,14 +165,15 @@ pub(super) fn open_rw(path: &Path, mode: FolderMode) -> Result<File, TierError> 
     })
 }
 
-/// This tier's name as a lease holder: machine, process, and a number of its own (two tiers of
-/// one process are two holders).
+/// This tier's name as a lease holder: pid space, process, a number of its own (two tiers of
+/// one process are two holders) and random bits (two containers' pid 1 are two holders).
 pub(super) fn holder_id() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     format!(
-        "{}:{}:{}",
-        layout::host_tag(),
+        "{}:{}:{}:{:016x}",
+        layout::pid_space_tag(),
         std::process::id(),
-        NEXT.fetch_add(1, Relaxed)
+        NEXT.fetch_add(1, Relaxed),
+        crate::file::perms::nonce()
     )
 }

@@ -25,6 +25,7 @@ mod tests;
 
 use std::fs;
 use std::io;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -207,7 +208,7 @@ impl Fleet {
 
     /// Scans the folders, removing the temp files of dead writers.
     fn scan(&self, layout: &Layout) -> Result<FolderScan, TierError> {
-        let host = layout::host_tag();
+        let ours = layout::pid_space_tag();
         let stale_temp = self.stale_temp;
         let scan = layout.scan_shared(|name, meta| {
             let old = meta
@@ -215,7 +216,7 @@ impl Fleet {
                 .ok()
                 .and_then(|m| m.elapsed().ok())
                 .is_some_and(|age| age > stale_temp);
-            old || layout::temp_owner(name).is_some_and(|(h, pid)| h == host && !alive(pid))
+            old || layout::temp_owner(name).is_some_and(|(tag, pid)| tag == ours && !alive(pid))
         })?;
         self.counts
             .temps_removed
@@ -294,7 +295,7 @@ impl Fleet {
                     break;
                 }
             }
-            match unlink_if_unchanged(layout, page) {
+            match unlink_if_unchanged(layout, page, |from, to| fs::hard_link(from, to)) {
                 Ok(Victim::Evicted(bytes)) => {
                     freed += bytes;
                     excess = excess.saturating_sub(bytes);
@@ -338,8 +339,13 @@ enum Victim {
     Spared(u64),
 }
 
-/// Unlinks a victim if it is still the file `page` describes (see [`Victim`]).
-fn unlink_if_unchanged(layout: &Layout, page: &FolderPage) -> io::Result<Victim> {
+/// Unlinks a victim if it is still the file `page` describes (see [`Victim`]); `link` puts a
+/// spared one back (`fs::hard_link`).
+fn unlink_if_unchanged(
+    layout: &Layout,
+    page: &FolderPage,
+    link: impl Fn(&Path, &Path) -> io::Result<()>,
+) -> io::Result<Victim> {
     let aside = layout.temp_path(&page.path);
     match fs::rename(&page.path, &aside) {
         Ok(()) => {}
@@ -352,17 +358,54 @@ fn unlink_if_unchanged(layout: &Layout, page: &FolderPage) -> io::Result<Victim>
         return Ok(Victim::Evicted(page.len));
     }
     // Stored again or read since the scan: back in place, unless a newer file has taken its
-    // name meanwhile (then this one's bytes are freed, and counted by nobody else).
-    let freed = match fs::hard_link(&aside, &page.path) {
-        Ok(()) => 0,
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => meta.len(),
-        Err(e) => {
-            let _ = fs::remove_file(&aside);
-            return Err(e);
+    // name meanwhile (then this one's bytes are freed, and counted by nobody else). A
+    // filesystem without hard links gets a rename that never replaces; where neither works the
+    // page stays aside under its temp name (never deleted here), for the scans to age out.
+    match link(&aside, &page.path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            fs::remove_file(&aside)?;
+            return Ok(Victim::Spared(meta.len()));
         }
-    };
+        Err(_) => {
+            return match rename_noreplace(&aside, &page.path) {
+                Ok(()) => Ok(Victim::Spared(0)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    fs::remove_file(&aside)?;
+                    Ok(Victim::Spared(meta.len()))
+                }
+                Err(e) => Err(e),
+            }
+        }
+    }
     fs::remove_file(&aside)?;
-    Ok(Victim::Spared(freed))
+    Ok(Victim::Spared(0))
+}
+
+/// Renames `from` to `to` unless `to` exists (`renameat2` with `RENAME_NOREPLACE`).
+fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        CString::new(p.as_os_str().as_bytes())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+    };
+    let (from, to) = (c(from)?, c(to)?);
+    // SAFETY: two NUL-terminated paths that live across the call.
+    let done = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if done == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// Whether process `pid` of this machine is alive.

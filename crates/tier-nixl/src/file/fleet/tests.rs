@@ -56,7 +56,7 @@ fn a_victim_stored_again_or_used_after_the_scan_is_spared() {
 
     let outcomes: Vec<_> = victims
         .iter()
-        .map(|v| unlink_if_unchanged(&layout, v).expect("no I/O error"))
+        .map(|v| unlink_if_unchanged(&layout, v, |a, b| fs::hard_link(a, b)).expect("no I/O error"))
         .collect();
     assert!(matches!(outcomes[0], Victim::Evicted(8)));
     assert!(!old.exists(), "an unchanged victim goes");
@@ -75,6 +75,70 @@ fn a_victim_stored_again_or_used_after_the_scan_is_spared() {
     let leftovers = layout.scan_shared(|_, _| false).expect("a scan");
     assert_eq!(leftovers.pages.len(), 2);
     assert_eq!(leftovers.temps_removed, 0);
+}
+
+#[test]
+fn a_spared_victim_survives_a_filesystem_without_hard_links() {
+    let (_dir, layout) = layout();
+    let used = store(&layout, "used", b"used page");
+    let victim = scanned(&layout, &used);
+    let later = fs::FileTimes::new().set_modified(SystemTime::now() + Duration::from_secs(5));
+    File::options()
+        .write(true)
+        .open(&used)
+        .and_then(|f| f.set_times(later))
+        .expect("use time set");
+    let no_links = |_: &Path, _: &Path| Err(io::Error::from_raw_os_error(libc::EPERM));
+    let outcome = unlink_if_unchanged(&layout, &victim, no_links).expect("no I/O error");
+    assert!(matches!(outcome, Victim::Spared(0)));
+    assert_eq!(
+        fs::read(&used).expect("the spared page stays"),
+        b"used page"
+    );
+}
+
+#[test]
+fn only_writers_of_this_pid_space_are_looked_up_by_pid() {
+    let (dir, layout) = layout();
+    let path = store(&layout, "page", b"page");
+    let bucket = path.parent().expect("a bucket");
+    let dead = {
+        let mut child = std::process::Command::new("true").spawn().expect("a child");
+        child.wait().expect("it ends");
+        child.id()
+    };
+    // A young temp file of a dead pid in this pid space: a leftover, removed. One named by a
+    // process of another pid space sharing this host name (a `--net=host` container; before,
+    // temp names carried the host name's tag), same dead-here pid: its writer may be alive
+    // there, so it stays until it is old.
+    let ours = bucket.join(format!(".tmp-{}-{dead}-0-page", layout::pid_space_tag()));
+    let host = {
+        let mut buf = [0u8; 256];
+        // SAFETY: the buffer is valid for its length.
+        unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+        let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        format!("{:08x}", layout::route_hash(&buf[..len]) as u32)
+    };
+    let theirs = bucket.join(format!(".tmp-{host}-{dead}-0-page"));
+    fs::write(&ours, b"leftover").expect("a temp file");
+    fs::write(&theirs, b"in flight").expect("a temp file");
+    let fleet = Fleet::open(
+        &layout,
+        None,
+        SharedFolder::default(),
+        Duration::from_secs(30),
+    )
+    .expect("the fleet");
+    assert!(
+        !ours.exists(),
+        "a dead writer's leftover of this pid space is removed"
+    );
+    assert!(
+        theirs.exists(),
+        "another pid space's young temp file was removed"
+    );
+    assert_eq!(fleet.stats().temps_removed, 1);
+    drop(dir);
 }
 
 #[test]
