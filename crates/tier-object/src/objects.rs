@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use futures::{FutureExt, StreamExt};
 use object_store::path::{Path, PathPart};
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
+use object_store::{MultipartUpload, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use tier_core::{
     GetResult, Page, PageData, PageKey, PutResult, ReadSlot, RemoveResult, StatsRecorder,
     TierError, TierInfo, TierStats,
@@ -187,17 +187,43 @@ impl Objects {
         .await
     }
 
+    /// Uploads a page in parts of [`PART_BYTES`], [`PARTS_AT_ONCE`] at a time. An upload that
+    /// fails, or whose call is dropped (a timeout, a cancelled put), is aborted, so the store
+    /// keeps no parts of it.
     pub(crate) async fn put_multipart(
         &self,
         path: &Path,
         data: &PageData<'_>,
     ) -> object_store::Result<()> {
-        let upload = self.store.put_multipart(path).await?;
-        let mut writer = WriteMultipart::new_with_chunk_size(upload, 8 << 20);
-        for region in data.shared_regions() {
-            writer.put(region);
+        let mut upload = Unfinished(Some(self.store.put_multipart(path).await?));
+        let bytes = data.to_bytes();
+        let parts: Vec<_> = (0..bytes.len())
+            .step_by(PART_BYTES)
+            .map(|at| bytes.slice(at..(at + PART_BYTES).min(bytes.len())))
+            .collect();
+        let uploaded = async {
+            for window in parts.chunks(PARTS_AT_ONCE) {
+                let sent: Vec<_> = window
+                    .iter()
+                    .map(|part| Ok(upload.get()?.put_part(PutPayload::from(part.clone()))))
+                    .collect::<object_store::Result<_>>()?;
+                futures::future::try_join_all(sent).await?;
+            }
+            upload.get()?.complete().await
         }
-        writer.finish().await.map(|_| ())
+        .await;
+        match uploaded {
+            Ok(_) => {
+                upload.0 = None;
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(mut failed) = upload.0.take() {
+                    let _ = failed.abort().await;
+                }
+                Err(e)
+            }
+        }
     }
 
     pub(crate) async fn get_one(&self, slot: &mut ReadSlot<'_>) -> GetResult {
@@ -475,4 +501,37 @@ async fn run_ordered<T: Send>(jobs: Vec<Job<'_, T>>, limit: usize) -> Vec<T> {
         .await;
     done.sort_by_key(|(i, _)| *i);
     done.into_iter().map(|(_, t)| t).collect()
+}
+
+/// Bytes per part of a multipart upload.
+const PART_BYTES: usize = 8 << 20;
+/// Parts of one upload in flight at once.
+const PARTS_AT_ONCE: usize = 8;
+
+/// A multipart upload not yet completed: dropped so (its call cancelled or timed out), it is
+/// aborted in the background, so the store frees its parts.
+struct Unfinished(Option<Box<dyn MultipartUpload>>);
+
+impl Unfinished {
+    /// The upload (taken only as its call ends).
+    fn get(&mut self) -> object_store::Result<&mut Box<dyn MultipartUpload>> {
+        self.0.as_mut().ok_or_else(|| object_store::Error::Generic {
+            store: "kvtier",
+            source: "a multipart upload used after it ended".into(),
+        })
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let (Some(mut upload), Ok(runtime)) =
+            (self.0.take(), tokio::runtime::Handle::try_current())
+        {
+            runtime.spawn(async move {
+                if let Err(e) = upload.abort().await {
+                    tracing::warn!(error = %e, "cannot abort a multipart upload");
+                }
+            });
+        }
+    }
 }

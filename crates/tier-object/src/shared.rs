@@ -260,7 +260,7 @@ impl Fleet {
             // A re-store of a page writes its very bytes (its ETag may stay): the time tells,
             // to the second a HEAD's `Last-Modified` carries.
             let unchanged = now.as_ref().is_ok_and(|m| {
-                (meta.e_tag.is_none() || m.e_tag == meta.e_tag)
+                (meta.e_tag.is_none() || same_etag(&m.e_tag, &meta.e_tag))
                     && m.last_modified.timestamp() == meta.last_modified.timestamp()
             });
             if !unchanged {
@@ -314,7 +314,9 @@ impl Fleet {
     ) -> Result<Option<UpdateVersion>, TierError> {
         tokio::time::sleep(CONFIRM_AFTER).await;
         Ok(match self.read_lease(objects).await? {
-            Some(seen) if seen.holder == self.holder && seen.version.e_tag == version.e_tag => {
+            Some(seen)
+                if seen.holder == self.holder && same_etag(&seen.version.e_tag, &version.e_tag) =>
+            {
                 Some(version)
             }
             _ => None,
@@ -405,4 +407,38 @@ fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Whether two ETags name the same version, whatever their form: stores quote them in some
+/// answers and not in others (Azure lists them bare and HEADs them quoted), and mark weak ones
+/// `W/`.
+fn same_etag(a: &Option<String>, b: &Option<String>) -> bool {
+    let bare = |tag: &str| {
+        let tag = tag.trim();
+        let tag = tag.strip_prefix("W/").unwrap_or(tag);
+        tag.trim_matches('"').to_owned()
+    };
+    match (a, b) {
+        (Some(a), Some(b)) => bare(a) == bare(b),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_etag;
+
+    #[test]
+    fn etags_match_whatever_their_quoting() {
+        let tag = |s: &str| Some(s.to_owned());
+        assert!(
+            same_etag(&tag("\"0x8D9\""), &tag("0x8D9")),
+            "Azure: listed bare, HEAD quoted"
+        );
+        assert!(same_etag(&tag("W/\"abc\""), &tag("\"abc\"")));
+        assert!(!same_etag(&tag("\"abc\""), &tag("\"abd\"")));
+        assert!(!same_etag(&tag("abc"), &None));
+        assert!(same_etag(&None, &None));
+    }
 }

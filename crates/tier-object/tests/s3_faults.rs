@@ -110,6 +110,55 @@ async fn pages_over_the_threshold_go_up_in_parts() {
     assert!(!small.contains('-'), "{small}");
 }
 
+/// Multipart uploads the server holds unfinished (s3s-fs keeps `.upload-<id>.json` per upload).
+fn unfinished_uploads(server: &S3Server) -> usize {
+    std::fs::read_dir(server.data_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".upload-"))
+        .count()
+}
+
+/// A multipart put whose call times out (the server stalls mid-upload) leaves no unfinished
+/// upload once the server answers again: it is aborted, not left holding its parts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multipart_upload_cut_short_is_aborted() {
+    let server = S3Server::start();
+    let store = S3Settings::endpoint(
+        &server.endpoint(),
+        &server.bucket,
+        &server.access_key,
+        &server.secret_key,
+    )
+    .build()
+    .unwrap();
+    let mut config = ObjectTierConfig::new("cut");
+    config.multipart_threshold = 8 << 20;
+    config.op_timeout = Duration::from_secs(1);
+    let t = ObjectTier::open(store, config).unwrap();
+    let page = Page::new(key(5), content::page(&key(5), 1, 64 << 20));
+    let put = tokio::spawn(async move { t.put(std::slice::from_ref(&page)).await });
+    // The upload is created at once; its parts take longer than this to go up.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    server.freeze();
+    let outcome = put.await.unwrap().pop().unwrap();
+    assert!(
+        outcome.is_err(),
+        "the put outlived a frozen server: {outcome:?}"
+    );
+    assert_eq!(unfinished_uploads(&server), 1, "the upload was under way");
+    server.thaw();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while unfinished_uploads(&server) > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        unfinished_uploads(&server),
+        0,
+        "the cut upload was never aborted"
+    );
+}
+
 #[test]
 fn a_secret_key_never_prints() {
     let s = S3Settings::endpoint("http://127.0.0.1:9", "b", "id", "hunter2-secret");
