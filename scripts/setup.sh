@@ -33,7 +33,9 @@ sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 setup_build() {
   local missing=()
-  for pkg in libclang-dev pkg-config; do
+  # glusterfs-*: the distributed filesystem the sharing tests run on (two FUSE mounts of one
+  # volume; tier_tests::gluster starts it).
+  for pkg in libclang-dev pkg-config glusterfs-server glusterfs-client; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   if [ ${#missing[@]} -gt 0 ]; then

@@ -25,6 +25,7 @@ pub mod content;
 pub mod explore;
 pub mod faulty;
 pub mod fd;
+pub mod gluster;
 pub mod history;
 pub mod model;
 pub mod movement;

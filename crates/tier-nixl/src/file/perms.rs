@@ -13,6 +13,9 @@ use std::path::Path;
 
 use tier_core::TierError;
 
+/// How long a folder another client just made may take to show through this one.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Who may use a FILE tier's folders (in config files: `mode`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -54,16 +57,35 @@ impl FolderMode {
     }
 
     /// Makes a bucket folder if needed and checks it (see [`claim`](Self::claim)).
+    ///
+    /// On a distributed filesystem another client's `mkdir` can make this one's fail with
+    /// `EEXIST` while this client's cache still says the folder is not there (GlusterFS does):
+    /// it is looked for again, for a bounded while.
     pub fn create_bucket(self, bucket: &Path) -> Result<(), TierError> {
-        match DirBuilder::new().mode(self.dir_mode()).create(bucket) {
-            Ok(()) => self.past_umask(bucket, None),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => self.claim(bucket, false),
-            Err(e) => Err(TierError::io(
-                "create bucket folder",
-                None,
-                Some(bucket.into()),
-                e,
-            )),
+        let deadline = std::time::Instant::now() + SETTLE;
+        loop {
+            match DirBuilder::new().mode(self.dir_mode()).create(bucket) {
+                Ok(()) => return self.past_umask(bucket, None),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    match fs::symlink_metadata(bucket) {
+                        Err(e)
+                            if e.kind() == io::ErrorKind::NotFound
+                                && std::time::Instant::now() < deadline =>
+                        {
+                            std::thread::sleep(std::time::Duration::from_millis(20));
+                        }
+                        _ => return self.claim(bucket, false),
+                    }
+                }
+                Err(e) => {
+                    return Err(TierError::io(
+                        "create bucket folder",
+                        None,
+                        Some(bucket.into()),
+                        e,
+                    ))
+                }
+            }
         }
     }
 

@@ -9,7 +9,7 @@ use tier_core::{GetResult, Lookup, PageBuf, PageKey, ReadSlot, TierError};
 use super::catalog::SettledRead;
 use super::helpers::run_split;
 use super::io::{self, FileIo, Xfer};
-use super::{checksum, chunks, NixlFileTier, PageChecksum, Shared};
+use super::{checksum, chunks, FileAccess, NixlFileTier, PageChecksum, Shared};
 use crate::batch::{marked_bufs, run_blocking};
 use crate::nixl::{Held, Registered};
 use crate::staging::StagingLease;
@@ -239,6 +239,19 @@ impl Shared {
         crc_of: impl Fn(usize) -> u32,
     ) -> Vec<usize> {
         let mut replaced = Vec::new();
+        if self.config.access == FileAccess::Shared {
+            // Other processes evict and replace shared files at any moment, and a distributed
+            // filesystem's client may still list a file another client has unlinked: a page
+            // file that cannot be opened or read is a miss there (counted as an error). A
+            // timeout stays an error, for the tier's health.
+            for (read, result) in reads.iter().zip(results.iter_mut()) {
+                if let Err(e @ (TierError::Backend { .. } | TierError::Io { .. })) = result {
+                    tracing::debug!(key = %read.key, error = %e, "a shared page file could not be read: a miss");
+                    self.stats.errors(1);
+                    *result = Ok(false);
+                }
+            }
+        }
         if self.config.page_checksum == PageChecksum::Off {
             return replaced;
         }

@@ -46,6 +46,7 @@ fn four_processes_share_one_prefix_on_s3_under_one_capacity() {
         (peak, samples),
         (capacity, step),
         2,
+        true,
     );
     let left = prefix_bytes(&prefix_dir);
     assert!(

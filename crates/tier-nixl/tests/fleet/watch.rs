@@ -266,14 +266,16 @@ pub type WorkerResult = (HashMap<String, u64>, Vec<(u64, u64)>);
 
 /// Prints what the sharing workers did under `title` and checks it: every hit byte-exact, no
 /// call failed, each worker read pages the others stored, they evicted, the storage was
-/// sampled, its peak stayed within the capacity plus `steps` eviction steps, and no two
-/// eviction runs of any workers overlapped.
+/// sampled, its peak stayed within the capacity plus `steps` eviction steps, and, with
+/// `one_evictor`, no two eviction runs of any workers overlapped (otherwise their overlaps are
+/// counted and printed).
 pub fn check_shared_run(
     title: &str,
     results: &[WorkerResult],
     (peak, samples): (u64, u64),
     (capacity, step): (u64, u64),
     steps: u64,
+    one_evictor: bool,
 ) {
     let total = |name: &str| {
         results
@@ -324,8 +326,15 @@ pub fn check_shared_run(
         .collect();
     runs.sort();
     assert!(!runs.is_empty(), "the workers logged their evictions");
-    for pair in runs.windows(2) {
-        assert!(pair[1].0 >= pair[0].1, "two evictions overlapped: {pair:?}");
+    let overlaps = runs.windows(2).filter(|p| p[1].0 < p[0].1).count();
+    println!(
+        "{title}: {overlaps} of {} eviction runs overlapped another",
+        runs.len()
+    );
+    if one_evictor {
+        for pair in runs.windows(2) {
+            assert!(pair[1].0 >= pair[0].1, "two evictions overlapped: {pair:?}");
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -17,21 +17,141 @@ use crate::file::FolderMode;
 /// Bound on waiting for the usage or lease file's `flock` (held for a few system calls).
 const FLOCK_WAIT: Duration = Duration::from_secs(5);
 
+/// One of the folders' shared files (usage, lease), changed under an `flock`.
+///
+/// On a local filesystem it is locked, read and written through one descriptor held open.
+/// Where clients cache apart (FUSE, NFS, any filesystem not known local) it is read and
+/// written through a descriptor opened for each change (`O_DIRECT` where taken, synced before
+/// the lock is let go), none held open between changes, and locked through a file of its own
+/// (`<name>.lock`): two GlusterFS clients adding to one counter through held descriptors lost
+/// half their updates; this way at most a few in a few hundred (its client caches still serve
+/// an occasional stale read), which the scan at every eviction corrects.
+pub(super) struct SharedFile {
+    /// On a local filesystem the file itself (its I/O's and its lock's descriptor); elsewhere
+    /// the lock's own file.
+    held: File,
+    pub path: PathBuf,
+    local: bool,
+}
+
+impl SharedFile {
+    /// Opens (creating if needed) the file at `path`.
+    pub(super) fn open(path: PathBuf, mode: FolderMode) -> Result<Self, TierError> {
+        let file = open_rw(&path, mode)?;
+        let local = is_local(&file);
+        let held = if local {
+            file
+        } else {
+            drop(file);
+            let mut name = path.clone().into_os_string();
+            name.push(".lock");
+            open_rw(Path::new(&name), mode)?
+        };
+        Ok(Self { held, path, local })
+    }
+
+    /// The descriptor its `flock` is taken on.
+    pub(super) fn lock_target(&self) -> &File {
+        &self.held
+    }
+
+    /// Reads from the start into `buf`.
+    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.local {
+            return self.held.read_at(buf, 0);
+        }
+        let (fresh, direct) = self.fresh()?;
+        if direct {
+            let mut block = Box::new(Block([0; BLOCK]));
+            let n = fresh.read_at(&mut block.0, 0)?.min(buf.len());
+            buf[..n].copy_from_slice(&block.0[..n]);
+            return Ok(n);
+        }
+        // SAFETY: a valid open fd; advice only.
+        unsafe { libc::posix_fadvise(fresh.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        fresh.read_at(buf, 0)
+    }
+
+    /// Replaces the content with `bytes`.
+    fn write(&self, bytes: &[u8]) -> io::Result<()> {
+        let replace = |f: &File, block: &[u8]| {
+            f.write_all_at(block, 0)?;
+            f.set_len(bytes.len() as u64)
+        };
+        if self.local {
+            return replace(&self.held, bytes);
+        }
+        let (fresh, direct) = self.fresh()?;
+        if direct && bytes.len() <= BLOCK {
+            let mut block = Box::new(Block([0; BLOCK]));
+            block.0[..bytes.len()].copy_from_slice(bytes);
+            replace(&fresh, &block.0)?;
+        } else {
+            replace(&fresh, bytes)?;
+        }
+        fresh.sync_data()
+    }
+
+    /// A descriptor of its own: `O_DIRECT` where the filesystem takes it (past every cache of
+    /// the client), else buffered; whether it is direct.
+    fn fresh(&self) -> io::Result<(File, bool)> {
+        let open = |flags: i32| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(flags | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&self.path)
+        };
+        match open(libc::O_DIRECT) {
+            Ok(file) => Ok((file, true)),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok((open(0)?, false)),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The unit of direct I/O on the shared files.
+const BLOCK: usize = 4096;
+
+/// A block aligned for direct I/O.
+#[repr(C, align(4096))]
+struct Block([u8; BLOCK]);
+
+/// Whether `file` is on a filesystem whose clients share one cache (a local disk or memory):
+/// ext2/3/4, XFS, Btrfs, tmpfs, ZFS, overlayfs.
+fn is_local(file: &File) -> bool {
+    // SAFETY: statfs writes into the zeroed struct it is given.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid fd and a writable struct.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0 {
+        return false;
+    }
+    const LOCAL: [i64; 6] = [
+        0xEF53,
+        0x5846_5342,
+        0x9123_683E,
+        0x0102_1994,
+        0x2FC1_2FC1,
+        0x794C_7630,
+    ];
+    LOCAL.contains(&(fs.f_type as i64))
+}
+
 /// The usage file: the folders' bytes as a little-endian u64.
 pub(super) struct Usage {
-    pub file: File,
-    pub path: PathBuf,
+    pub file: SharedFile,
 }
 
 impl Usage {
     pub(super) fn read(&self) -> Result<u64, TierError> {
-        let _lock = Flock::take(&self.file, libc::LOCK_SH).map_err(|e| self.error(e))?;
+        let _lock =
+            Flock::take(self.file.lock_target(), libc::LOCK_SH).map_err(|e| self.error(e))?;
         self.load().map_err(|e| self.error(e))
     }
 
     fn load(&self) -> io::Result<u64> {
         let mut bytes = [0u8; 8];
-        let n = self.file.read_at(&mut bytes, 0)?;
+        let n = self.file.read(&mut bytes)?;
         Ok(if n == 8 { u64::from_le_bytes(bytes) } else { 0 })
     }
 
@@ -41,10 +161,11 @@ impl Usage {
     }
 
     pub(super) fn update(&self, f: impl FnOnce(u64) -> u64) -> Result<u64, TierError> {
-        let _lock = Flock::take(&self.file, libc::LOCK_EX).map_err(|e| self.error(e))?;
+        let _lock =
+            Flock::take(self.file.lock_target(), libc::LOCK_EX).map_err(|e| self.error(e))?;
         let new = f(self.load().map_err(|e| self.error(e))?);
         self.file
-            .write_all_at(&new.to_le_bytes(), 0)
+            .write(&new.to_le_bytes())
             .map_err(|e| self.error(e))?;
         Ok(new)
     }
@@ -53,7 +174,7 @@ impl Usage {
         TierError::io(
             "update the shared folders' usage",
             None,
-            Some(self.path.clone()),
+            Some(self.file.path.clone()),
             e,
         )
     }
@@ -61,8 +182,7 @@ impl Usage {
 
 /// The eviction lease: `<holder> <expiry in ms since the epoch>`, or nothing when free.
 pub(super) struct Lease {
-    pub file: File,
-    pub path: PathBuf,
+    pub file: SharedFile,
     pub holder: String,
     pub ttl: Duration,
 }
@@ -71,7 +191,7 @@ impl Lease {
     /// Takes the lease if it is free, expired or this holder's; `Some(true)` if it was taken
     /// over from another holder whose lease had expired, `None` if another holds it.
     pub(super) fn claim(&self) -> io::Result<Option<bool>> {
-        let _lock = Flock::take(&self.file, libc::LOCK_EX)?;
+        let _lock = Flock::take(self.file.lock_target(), libc::LOCK_EX)?;
         let (holder, expiry) = self.load()?;
         let now = now_ms();
         let takeover = match holder {
@@ -86,7 +206,7 @@ impl Lease {
 
     /// Extends the lease if this holder still has it.
     pub(super) fn renew(&self) -> io::Result<bool> {
-        let _lock = Flock::take(&self.file, libc::LOCK_EX)?;
+        let _lock = Flock::take(self.file.lock_target(), libc::LOCK_EX)?;
         if self.load()?.0.as_deref() != Some(&self.holder) {
             return Ok(false);
         }
@@ -96,7 +216,7 @@ impl Lease {
 
     /// Frees the lease if this holder has it.
     pub(super) fn release(&self) -> io::Result<()> {
-        let _lock = Flock::take(&self.file, libc::LOCK_EX)?;
+        let _lock = Flock::take(self.file.lock_target(), libc::LOCK_EX)?;
         if self.load()?.0.as_deref() == Some(&self.holder) {
             self.store(None)?;
         }
@@ -105,7 +225,7 @@ impl Lease {
 
     fn load(&self) -> io::Result<(Option<String>, u64)> {
         let mut buf = vec![0u8; 512];
-        let n = self.file.read_at(&mut buf, 0)?;
+        let n = self.file.read(&mut buf)?;
         let text = String::from_utf8_lossy(&buf[..n]);
         let mut parts = text.split_whitespace();
         let holder = parts.next().map(str::to_string);
@@ -115,8 +235,7 @@ impl Lease {
 
     fn store(&self, expiry: Option<u64>) -> io::Result<()> {
         let text = expiry.map_or_else(String::new, |e| format!("{} {e}\n", self.holder));
-        self.file.set_len(0)?;
-        self.file.write_all_at(text.as_bytes(), 0)
+        self.file.write(text.as_bytes())
     }
 }
 

@@ -34,7 +34,7 @@ use tier_core::TierError;
 
 use super::layout::{self, FileStamp, FolderPage, FolderScan, Layout};
 use super::SharedFolder;
-use lease::{holder_id, open_rw, Lease, Usage};
+use lease::{holder_id, Lease, SharedFile, Usage};
 
 const USAGE_FILE: &str = ".kvtier.usage";
 const LEASE_FILE: &str = ".kvtier.lease";
@@ -102,12 +102,10 @@ impl Fleet {
         let first = &layout.dirs()[0];
         let fleet = Self {
             usage: Usage {
-                file: open_rw(&first.join(USAGE_FILE), layout.mode())?,
-                path: first.join(USAGE_FILE),
+                file: SharedFile::open(first.join(USAGE_FILE), layout.mode())?,
             },
             lease: Lease {
-                file: open_rw(&first.join(LEASE_FILE), layout.mode())?,
-                path: first.join(LEASE_FILE),
+                file: SharedFile::open(first.join(LEASE_FILE), layout.mode())?,
                 holder: holder_id(),
                 ttl: settings.lease,
             },
@@ -247,7 +245,7 @@ impl Fleet {
             Some(takeover) => {
                 if takeover {
                     self.counts.takeovers.fetch_add(1, Relaxed);
-                    tracing::info!(lease = %self.lease.path.display(), "took the shared folders' eviction lease over");
+                    tracing::info!(lease = %self.lease.file.path.display(), "took the shared folders' eviction lease over");
                 }
             }
         }
@@ -319,7 +317,7 @@ impl Fleet {
         TierError::io(
             "hold the eviction lease",
             None,
-            Some(self.lease.path.clone()),
+            Some(self.lease.file.path.clone()),
             e,
         )
     }
