@@ -17,6 +17,18 @@ fn key(i: usize) -> PageKey {
     PageKey::new(format!("{i:064x}")).unwrap()
 }
 
+/// A client of `server` with its keys and default settings.
+fn store_of(server: &S3Server) -> Arc<dyn ObjectStore> {
+    S3Settings::endpoint(
+        &server.endpoint(),
+        &server.bucket,
+        &server.access_key,
+        &server.secret_key,
+    )
+    .build()
+    .unwrap()
+}
+
 fn quick(settings: &mut S3Settings) {
     settings.request_timeout = Duration::from_millis(500);
     settings.max_retries = 1;
@@ -76,14 +88,7 @@ fn bad_prefixes_and_settings_are_config_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_over_the_threshold_go_up_in_parts() {
     let server = S3Server::shared();
-    let store = S3Settings::endpoint(
-        &server.endpoint(),
-        &server.bucket,
-        &server.access_key,
-        &server.secret_key,
-    )
-    .build()
-    .unwrap();
+    let store = store_of(&server);
     let mut config = ObjectTierConfig::new("parts");
     config.multipart_threshold = 8 << 20;
     let t = ObjectTier::open(Arc::clone(&store), config).unwrap();
@@ -124,14 +129,7 @@ fn unfinished_uploads(server: &S3Server) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_multipart_upload_cut_short_is_aborted() {
     let server = S3Server::start();
-    let store = S3Settings::endpoint(
-        &server.endpoint(),
-        &server.bucket,
-        &server.access_key,
-        &server.secret_key,
-    )
-    .build()
-    .unwrap();
+    let store = store_of(&server);
     let mut config = ObjectTierConfig::new("cut");
     config.multipart_threshold = 8 << 20;
     config.op_timeout = Duration::from_secs(1);

@@ -23,6 +23,16 @@ fn store(layout: &Layout, name: &str, bytes: &[u8]) -> PathBuf {
     path
 }
 
+/// Sets a page's use time 5 s ahead, as a hit after a scan does.
+fn used_later(path: &Path) {
+    let later = fs::FileTimes::new().set_modified(SystemTime::now() + Duration::from_secs(5));
+    File::options()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_times(later))
+        .expect("use time set");
+}
+
 fn scanned(layout: &Layout, path: &Path) -> FolderPage {
     let scan = layout.scan_shared(|_, _| false).expect("a scan");
     scan.pages
@@ -47,12 +57,7 @@ fn a_victim_stored_again_or_used_after_the_scan_is_spared() {
     // After the scan: one page is stored again (a new file), one is read (its use time
     // refreshed, as a hit does).
     store(&layout, "again", b"second");
-    let later = fs::FileTimes::new().set_modified(SystemTime::now() + Duration::from_secs(5));
-    File::options()
-        .write(true)
-        .open(&used)
-        .and_then(|f| f.set_times(later))
-        .expect("use time set");
+    used_later(&used);
 
     let outcomes: Vec<_> = victims
         .iter()
@@ -82,12 +87,7 @@ fn a_spared_victim_survives_a_filesystem_without_hard_links() {
     let (_dir, layout) = layout();
     let used = store(&layout, "used", b"used page");
     let victim = scanned(&layout, &used);
-    let later = fs::FileTimes::new().set_modified(SystemTime::now() + Duration::from_secs(5));
-    File::options()
-        .write(true)
-        .open(&used)
-        .and_then(|f| f.set_times(later))
-        .expect("use time set");
+    used_later(&used);
     let no_links = |_: &Path, _: &Path| Err(io::Error::from_raw_os_error(libc::EPERM));
     let outcome = unlink_if_unchanged(&layout, &victim, no_links).expect("no I/O error");
     assert!(matches!(outcome, Victim::Spared(0)));

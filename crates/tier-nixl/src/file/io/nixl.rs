@@ -123,20 +123,16 @@ impl FileIo {
         let mut dev_ids = Vec::with_capacity(which.len());
         for &i in which {
             let item = &items[i];
+            let failed = |e| {
+                Failure::Item(
+                    i,
+                    TierError::io(op_name(op), Some(&item.key), Some(item.path.clone()), e),
+                )
+            };
             match self.mode {
                 FileMode::Fd => {
                     let file = open_page(&item.path, op, item.direct, self.sync, self.file_mode)
-                        .map_err(|e| {
-                            Failure::Item(
-                                i,
-                                TierError::io(
-                                    op_name(op),
-                                    Some(&item.key),
-                                    Some(item.path.clone()),
-                                    e,
-                                ),
-                            )
-                        })?;
+                        .map_err(failed)?;
                     dev_ids.push(file.as_raw_fd() as u64);
                     files.push(file);
                 }
@@ -144,17 +140,7 @@ impl FileIo {
                     if op == XferOp::Write {
                         // Made here, so it is new, this tier's mode, and not a planted link;
                         // NIXL opens the file it finds.
-                        self.file_mode.create_new(&item.path, 0).map_err(|e| {
-                            Failure::Item(
-                                i,
-                                TierError::io(
-                                    op_name(op),
-                                    Some(&item.key),
-                                    Some(item.path.clone()),
-                                    e,
-                                ),
-                            )
-                        })?;
+                        self.file_mode.create_new(&item.path, 0).map_err(failed)?;
                     }
                     metas.push(path_meta(&item.path, op, item.direct, self.sync));
                     dev_ids.push(next_dev_id());
