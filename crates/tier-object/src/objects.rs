@@ -212,18 +212,12 @@ impl Objects {
             upload.get()?.complete().await
         }
         .await;
-        match uploaded {
-            Ok(_) => {
-                upload.0 = None;
-                Ok(())
-            }
-            Err(e) => {
-                if let Some(mut failed) = upload.0.take() {
-                    let _ = failed.abort().await;
-                }
-                Err(e)
-            }
+        // A failed upload is aborted by the guard, in the background: an abort awaited here
+        // would itself be cut short were this call dropped meanwhile.
+        if uploaded.is_ok() {
+            upload.0 = None;
         }
+        uploaded.map(|_| ())
     }
 
     pub(crate) async fn get_one(&self, slot: &mut ReadSlot<'_>) -> GetResult {

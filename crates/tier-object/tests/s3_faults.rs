@@ -136,15 +136,18 @@ async fn a_multipart_upload_cut_short_is_aborted() {
     let t = ObjectTier::open(store, config).unwrap();
     let page = Page::new(key(5), content::page(&key(5), 1, 64 << 20));
     let put = tokio::spawn(async move { t.put(std::slice::from_ref(&page)).await });
-    // The upload is created at once; its parts take longer than this to go up.
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Frozen as soon as the upload exists: its parts take far longer to go up than this waits.
+    let started = std::time::Instant::now() + Duration::from_secs(30);
+    while unfinished_uploads(&server) == 0 && std::time::Instant::now() < started {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(unfinished_uploads(&server), 1, "the upload never started");
     server.freeze();
     let outcome = put.await.unwrap().pop().unwrap();
     assert!(
         outcome.is_err(),
         "the put outlived a frozen server: {outcome:?}"
     );
-    assert_eq!(unfinished_uploads(&server), 1, "the upload was under way");
     server.thaw();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while unfinished_uploads(&server) > 0 && std::time::Instant::now() < deadline {
