@@ -92,7 +92,20 @@ fn start() {
     }
     for mount in MOUNTS {
         if mounted(mount) {
-            continue;
+            if fs::read_dir(mount).is_ok() {
+                continue;
+            }
+            // A mount whose client died (the machine's processes were stopped, the mount
+            // stayed): it answers "Transport endpoint is not connected" until replaced.
+            let out = Command::new("umount")
+                .args(["-l", mount])
+                .output()
+                .expect("umount runs");
+            assert!(
+                out.status.success(),
+                "unmounting the dead mount {mount}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         fs::create_dir_all(mount).expect("a mount point");
         let out = Command::new("mount")
