@@ -289,3 +289,31 @@ pub(crate) fn machine_memory() -> Option<u64> {
         .ok()?;
     Some(kb * 1024)
 }
+
+/// What `kvtier probe DIR` prints of a folder.
+pub(crate) fn describe_folder(p: &tier_nixl::FolderProbe) -> String {
+    use tier_nixl::LockReach;
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    let locks = match &p.locks {
+        LockReach::AcrossClients => "across clients (tried through the second mount)".to_string(),
+        LockReach::LocalFilesystem => "across processes (a local filesystem: one machine)".into(),
+        LockReach::ThisNodeOnly(why) => format!("this node only ({why})"),
+        LockReach::LikelyAcrossClients(fs) => {
+            format!("across clients as {fs} says (not tried: give --other MOUNT)")
+        }
+        LockReach::Unknown(why) => format!("unknown across clients ({why}; give --other MOUNT)"),
+        LockReach::None(why) => format!("none ({why})"),
+    };
+    format!(
+        "folder: {}\nfilesystem: {} ({})\nlocal: {}\nlocks: {locks}\nextended attributes: {}\n\
+         O_DIRECT: {}\nhard links: {}\nrename without replace: {}\n",
+        p.dir.display(),
+        p.filesystem,
+        p.mount_options,
+        yes(p.local),
+        yes(p.xattrs),
+        yes(p.direct_io),
+        yes(p.hard_links),
+        yes(p.rename_noreplace),
+    )
+}

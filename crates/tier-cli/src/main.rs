@@ -116,8 +116,16 @@ enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
-    /// Is the NIXL runtime there, which plugins, and does it have path mode?
-    Probe,
+    /// Is the NIXL runtime there, which plugins, and does it have path mode? Given a folder:
+    /// what its filesystem gives a FILE tier (locks, extended attributes, O_DIRECT, links).
+    Probe {
+        /// A folder to probe (it must exist and be writable; the probe leaves nothing).
+        dir: Option<PathBuf>,
+        /// The same folder through another mount (another client): tries whether a lock taken
+        /// through one excludes through the other.
+        #[arg(long, requires = "dir")]
+        other: Option<PathBuf>,
+    },
     /// Validate a config and print the resolved hierarchy (opens nothing).
     Check {
         /// The config file.
@@ -169,7 +177,16 @@ async fn run(cli: Cli) -> Result<(), String> {
         prefill_tokens_per_sec: 10_000.0,
     });
     match command {
-        Command::Probe => {
+        Command::Probe {
+            dir: Some(dir),
+            other,
+        } => {
+            let p = tier_nixl::probe_folder(&dir, other.as_deref())
+                .map_err(|e| format!("probing {}: {e}", dir.display()))?;
+            print!("{}", commands::describe_folder(&p));
+            Ok(())
+        }
+        Command::Probe { dir: None, .. } => {
             let p = tier_nixl::probe(None).map_err(|e| e.to_string())?;
             println!("NIXL runtime: found ({})", p.source);
             println!(

@@ -11,8 +11,9 @@ pub mod runtime;
 mod staging;
 
 pub use file::{
-    route_hash, DirectIo, Durability, FileAccess, FileEngine, FileMode, FilePlugin, FleetStats,
-    FolderMode, NixlFileConfig, NixlFileTier, PageChecksum, PathModeChoice, SharedFolder, BUCKETS,
+    probe_folder, route_hash, DirectIo, Durability, FileAccess, FileEngine, FileMode, FilePlugin,
+    FleetStats, FolderMode, FolderProbe, LockReach, NixlFileConfig, NixlFileTier, PageChecksum,
+    PathModeChoice, SharedFolder, BUCKETS, PAGE_TRAILER,
 };
 pub use nixl::{live_registrations, live_transfers};
 pub use obj::{NixlObjConfig, NixlObjTier, RequestChecksum};

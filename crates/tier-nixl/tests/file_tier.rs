@@ -8,7 +8,8 @@ use rstest::rstest;
 use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
 use tier_nixl::runtime::{self, RuntimeSource};
 use tier_nixl::{
-    DirectIo, FileMode, NixlFileConfig, NixlFileTier, PageChecksum, PathModeChoice, BUCKETS,
+    DirectIo, FileAccess, FileMode, NixlFileConfig, NixlFileTier, PageChecksum, PathModeChoice,
+    BUCKETS, PAGE_TRAILER,
 };
 use tier_tests::{content, fd};
 
@@ -24,6 +25,17 @@ fn page(i: usize, version: u64, len: usize) -> Page<'static> {
     let k = key(i);
     let data = content::page(&k, version, len);
     Page::new(k, data)
+}
+
+/// Overwrites the start of a page file in place (its trailer stays), as a bad disk or a hand
+/// would.
+fn write_in_place(path: &Path, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.write_all_at(bytes, 0))
+        .unwrap();
 }
 
 async fn put_ok(tier: &NixlFileTier, pages: &[Page<'_>]) {
@@ -363,18 +375,15 @@ async fn files_hold_the_page_bytes_and_reads_come_from_disk() {
         let pages: Vec<Page<'static>> = (0..130).map(|i| page(i, 3, 16384)).collect();
         put_ok(&tier, &pages).await;
         for p in &pages {
-            assert_eq!(
-                std::fs::read(tier.page_path(&p.key).unwrap()).unwrap(),
-                p.data,
-                "{mode:?} file of {}",
-                p.key
-            );
+            let file = std::fs::read(tier.page_path(&p.key).unwrap()).unwrap();
+            assert_eq!(file.len() as u64, 16384 + PAGE_TRAILER);
+            assert_eq!(file[..16384].to_vec(), p.data, "{mode:?} file of {}", p.key);
         }
         // A file changed on disk (same length, in place) no longer matches its checksum: a
         // miss and a counted error, never a hit, and the file is gone.
         let changed = content::page(&key(5), 99, 16384);
         let path = tier.page_path(&key(5)).unwrap();
-        std::fs::write(&path, &changed).unwrap();
+        write_in_place(&path, &changed);
         let errors = tier.stats().errors;
         let (r, _) = get_one(&tier, &key(5), 16384).await;
         assert_eq!(r.unwrap(), Lookup::Miss, "{mode:?}");
@@ -382,7 +391,8 @@ async fn files_hold_the_page_bytes_and_reads_come_from_disk() {
         assert!(!path.exists(), "{mode:?}");
         assert_eq!(tier.exists(&[key(5)]).await.unwrap(), 0);
         // A zeroed page (a write lost to a power loss) is a miss too.
-        std::fs::write(tier.page_path(&key(6)).unwrap(), vec![0u8; 16384]).unwrap();
+        let zeroed = vec![0u8; 16384 + PAGE_TRAILER as usize];
+        std::fs::write(tier.page_path(&key(6)).unwrap(), zeroed).unwrap();
         assert_eq!(
             get_one(&tier, &key(6), 16384).await.0.unwrap(),
             Lookup::Miss
@@ -394,7 +404,7 @@ async fn files_hold_the_page_bytes_and_reads_come_from_disk() {
         config.page_checksum = PageChecksum::Off;
         let tier = NixlFileTier::open(config).await.unwrap();
         put_ok(&tier, &pages[..8]).await;
-        std::fs::write(tier.page_path(&key(5)).unwrap(), &changed).unwrap();
+        write_in_place(&tier.page_path(&key(5)).unwrap(), &changed);
         let (r, buf) = get_one(&tier, &key(5), 16384).await;
         assert_eq!(r.unwrap(), Lookup::Hit);
         assert_eq!(buf, changed, "{mode:?} read must come from the file");
@@ -428,7 +438,9 @@ async fn torn_and_foreign_page_files_are_misses_on_every_read_path() {
         // A file put in place by hand, holding another version.
         let other = tier.page_path(&key(2)).unwrap();
         std::fs::remove_file(&other).unwrap();
-        std::fs::write(&other, page(2, 2, 65536).data.to_bytes()).unwrap();
+        let mut another = page(2, 2, 65536).data.to_bytes().to_vec();
+        another.extend([0u8; PAGE_TRAILER as usize]);
+        std::fs::write(&other, another).unwrap();
         for i in 0..4 {
             let (r, buf) = get_one(&tier, &key(i), 65536).await;
             let want = if i == 1 || i == 2 {
@@ -442,14 +454,27 @@ async fn torn_and_foreign_page_files_are_misses_on_every_read_path() {
             }
         }
         assert_eq!(tier.stats().errors, 2, "{engine:?} {direct:?}");
-        // Put there by hand with the page's very bytes, but no checksum: after a restart,
-        // which reads each page's checksum from its file, a miss.
+        // Put there by hand with the page's very bytes, but a zeroed trailer (no checksum):
+        // after a restart, which reads each page's checksum from its file, a miss. So is
+        // another key's whole page file copied in (its trailer names its own key).
         let foreign = tier.page_path(&key(3)).unwrap();
+        let copied = tier.page_path(&key(2)).unwrap();
+        let donor = tier.page_path(&key(0)).unwrap();
         drop(tier);
         std::fs::remove_file(&foreign).unwrap();
-        std::fs::write(&foreign, pages[3].data.to_bytes()).unwrap();
+        let mut untrailed = pages[3].data.to_bytes().to_vec();
+        untrailed.extend([0u8; PAGE_TRAILER as usize]);
+        std::fs::write(&foreign, untrailed).unwrap();
+        let _ = std::fs::remove_file(&copied);
+        std::fs::copy(&donor, &copied).unwrap();
         let tier = NixlFileTier::open(config).await.unwrap();
-        for (i, want) in [(0, Lookup::Hit), (3, Lookup::Miss), (0, Lookup::Hit)] {
+        let expected = [
+            (0, Lookup::Hit),
+            (3, Lookup::Miss),
+            (2, Lookup::Miss),
+            (0, Lookup::Hit),
+        ];
+        for (i, want) in expected {
             let (r, buf) = get_one(&tier, &key(i), 65536).await;
             assert_eq!(
                 r.unwrap(),
@@ -462,10 +487,53 @@ async fn torn_and_foreign_page_files_are_misses_on_every_read_path() {
         }
         assert_eq!(
             tier.stats().errors,
-            1,
+            2,
             "{engine:?} {direct:?} after a restart"
         );
     }
+}
+
+/// A folder of pages without the format marker holds pages of format 1 (page bytes only,
+/// checksums in extended attributes): every access refuses it with an error saying so, and a
+/// marker naming another format is refused too; an empty folder is marked and opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_of_an_older_page_format_is_refused_never_misread() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("t");
+    let tier = NixlFileTier::open(NixlFileConfig::new([dir.clone()]))
+        .await
+        .unwrap();
+    put_ok(&tier, &[page(1, 1, 4096)]).await;
+    drop(tier);
+    let marker = dir.join(".kvtier.format");
+    let text = std::fs::read_to_string(&marker).unwrap();
+    assert!(text.contains("format 2"), "{text}");
+    std::fs::remove_file(&marker).unwrap();
+    for access in [FileAccess::Owner, FileAccess::Shared, FileAccess::Reader] {
+        let mut config = NixlFileConfig::new([dir.clone()]);
+        config.access = access;
+        match NixlFileTier::open(config).await {
+            Err(TierError::Config { field, message }) => {
+                assert_eq!(field, "dirs");
+                assert!(message.contains("format 1"), "{access:?}: {message}");
+            }
+            other => panic!("{access:?}: {:?}", other.map(|_| ())),
+        }
+    }
+    std::fs::write(&marker, "kvtier page format 3\n").unwrap();
+    let refused = NixlFileTier::open(NixlFileConfig::new([dir.clone()])).await;
+    assert!(
+        matches!(&refused, Err(TierError::Config { message, .. }) if message.contains("format 3")),
+        "{:?}",
+        refused.map(|_| ())
+    );
+    // Emptied, the folder opens again and is marked.
+    std::fs::remove_dir_all(&dir).unwrap();
+    let tier = NixlFileTier::open(NixlFileConfig::new([dir.clone()]))
+        .await
+        .unwrap();
+    assert!(marker.exists());
+    drop(tier);
 }
 
 fn direct_config(dir: &Path, choice: DirectIo) -> NixlFileConfig {
@@ -539,20 +607,24 @@ impl Drop for Mount {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_io_without_fs_support_is_an_error_when_required_and_buffered_when_preferred() {
-    // ramfs has no O_DIRECT, and no extended attributes: checksums must be turned off there.
+    // ramfs has no O_DIRECT, and no extended attributes (checksums live in the page files).
     let ramfs = Mount::new("ramfs", "mode=0755");
-    match NixlFileTier::open(NixlFileConfig::new([ramfs.0.path().join("sum")])).await {
-        Err(TierError::Config { field, message }) => {
-            assert_eq!(field, "page_checksum");
-            assert!(message.contains("page_checksum = \"off\""), "{message}");
-        }
-        other => panic!("{:?}", other.map(|_| ())),
-    }
-    let direct_config = |dir: &Path, choice| {
-        let mut config = direct_config(dir, choice);
-        config.page_checksum = PageChecksum::Off;
-        config
-    };
+    let sums = ramfs.0.path().join("sum");
+    let tier = NixlFileTier::open(NixlFileConfig::new([sums.clone()]))
+        .await
+        .unwrap();
+    put_ok(&tier, &[page(1, 1, 5000), page(2, 1, 5000)]).await;
+    write_in_place(&tier.page_path(&key(2)).unwrap(), b"changed");
+    let (r, buf) = get_one(&tier, &key(1), 5000).await;
+    assert_eq!(r.unwrap(), Lookup::Hit);
+    content::verify(&key(1), 1, &buf).unwrap();
+    let (r, _) = get_one(&tier, &key(2), 5000).await;
+    assert_eq!(
+        r.unwrap(),
+        Lookup::Miss,
+        "verified without extended attributes"
+    );
+    drop(tier);
     match NixlFileTier::open(direct_config(
         &ramfs.0.path().join("req"),
         DirectIo::Required,

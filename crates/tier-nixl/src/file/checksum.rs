@@ -1,22 +1,15 @@
-//! Page checksums: a CRC-32C of each page's bytes, kept in an extended attribute of its file
-//! (`user.kvtier.crc32c`), so the file's bytes stay exactly the page. Set on the temp file
-//! before the rename; read after each read, between the transfer and the identity check that
-//! proves the attribute and the bytes are one file's; a page whose bytes do not match (a torn
-//! or zeroed write after a power loss, disk corruption, an edit by hand) or whose file has no
-//! checksum is a miss and a counted error, never a hit.
-
-use std::io;
-use std::path::Path;
-
-/// The attribute holding a page's CRC-32C (4 bytes, little-endian).
-const ATTRIBUTE: &str = "user.kvtier.crc32c";
+//! Page checksums: a CRC-32C of each page's bytes, kept in its file's trailer (see
+//! [`super::format`]). Sealed into the temp file before the rename; read after each read,
+//! between the transfer and the identity check that proves the trailer and the bytes are one
+//! file's; a page whose bytes do not match (a torn or zeroed write after a power loss, disk
+//! corruption, an edit by hand) or whose file records no checksum is a miss and a counted
+//! error, never a hit.
 
 /// Whether pages carry checksums.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PageChecksum {
-    /// A CRC-32C per page, verified on every read (the folders' filesystem must keep `user.*`
-    /// extended attributes: ext4, xfs, btrfs and tmpfs do).
+    /// A CRC-32C per page, in its file's trailer, verified on every read.
     #[default]
     Crc32c,
     /// None: a page's bytes are trusted as read.
@@ -54,30 +47,6 @@ impl Crc {
     }
 }
 
-/// Records `crc` as the checksum of the file at `path`.
-pub fn stamp(path: &Path, crc: u32) -> io::Result<()> {
-    xattr::set(path, ATTRIBUTE, &crc.to_le_bytes())
-}
-
-/// The checksum recorded for the file at `path`: `None` if it has none (or not one of ours).
-pub fn recorded(path: &Path) -> io::Result<Option<u32>> {
-    Ok(xattr::get(path, ATTRIBUTE)?
-        .and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok())
-        .map(u32::from_le_bytes))
-}
-
-/// Checks that files in `dir` keep a checksum: stamps a temp file and reads it back.
-pub fn supported(dir: &Path) -> io::Result<()> {
-    let probe = tempfile::Builder::new()
-        .prefix(".kvtier-checksum-probe-")
-        .tempfile_in(dir)?;
-    stamp(probe.path(), 0x6b76_7431)?;
-    match recorded(probe.path())? {
-        Some(0x6b76_7431) => Ok(()),
-        _ => Err(io::Error::other("the attribute read back differs")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,16 +67,5 @@ mod tests {
         let mut flipped = page.clone();
         flipped[5000] ^= 1;
         assert_ne!(of([flipped.as_slice()]), whole);
-    }
-
-    #[test]
-    fn a_stamp_reads_back_and_a_plain_file_has_none() {
-        let dir = tempfile::tempdir().unwrap();
-        supported(dir.path()).unwrap();
-        let path = dir.path().join("page");
-        std::fs::write(&path, b"bytes").unwrap();
-        assert_eq!(recorded(&path).unwrap(), None);
-        stamp(&path, 42).unwrap();
-        assert_eq!(recorded(&path).unwrap(), Some(42));
     }
 }

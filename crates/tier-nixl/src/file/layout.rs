@@ -170,12 +170,13 @@ impl Layout {
                         }
                     }
                     let Ok(meta) = entry.metadata() else { continue };
-                    if !meta.is_file() || meta.len() == 0 {
+                    let page_len = super::format::page_len(meta.len());
+                    let Some(page_len) = page_len.filter(|&l| meta.is_file() && l > 0) else {
                         report.foreign += 1;
                         continue;
-                    }
+                    };
                     let mtime = meta.modified().ok();
-                    report.pages.push((key, meta.len(), mtime));
+                    report.pages.push((key, page_len, mtime));
                 }
             }
         }
@@ -215,7 +216,7 @@ impl Layout {
                     let path = entry.path();
                     let ours = decode(&name)
                         .is_some_and(|key| self.page_path(&key).is_ok_and(|p| p == path));
-                    if ours && meta.len() > 0 {
+                    if ours && meta.len() > super::format::TRAILER {
                         report.pages.push(FolderPage {
                             len: meta.len(),
                             stamp: FileStamp::of(&meta),
@@ -243,7 +244,7 @@ pub struct FolderScan {
 pub struct FolderPage {
     /// Its path.
     pub path: PathBuf,
-    /// Its length.
+    /// Its file's length (page and trailer: what it uses of the folder).
     pub len: u64,
     /// Which file it was, and when last used.
     pub stamp: FileStamp,
@@ -318,7 +319,7 @@ pub struct ScanReport {
     pub foreign: usize,
 }
 
-fn bucket_name(b: usize) -> String {
+pub fn bucket_name(b: usize) -> String {
     format!("{b:02x}")
 }
 

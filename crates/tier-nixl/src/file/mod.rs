@@ -25,12 +25,14 @@ mod catalog;
 mod checksum;
 mod config;
 mod fleet;
+mod format;
 mod helpers;
 mod index;
 mod io;
 mod layout;
 mod open;
 mod perms;
+mod probe;
 mod read;
 mod write;
 
@@ -44,9 +46,11 @@ use tier_core::{
 };
 
 pub use checksum::PageChecksum;
+pub use format::TRAILER as PAGE_TRAILER;
 pub use io::{probe_path_mode, FileMode};
 pub use layout::{route_hash, BUCKETS};
 pub use perms::FolderMode;
+pub use probe::{probe_folder, FolderProbe, LockReach};
 
 use crate::staging::{align_up, StagingPool, ALIGN};
 use catalog::Catalog;

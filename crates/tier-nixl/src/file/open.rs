@@ -16,7 +16,7 @@ use super::io::{self, FileIo, FileMode};
 use super::layout::Layout;
 use super::perms::{self, FolderMode};
 use super::{
-    checksum, DirectIo, Durability, FileAccess, FilePlugin, NixlFileConfig, PageChecksum,
+    format, DirectIo, Durability, FileAccess, FilePlugin, NixlFileConfig, PageChecksum,
     PathModeChoice, Shared,
 };
 use crate::nixl::Agent;
@@ -40,24 +40,14 @@ impl Shared {
                 .map(|d| lock_folder(&d.join(LOCK_FILE), access, config.mode))
                 .collect::<Result<Vec<_>, _>>()?,
         };
-        if config.access != FileAccess::Reader && config.page_checksum == PageChecksum::Crc32c {
-            for dir in layout.dirs() {
-                checksum::supported(dir).map_err(|e| {
-                    TierError::config(
-                        "page_checksum",
-                        format!(
-                            "{} cannot keep a page's checksum in an extended attribute ({e}); \
-                             set page_checksum = \"off\" to store pages without one",
-                            dir.display()
-                        ),
-                    )
-                })?;
-            }
+        for dir in layout.dirs() {
+            format::check_folder(dir, config.access != FileAccess::Reader, config.mode)?;
         }
         let (catalog, temps_removed) = match config.access {
             FileAccess::Owner => Catalog::owned(layout, index)?,
             FileAccess::Reader => (Catalog::read_only(layout), 0),
             FileAccess::Shared => {
+                warn_of_node_local_locks(&layout);
                 let fleet = Fleet::open(
                     &layout,
                     config.capacity_bytes,
@@ -262,6 +252,24 @@ fn try_flock(file: &File, op: libc::c_int) -> std::io::Result<bool> {
         Ok(false)
     } else {
         Err(err)
+    }
+}
+
+/// Warns where a shared folder's mount says its locks hold per node only: the folders' usage
+/// then drifts and evictors on several nodes may run at once (bytes stay right; see
+/// `docs/sharing.md`).
+fn warn_of_node_local_locks(layout: &Layout) {
+    for dir in layout.dirs() {
+        let Some((filesystem, options)) = super::probe::mount_of(dir) else {
+            continue;
+        };
+        if let Some(why) = super::probe::node_local_option(&filesystem, &options) {
+            tracing::warn!(
+                dir = %dir.display(),
+                "a shared folder whose locks hold on this node only ({why}): its usage may \
+                 drift and several evictors may run at once"
+            );
+        }
     }
 }
 

@@ -9,7 +9,8 @@ use tier_core::{Page, PageData, PageKey, PutResult, TierError};
 use super::helpers::run_split;
 use super::io::{self, FileIo, Xfer};
 use super::{
-    checksum, chunks, Durability, FileAccess, FileEngine, NixlFileTier, PageChecksum, Shared,
+    checksum, chunks, format, Durability, FileAccess, FileEngine, NixlFileTier, PageChecksum,
+    Shared,
 };
 use crate::batch::{run_blocking, send_pages, BatchOutcome};
 use crate::nixl::{Held, XferOp};
@@ -175,16 +176,18 @@ impl Shared {
             None => self.write_zero_copy(self.lane(lane), pages, lent),
         };
         let mut checksums = vec![None; pages.len()];
-        if !outcome.poisoned && self.config.page_checksum == PageChecksum::Crc32c {
-            // On the temp file, before the rename: a page file never lacks its checksum.
-            let stamped = pages.iter().zip(&xfers).zip(&mut outcome.results);
-            for (((page, xfer), result), known) in stamped.zip(&mut checksums) {
+        if !outcome.poisoned {
+            // On the temp file, before the rename: a page file never lacks its trailer.
+            let sync = self.config.durability == Durability::Power;
+            let sealed = pages.iter().zip(&xfers).zip(&mut outcome.results);
+            for (((page, xfer), result), known) in sealed.zip(&mut checksums) {
                 if result.is_ok() {
-                    let crc = checksum::of(page.data.regions());
-                    *known = Some(crc);
-                    if let Err(e) = checksum::stamp(&xfer.path, crc) {
+                    *known = (self.config.page_checksum == PageChecksum::Crc32c)
+                        .then(|| checksum::of(page.data.regions()));
+                    let len = page.data.len();
+                    if let Err(e) = format::seal(&xfer.path, &page.key, len, *known, sync) {
                         *result = Err(TierError::io(
-                            "record the page's checksum",
+                            "seal the page's file",
                             Some(&page.key),
                             Some(xfer.path.clone()),
                             e,

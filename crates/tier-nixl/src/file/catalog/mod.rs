@@ -161,7 +161,7 @@ impl Catalog {
         let path = self.layout.page_path(key).ok()?;
         let meta = fs::metadata(path).ok().filter(|m| m.is_file())?;
         Some(Stored {
-            len: meta.len(),
+            len: super::format::page_len(meta.len())?,
             generation: 0,
             checksum: None,
             mtime_ns: Some(FileStamp::of(&meta).mtime_ns),
@@ -315,7 +315,7 @@ impl Catalog {
                     _ => 0,
                 };
                 match fs::rename(&xfer.path, path) {
-                    Ok(()) => landed += xfer.len as i64 - replaced as i64,
+                    Ok(()) => landed += super::format::file_len(xfer.len) as i64 - replaced as i64,
                     Err(e) => {
                         *result = Err(TierError::io(
                             "rename page into place",

@@ -126,15 +126,7 @@ fn is_local(file: &File) -> bool {
     if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0 {
         return false;
     }
-    const LOCAL: [i64; 6] = [
-        0xEF53,
-        0x5846_5342,
-        0x9123_683E,
-        0x0102_1994,
-        0x2FC1_2FC1,
-        0x794C_7630,
-    ];
-    LOCAL.contains(&(fs.f_type as i64))
+    super::super::probe::LOCAL_FILESYSTEMS.contains(&(fs.f_type as i64))
 }
 
 /// The usage file: the folders' bytes as a little-endian u64.

@@ -14,11 +14,11 @@ fn layout() -> (tempfile::TempDir, Layout) {
 }
 
 fn store(layout: &Layout, name: &str, bytes: &[u8]) -> PathBuf {
-    let path = layout
-        .page_path(&PageKey::new(name).expect("a key"))
-        .expect("a path");
+    let key = PageKey::new(name).expect("a key");
+    let path = layout.page_path(&key).expect("a path");
     let temp = layout.temp_path(&path);
     fs::write(&temp, bytes).expect("a temp file");
+    crate::file::format::seal(&temp, &key, bytes.len(), None, false).expect("sealed");
     fs::rename(&temp, &path).expect("renamed into place");
     path
 }
@@ -31,6 +31,13 @@ fn used_later(path: &Path) {
         .open(path)
         .and_then(|f| f.set_times(later))
         .expect("use time set");
+}
+
+/// The page a stored file holds (its trailer left off).
+fn page_of(path: &Path) -> Vec<u8> {
+    let mut bytes = fs::read(path).expect("the page stays");
+    bytes.truncate(bytes.len() - crate::file::format::TRAILER as usize);
+    bytes
 }
 
 fn scanned(layout: &Layout, path: &Path) -> FolderPage {
@@ -63,20 +70,15 @@ fn a_victim_stored_again_or_used_after_the_scan_is_spared() {
         .iter()
         .map(|v| unlink_if_unchanged(&layout, v, |a, b| fs::hard_link(a, b)).expect("no I/O error"))
         .collect();
-    assert!(matches!(outcomes[0], Victim::Evicted(8)));
+    assert!(
+        matches!(outcomes[0], Victim::Evicted(40)),
+        "8 bytes and the trailer"
+    );
     assert!(!old.exists(), "an unchanged victim goes");
     assert!(matches!(outcomes[1], Victim::Spared(0)));
-    assert_eq!(
-        fs::read(&again).expect("stays"),
-        b"second",
-        "the page stored again stays"
-    );
+    assert_eq!(page_of(&again), b"second", "the page stored again stays");
     assert!(matches!(outcomes[2], Victim::Spared(0)));
-    assert_eq!(
-        fs::read(&used).expect("stays"),
-        b"used page",
-        "the page used stays"
-    );
+    assert_eq!(page_of(&used), b"used page", "the page used stays");
     let leftovers = layout.scan_shared(|_, _| false).expect("a scan");
     assert_eq!(leftovers.pages.len(), 2);
     assert_eq!(leftovers.temps_removed, 0);
@@ -91,10 +93,7 @@ fn a_spared_victim_survives_a_filesystem_without_hard_links() {
     let no_links = |_: &Path, _: &Path| Err(io::Error::from_raw_os_error(libc::EPERM));
     let outcome = unlink_if_unchanged(&layout, &victim, no_links).expect("no I/O error");
     assert!(matches!(outcome, Victim::Spared(0)));
-    assert_eq!(
-        fs::read(&used).expect("the spared page stays"),
-        b"used page"
-    );
+    assert_eq!(page_of(&used), b"used page");
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tier_core::{PageKey, TierError};
 
-use super::checksum;
+use super::{checksum, format};
 use crate::batch::{move_isolating, BatchOutcome};
 use crate::nixl::{Backend, Held, XferOp};
 use crate::staging::align_up;
@@ -259,7 +259,7 @@ impl FileIo {
                     // Read before the identity check that vouches for it; none is a miss.
                     *recorded = item
                         .checksum
-                        .or_else(|| checksum::recorded(&item.path).ok().flatten());
+                        .or_else(|| format::recorded(&item.path, &item.key).ok().flatten());
                 }
                 if !watch(item) {
                     // The file the syscalls opened was checked; one that was not there to
@@ -275,8 +275,9 @@ impl FileIo {
                         // Replaced by a page of another length since it was planned.
                         Err(_)
                             if item.checksum.is_some()
-                                && fs::metadata(&item.path)
-                                    .is_ok_and(|m| m.len() != item.len as u64) =>
+                                && fs::metadata(&item.path).is_ok_and(|m| {
+                                    m.is_file() && m.len() != format::file_len(item.len)
+                                }) =>
                         {
                             Ok(false)
                         }
@@ -287,10 +288,10 @@ impl FileIo {
                 match (r, after) {
                     (_, None) => Ok(false),
                     (_, Some(after)) if before != Some(after) => Ok(false),
-                    (_, Some(after)) if after.len != item.len as u64 => {
+                    (_, Some(after)) if after.len != format::file_len(item.len) => {
                         Err(TierError::LengthMismatch {
                             key: item.key.clone(),
-                            stored: after.len as usize,
+                            stored: format::page_len(after.len).unwrap_or(0) as usize,
                             buffer: item.len,
                         })
                     }

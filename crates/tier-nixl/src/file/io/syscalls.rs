@@ -8,7 +8,7 @@ use std::path::Path;
 
 use tier_core::TierError;
 
-use super::super::{checksum, FolderMode};
+use super::super::{checksum, format, FolderMode};
 use crate::nixl::XferOp;
 
 use super::{op_name, Xfer};
@@ -36,10 +36,10 @@ pub(super) fn move_by_syscalls(
         // The page's file may have been replaced by one of another length since it was
         // planned: never serve a cut or overlong page.
         let stored = file.metadata().map_err(io_err)?.len();
-        if stored != item.len as u64 {
+        if stored != format::file_len(item.len) {
             return Err(TierError::LengthMismatch {
                 key: item.key.clone(),
-                stored: stored as usize,
+                stored: format::page_len(stored).unwrap_or(0) as usize,
                 buffer: item.len,
             });
         }

@@ -1,0 +1,283 @@
+//! The page file format (version 2): a page's bytes exactly, then a 32-byte trailer that says
+//! what they are, so a file carries its own proof on every filesystem (no extended attributes,
+//! which NFSv3, 3FS and EFS lack). The page's bytes start at offset 0, so a transfer moves them
+//! in place; the trailer is written after them to the temp file, before the rename.
+//!
+//! Trailer, little-endian: `KVTP` magic (4), format version (1), flags (1: bit 0 = the page's
+//! CRC-32C is present), zero (2), page length (8), the key's route hash (8, see
+//! [`route_hash`]), the page's CRC-32C (4), the CRC-32C of the trailer's first 28 bytes (4).
+//! A file whose trailer is missing, torn, of another version, another key or another length
+//! is not a page: a miss, never a hit.
+//!
+//! Each storage folder holds [`MARKER`], naming the format of its pages. A folder with pages
+//! but no marker holds pages of format 1 (checksums in `user.kvtier.crc32c`): opening it is
+//! refused with an error saying so, never misread.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tier_core::{PageKey, TierError};
+
+use super::checksum;
+use super::layout::{route_hash, BUCKETS};
+use super::perms::{nonce, FolderMode};
+
+/// Bytes a page file holds beyond its page.
+pub const TRAILER: u64 = 32;
+/// The format this build writes and reads.
+pub const VERSION: u8 = 2;
+/// The file in each storage folder naming its pages' format.
+pub const MARKER: &str = ".kvtier.format";
+
+const MAGIC: [u8; 4] = *b"KVTP";
+const HAS_CRC: u8 = 1;
+
+/// The file length of a page of `page_len` bytes.
+pub fn file_len(page_len: usize) -> u64 {
+    page_len as u64 + TRAILER
+}
+
+/// The page length a file of `file_len` bytes holds, if it can hold one.
+pub fn page_len(file_len: u64) -> Option<u64> {
+    file_len.checked_sub(TRAILER)
+}
+
+/// The trailer of `key`'s page of `page_len` bytes, with its CRC-32C if taken.
+fn encode(key: &PageKey, page_len: u64, crc: Option<u32>) -> [u8; TRAILER as usize] {
+    let mut t = [0u8; TRAILER as usize];
+    t[0..4].copy_from_slice(&MAGIC);
+    t[4] = VERSION;
+    t[5] = if crc.is_some() { HAS_CRC } else { 0 };
+    t[8..16].copy_from_slice(&page_len.to_le_bytes());
+    t[16..24].copy_from_slice(&route_hash(key.as_str().as_bytes()).to_le_bytes());
+    t[24..28].copy_from_slice(&crc.unwrap_or(0).to_le_bytes());
+    let own = checksum::of([&t[..28]]);
+    t[28..32].copy_from_slice(&own.to_le_bytes());
+    t
+}
+
+/// What a file's last [`TRAILER`] bytes say of it, read as `key`'s page in a file of
+/// `file_len` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trailer {
+    /// A whole page of `key`: its CRC-32C, if it was written with one.
+    Page(Option<u32>),
+    /// Not a page of this format for this key (why).
+    Not(&'static str),
+}
+
+fn decode(t: &[u8; TRAILER as usize], key: &PageKey, file_len: u64) -> Trailer {
+    let word = |at: usize| u32::from_le_bytes(t[at..at + 4].try_into().expect("4 bytes"));
+    let long = |at: usize| u64::from_le_bytes(t[at..at + 8].try_into().expect("8 bytes"));
+    if t[0..4] != MAGIC {
+        return Trailer::Not("no page trailer (a torn or foreign file, or format 1)");
+    }
+    if word(28) != checksum::of([&t[..28]]) {
+        return Trailer::Not("the trailer's own checksum does not match");
+    }
+    if t[4] != VERSION {
+        return Trailer::Not("a page of another format version");
+    }
+    if Some(long(8)) != page_len(file_len) {
+        return Trailer::Not("the file's length is not the page's");
+    }
+    if long(16) != route_hash(key.as_str().as_bytes()) {
+        return Trailer::Not("the page of another key");
+    }
+    Trailer::Page((t[5] & HAS_CRC != 0).then(|| word(24)))
+}
+
+/// Appends the trailer of `key`'s `page_len` bytes to the temp file at `path`, which holds
+/// them; synced to the disk if `sync`.
+pub fn seal(
+    path: &Path,
+    key: &PageKey,
+    page_len: usize,
+    crc: Option<u32>,
+    sync: bool,
+) -> io::Result<()> {
+    let file = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)?;
+    file.write_all_at(&encode(key, page_len as u64, crc), page_len as u64)?;
+    if sync {
+        file.sync_data()?;
+    }
+    Ok(())
+}
+
+/// Reads the trailer of the page file at `path`, as `key`'s.
+pub fn read(path: &Path, key: &PageKey) -> io::Result<Trailer> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)?;
+    read_from(&file, key)
+}
+
+/// Reads the trailer of an open page file, as `key`'s.
+pub fn read_from(file: &File, key: &PageKey) -> io::Result<Trailer> {
+    let len = file.metadata()?.len();
+    if len < TRAILER {
+        return Ok(Trailer::Not("shorter than a trailer"));
+    }
+    let mut t = [0u8; TRAILER as usize];
+    file.read_exact_at(&mut t, len - TRAILER)?;
+    Ok(decode(&t, key, len))
+}
+
+/// The CRC-32C the page file at `path` records for `key`'s page: none if it records none or
+/// is not that page (see [`Trailer`]).
+pub fn recorded(path: &Path, key: &PageKey) -> io::Result<Option<u32>> {
+    Ok(match read(path, key)? {
+        Trailer::Page(crc) => crc,
+        Trailer::Not(why) => {
+            tracing::debug!(key = %key, path = %path.display(), why, "not a page file");
+            None
+        }
+    })
+}
+
+/// How a storage folder's format was found at open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FolderFormat {
+    /// Its marker names this format.
+    Current,
+    /// No marker and no pages: a reader leaves it so; others mark it.
+    Empty,
+}
+
+/// Checks that `dir` holds pages of this format, marking it if it holds none yet (`mark`:
+/// not for readers). A folder with pages of format 1, or marked with another format, is
+/// refused with an error naming the folder and what to do.
+pub fn check_folder(dir: &Path, mark: bool, mode: FolderMode) -> Result<FolderFormat, TierError> {
+    let marker = dir.join(MARKER);
+    let refuse = |found: String| {
+        TierError::config(
+            "dirs",
+            format!(
+                "{} holds {found}; this kvtier reads and writes page format {VERSION} only: \
+                 empty the folder or give the tier another one",
+                dir.display()
+            ),
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match fs::read_to_string(&marker) {
+            Ok(text) if text == marker_text() => return Ok(FolderFormat::Current),
+            // A marker being written by another process right now.
+            Ok(text) if text.is_empty() && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(text) => {
+                return Err(refuse(format!(
+                    "pages of another format ({MARKER} says {:?})",
+                    text.trim()
+                )))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+            Err(e) => {
+                return Err(TierError::io(
+                    "read the folder's format",
+                    None,
+                    Some(marker),
+                    e,
+                ))
+            }
+        }
+    }
+    if holds_files(dir) {
+        return Err(refuse(format!(
+            "pages of format 1 (no {MARKER}; their checksums in extended attributes)"
+        )));
+    }
+    if !mark {
+        return Ok(FolderFormat::Empty);
+    }
+    let temp = dir.join(format!("{MARKER}.{:016x}", nonce()));
+    let write = || -> io::Result<()> {
+        let mut file = mode.create_new(&temp, libc::O_CLOEXEC | libc::O_NOFOLLOW)?;
+        file.write_all(marker_text().as_bytes())?;
+        file.sync_all()?;
+        fs::rename(&temp, &marker)
+    };
+    write().map_err(|e| {
+        let _ = fs::remove_file(&temp);
+        TierError::io("mark the folder's format", None, Some(marker.clone()), e)
+    })?;
+    Ok(FolderFormat::Current)
+}
+
+fn marker_text() -> String {
+    format!("kvtier page format {VERSION}\n")
+}
+
+/// Whether any bucket of `dir` holds a file other than kvtier's dot files (one listing entry
+/// per bucket at most, so it costs about 256 directory reads however full the folder is).
+fn holds_files(dir: &Path) -> bool {
+    (0..BUCKETS).any(|b| {
+        fs::read_dir(dir.join(super::layout::bucket_name(b))).is_ok_and(|mut entries| {
+            entries.any(|e| e.is_ok_and(|e| !e.file_name().to_string_lossy().starts_with('.')))
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn key(s: &str) -> PageKey {
+        PageKey::new(s).unwrap()
+    }
+
+    #[test]
+    fn a_trailer_reads_back_only_as_its_own_page() {
+        let t = encode(&key("a"), 10, Some(7));
+        assert_eq!(decode(&t, &key("a"), 42), Trailer::Page(Some(7)));
+        assert_eq!(
+            decode(&encode(&key("a"), 10, None), &key("a"), 42),
+            Trailer::Page(None)
+        );
+        assert!(matches!(decode(&t, &key("b"), 42), Trailer::Not(_)));
+        assert!(matches!(decode(&t, &key("a"), 43), Trailer::Not(_)));
+        for byte in 0..TRAILER as usize {
+            let mut torn = t;
+            torn[byte] ^= 0x10;
+            assert!(
+                matches!(decode(&torn, &key("a"), 42), Trailer::Not(_)),
+                "a flip in byte {byte} went unseen"
+            );
+        }
+        assert!(matches!(
+            decode(&[0; TRAILER as usize], &key("a"), 42),
+            Trailer::Not(_)
+        ));
+    }
+
+    #[test]
+    fn a_sealed_file_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("page");
+        fs::write(&path, b"0123456789").unwrap();
+        seal(&path, &key("k"), 10, Some(99), true).unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().len(), file_len(10));
+        assert_eq!(recorded(&path, &key("k")).unwrap(), Some(99));
+        assert_eq!(recorded(&path, &key("other")).unwrap(), None);
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"x").unwrap();
+        assert_eq!(recorded(&path, &key("k")).unwrap(), None, "grown");
+        let mut bytes = Vec::new();
+        File::open(&path).unwrap().read_to_end(&mut bytes).unwrap();
+        assert_eq!(
+            &bytes[..10],
+            b"0123456789",
+            "the page's bytes stay in place"
+        );
+    }
+}
