@@ -11,7 +11,8 @@
 //! path_mode = "auto"            # auto, on or off
 //! direct_io = "off"             # off, required or preferred
 //! durability = "process"        # process (survives kill -9) or power (fsync, slower)
-//! page_checksum = "crc32c"      # crc32c (verified on every read) or off
+//! page_checksum = "crc32c"      # crc32c (in each page file's trailer) or off
+//! verify = "once"               # once per file version (pages >= 64 KiB), or every-read
 //! staging_bytes = "16MiB"
 //! staging_buffers = 2
 //! transfer_timeout = "30s"
@@ -60,6 +61,7 @@ use tier_hierarchy::config::{ByteSize, OpenFuture, Registry, TierContext, TierPl
 use tier_nixl::{
     DirectIo, Durability, FileAccess, FileEngine, FilePlugin, FolderMode, NixlFileConfig,
     NixlFileTier, NixlObjConfig, NixlObjTier, PageChecksum, PathModeChoice, RequestChecksum,
+    VerifyReads,
 };
 
 #[derive(Debug, Deserialize)]
@@ -80,6 +82,8 @@ struct FileParams {
     durability: Durability,
     #[serde(default)]
     page_checksum: PageChecksum,
+    #[serde(default)]
+    verify: VerifyReads,
     staging_bytes: Option<ByteSize>,
     staging_buffers: Option<usize>,
     transfer_timeout: Option<TimeSpan>,
@@ -144,6 +148,7 @@ fn to_config(name: &str, p: FileParams) -> Result<NixlFileConfig, TierError> {
     c.direct_io = p.direct_io;
     c.durability = p.durability;
     c.page_checksum = p.page_checksum;
+    c.verify = p.verify;
     c.access = p.access;
     c.mode = p.mode;
     c.engine = p.engine;

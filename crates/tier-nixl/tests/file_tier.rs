@@ -493,6 +493,49 @@ async fn torn_and_foreign_page_files_are_misses_on_every_read_path() {
     }
 }
 
+/// Pages are verified once per file version by default: a page rewritten in place after it
+/// was verified and read again (same inode, new bytes, same length) is verified again and a
+/// miss, on every engine and read path; so is one rewritten between two reads of a batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_rewritten_in_place_after_it_was_verified_is_verified_again() {
+    const LEN: usize = 128 << 10;
+    let tmp = tempfile::tempdir().unwrap();
+    let engines = [
+        (tier_nixl::FileEngine::Nixl, DirectIo::Off),
+        (tier_nixl::FileEngine::Nixl, DirectIo::Required),
+        (tier_nixl::FileEngine::Syscalls, DirectIo::Off),
+        (tier_nixl::FileEngine::Syscalls, DirectIo::Required),
+    ];
+    for (n, (engine, direct)) in engines.into_iter().enumerate() {
+        for access in [FileAccess::Owner, FileAccess::Shared] {
+            let mut config = direct_config(&tmp.path().join(format!("e{n}-{access:?}")), direct);
+            config.engine = engine;
+            config.access = access;
+            let tier = NixlFileTier::open(config.clone()).await.unwrap();
+            put_ok(&tier, &[page(1, 1, LEN), page(2, 1, LEN)]).await;
+            for _ in 0..3 {
+                let (r, buf) = get_one(&tier, &key(1), LEN).await;
+                assert_eq!(r.unwrap(), Lookup::Hit);
+                content::verify(&key(1), 1, &buf).unwrap();
+            }
+            let what = format!("{engine:?} {direct:?} {access:?}");
+            let path = tier.page_path(&key(1)).unwrap();
+            write_in_place(&path, &content::page(&key(1), 9, LEN));
+            let errors = tier.stats().errors;
+            let (r, _) = get_one(&tier, &key(1), LEN).await;
+            assert_eq!(r.unwrap(), Lookup::Miss, "{what}: rewritten in place");
+            assert_eq!(tier.stats().errors, errors + 1, "{what}");
+            // Changed by one byte only, with the whole page read in between.
+            let path = tier.page_path(&key(2)).unwrap();
+            let (r, _) = get_one(&tier, &key(2), LEN).await;
+            assert_eq!(r.unwrap(), Lookup::Hit, "{what}");
+            write_in_place(&path, &[0xA5]);
+            let (r, _) = get_one(&tier, &key(2), LEN).await;
+            assert_eq!(r.unwrap(), Lookup::Miss, "{what}: one byte rewritten");
+        }
+    }
+}
+
 /// A folder of pages without the format marker holds pages of format 1 (page bytes only,
 /// checksums in extended attributes): every access refuses it with an error saying so, and a
 /// marker naming another format is refused too; an empty folder is marked and opens.

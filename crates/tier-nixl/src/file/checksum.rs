@@ -16,6 +16,21 @@ pub enum PageChecksum {
     Off,
 }
 
+/// How often a page file's bytes are checked against its checksum.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VerifyReads {
+    /// Once per file version in this process: a page file is never written in place (a put
+    /// renames a new file over it), and any write to a file changes its identity (device,
+    /// inode, length, mtime, ctime; ctime cannot be set from user space). A read of a version
+    /// already verified, unchanged from before the read to after it, skips the checksum;
+    /// pages under 64 KiB (whose checksum costs less than the two `stat`s) are always checked.
+    #[default]
+    Once,
+    /// On every read.
+    EveryRead,
+}
+
 /// The CRC-32C of the concatenation of `regions`. (`crc-fast` picks the CPU's widest
 /// carry-less multiply at run time: 8 µs per hot 512 KiB page here with AVX-512, against
 /// 16.6 µs for the CRC32 instruction.)

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tier_core::TierError;
 use tier_policy::PolicyKind;
 
-use super::{FolderMode, PageChecksum};
+use super::{FolderMode, PageChecksum, VerifyReads};
 use crate::staging::ALIGN;
 
 /// Largest staging buffer (and page).
@@ -162,8 +162,10 @@ pub struct NixlFileConfig {
     pub engine: FileEngine,
     /// What an acknowledged page survives.
     pub durability: Durability,
-    /// Whether each page carries a checksum, verified on every read.
+    /// Whether each page carries a checksum, verified as it is read.
     pub page_checksum: PageChecksum,
+    /// How often a page's bytes are verified: once per file version (default) or every read.
+    pub verify: VerifyReads,
     /// Byte capacity; pages the policy chooses are evicted beyond it. `None`: unbounded. In
     /// shared access, the capacity of the folders, whoever wrote them.
     pub capacity_bytes: Option<u64>,
@@ -203,6 +205,7 @@ impl NixlFileConfig {
             engine: FileEngine::Nixl,
             durability: Durability::Process,
             page_checksum: PageChecksum::Crc32c,
+            verify: VerifyReads::Once,
             capacity_bytes: None,
             policy: PolicyKind::default(),
             staging_bytes: 16 << 20,

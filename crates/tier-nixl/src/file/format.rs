@@ -110,15 +110,6 @@ pub fn seal(
     Ok(())
 }
 
-/// Reads the trailer of the page file at `path`, as `key`'s.
-pub fn read(path: &Path, key: &PageKey) -> io::Result<Trailer> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-        .open(path)?;
-    read_from(&file, key)
-}
-
 /// Reads the trailer of an open page file, as `key`'s.
 pub fn read_from(file: &File, key: &PageKey) -> io::Result<Trailer> {
     let len = file.metadata()?.len();
@@ -130,16 +121,20 @@ pub fn read_from(file: &File, key: &PageKey) -> io::Result<Trailer> {
     Ok(decode(&t, key, len))
 }
 
-/// The CRC-32C the page file at `path` records for `key`'s page: none if it records none or
-/// is not that page (see [`Trailer`]).
-pub fn recorded(path: &Path, key: &PageKey) -> io::Result<Option<u32>> {
-    Ok(match read(path, key)? {
-        Trailer::Page(crc) => crc,
-        Trailer::Not(why) => {
+/// The CRC-32C the open page `file` (at `path`) records for `key`'s page: none if it records
+/// none or is not that page (see [`Trailer`]).
+pub fn recorded_in(file: &File, key: &PageKey, path: &Path) -> Option<u32> {
+    match read_from(file, key) {
+        Ok(Trailer::Page(crc)) => crc,
+        Ok(Trailer::Not(why)) => {
             tracing::debug!(key = %key, path = %path.display(), why, "not a page file");
             None
         }
-    })
+        Err(e) => {
+            tracing::debug!(key = %key, path = %path.display(), error = %e, "page trailer unread");
+            None
+        }
+    }
 }
 
 /// How a storage folder's format was found at open.
@@ -267,11 +262,12 @@ mod tests {
         fs::write(&path, b"0123456789").unwrap();
         seal(&path, &key("k"), 10, Some(99), true).unwrap();
         assert_eq!(fs::metadata(&path).unwrap().len(), file_len(10));
-        assert_eq!(recorded(&path, &key("k")).unwrap(), Some(99));
-        assert_eq!(recorded(&path, &key("other")).unwrap(), None);
+        let recorded = |key: &PageKey| recorded_in(&File::open(&path).unwrap(), key, &path);
+        assert_eq!(recorded(&key("k")), Some(99));
+        assert_eq!(recorded(&key("other")), None);
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
         f.write_all(b"x").unwrap();
-        assert_eq!(recorded(&path, &key("k")).unwrap(), None, "grown");
+        assert_eq!(recorded(&key("k")), None, "grown");
         let mut bytes = Vec::new();
         File::open(&path).unwrap().read_to_end(&mut bytes).unwrap();
         assert_eq!(

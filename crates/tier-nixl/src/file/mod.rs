@@ -45,7 +45,7 @@ use tier_core::{
     StorageTier, TierError, TierInfo, TierStats, WriteOrder,
 };
 
-pub use checksum::PageChecksum;
+pub use checksum::{PageChecksum, VerifyReads};
 pub use format::TRAILER as PAGE_TRAILER;
 pub use io::{probe_path_mode, FileMode};
 pub use layout::{route_hash, BUCKETS};

@@ -17,7 +17,7 @@ use super::layout::Layout;
 use super::perms::{self, FolderMode};
 use super::{
     format, DirectIo, Durability, FileAccess, FilePlugin, NixlFileConfig, PageChecksum,
-    PathModeChoice, Shared,
+    PathModeChoice, Shared, VerifyReads,
 };
 use crate::nixl::Agent;
 use crate::staging::StagingPool;
@@ -109,6 +109,8 @@ impl Shared {
             config.staging_bytes,
         );
         let max_page = staging.buf_bytes();
+        let verified =
+            (config.verify == VerifyReads::Once).then(|| Arc::new(io::VerifiedFiles::default()));
         let lanes = backends
             .into_iter()
             .map(|backend| FileIo {
@@ -118,6 +120,7 @@ impl Shared {
                 timeout: config.transfer_timeout,
                 sync: config.durability == Durability::Power,
                 checksums: config.page_checksum == PageChecksum::Crc32c,
+                verified: verified.clone(),
                 file_mode: config.mode,
             })
             .collect();

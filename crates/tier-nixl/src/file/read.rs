@@ -8,7 +8,7 @@ use tier_core::{GetResult, Lookup, PageBuf, PageKey, ReadSlot, TierError};
 
 use super::catalog::SettledRead;
 use super::helpers::run_split;
-use super::io::{self, FileIo, Xfer};
+use super::io::{self, FileId, FileIo, Xfer};
 use super::{checksum, chunks, FileAccess, NixlFileTier, PageChecksum, Shared};
 use crate::batch::{marked_bufs, run_blocking};
 use crate::nixl::{Held, Registered};
@@ -136,9 +136,17 @@ impl NixlFileTier {
                             }
                         }
                     }
-                    let again = shared.verify(&reads, &staged.recorded, &mut chunk_results, |i| {
-                        checksum::of(slots[reads[i].slot].buf.regions())
-                    });
+                    let versions = Versions {
+                        stable: &staged.stable,
+                        trusted: &staged.trusted,
+                    };
+                    let again = shared.verify(
+                        &reads,
+                        &staged.recorded,
+                        versions,
+                        &mut chunk_results,
+                        |i| checksum::of(slots[reads[i].slot].buf.regions()),
+                    );
                     replaced.extend(again.iter().map(|&i| reads[i].clone()));
                     shared.finish_reads(&reads, &chunk_results);
                     for (read, r) in reads.iter().zip(chunk_results) {
@@ -216,7 +224,11 @@ impl Shared {
         let outcome = io.read_all(&xfers, &memory);
         drop(memory);
         let mut results = outcome.results;
-        let replaced = self.verify(reads, &outcome.recorded, &mut results, |i| {
+        let versions = Versions {
+            stable: &outcome.stable,
+            trusted: &outcome.trusted,
+        };
+        let replaced = self.verify(reads, &outcome.recorded, versions, &mut results, |i| {
             outcome.hashed[i].unwrap_or_else(|| checksum::of(bufs[i].regions()))
         });
         VerifiedReads { results, replaced }
@@ -235,6 +247,7 @@ impl Shared {
         &self,
         reads: &[PlannedRead],
         recorded: &[Option<u32>],
+        versions: Versions<'_>,
         results: &mut [Result<bool, TierError>],
         crc_of: impl Fn(usize) -> u32,
     ) -> Vec<usize> {
@@ -266,13 +279,18 @@ impl Shared {
                 replaced.push(i);
                 continue;
             }
-            if !matches!(result, Ok(true)) {
+            if !matches!(result, Ok(true)) || versions.trusted[i] {
                 continue;
             }
             let crc = crc_of(i);
             if recorded[i] == Some(crc) {
                 if read.checksum.is_none() {
                     learned.push((&read.key, read.generation, crc));
+                }
+                if let (Some(version), Some(verified)) =
+                    (versions.stable[i], &self.lane(0).verified)
+                {
+                    verified.insert(version);
                 }
                 continue;
             }
@@ -309,6 +327,8 @@ impl Shared {
             offsets,
             results: outcome.results,
             recorded: outcome.recorded,
+            stable: outcome.stable,
+            trusted: outcome.trusted,
         }
     }
 
@@ -347,6 +367,17 @@ struct StagedReads {
     results: Vec<Result<bool, TierError>>,
     /// Per read: the checksum its file records.
     recorded: Vec<Option<u32>>,
+    /// Per read: its file's version, unchanged across the read (see [`io::BatchReads`]).
+    stable: Vec<Option<FileId>>,
+    /// Per read: a version already verified (see [`io::BatchReads`]).
+    trusted: Vec<bool>,
+}
+
+/// Per read, what the file versions read say (see [`io::BatchReads`]).
+#[derive(Clone, Copy)]
+struct Versions<'a> {
+    stable: &'a [Option<FileId>],
+    trusted: &'a [bool],
 }
 
 /// A page planned for reading into slot `slot`.

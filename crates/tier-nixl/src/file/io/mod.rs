@@ -54,6 +54,8 @@ pub struct FileIo {
     pub sync: bool,
     /// Read each page file's recorded checksum with its bytes.
     pub checksums: bool,
+    /// The file versions verified in this process, when reads verify once per version.
+    pub verified: Option<Arc<VerifiedFiles>>,
     /// Who may use the files written (their mode).
     pub file_mode: super::FolderMode,
 }
@@ -166,26 +168,74 @@ impl FileIo {
     }
 }
 
-/// Which file a path names: a read is whole only if the file it began on is the one it ended
-/// on. kvtier never writes a page file in place (it renames a new file over it), so the same
-/// identity before and after a read means the bytes read are one version's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FileId {
+/// Which file a path names, in which version: a read is whole only if the file it began on
+/// is the one it ended on. kvtier never writes a page file in place (it renames a new file
+/// over it), and any write changes a file's ctime, so the same identity before and after a
+/// read means the bytes read are one version's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileId {
     dev: u64,
     ino: u64,
     ctime_ns: i128,
+    mtime_ns: i128,
     len: u64,
 }
 
 fn file_id(path: &Path) -> Option<FileId> {
+    fs::metadata(path).ok().map(|m| id_of(&m))
+}
+
+/// Opens the page file at `path` to hold it across a read: while it is open its inode number
+/// cannot be reused by a new file, so the path naming the same identity after the read as
+/// the open file had before it means the read was of this file (a new file created in the
+/// same clock tick with a reused inode number would otherwise look the same).
+fn pin(path: &Path) -> Option<(File, FileId)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)
+        .ok()?;
+    let id = id_of(&file.metadata().ok()?);
+    Some((file, id))
+}
+
+fn id_of(m: &fs::Metadata) -> FileId {
     use std::os::unix::fs::MetadataExt;
-    let m = fs::metadata(path).ok()?;
-    Some(FileId {
+    FileId {
         dev: m.dev(),
         ino: m.ino(),
         ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+        mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
         len: m.len(),
-    })
+    }
+}
+
+/// The smallest page verified once per file version: below it a checksum costs less than the
+/// two `stat`s that prove a version unchanged.
+pub const VERIFY_ONCE_MIN: usize = 64 << 10;
+
+/// The page file versions this process has verified (bounded: forgotten all at once when
+/// full, to be verified again as they are read).
+#[derive(Default)]
+pub struct VerifiedFiles(std::sync::Mutex<std::collections::HashSet<FileId>>);
+
+impl VerifiedFiles {
+    const MAX: usize = 1 << 16;
+
+    fn contains(&self, id: &FileId) -> bool {
+        self.0.lock().is_ok_and(|set| set.contains(id))
+    }
+
+    /// Records a version whose bytes matched its checksum.
+    pub fn insert(&self, id: FileId) {
+        if let Ok(mut set) = self.0.lock() {
+            if set.len() >= Self::MAX {
+                set.clear();
+            }
+            set.insert(id);
+        }
+    }
 }
 
 impl FileIo {
@@ -221,10 +271,19 @@ impl FileIo {
             let second = self.read_once(&retry, memory);
             reads.poisoned |= second.poisoned;
             let second_reads = second.results.into_iter().zip(second.recorded);
-            for ((i, (r, crc)), hashed) in again.into_iter().zip(second_reads).zip(second.hashed) {
+            let second_versions = second
+                .hashed
+                .into_iter()
+                .zip(second.stable)
+                .zip(second.trusted);
+            for ((i, (r, crc)), ((hashed, stable), trusted)) in
+                again.into_iter().zip(second_reads).zip(second_versions)
+            {
                 reads.results[i] = r;
                 reads.recorded[i] = crc;
                 reads.hashed[i] = hashed;
+                reads.stable[i] = stable;
+                reads.trusted[i] = trusted;
             }
         }
         reads
@@ -235,75 +294,104 @@ impl FileIo {
         // one whose bytes were read.
         let watch =
             |i: &Xfer| i.checksum.is_none() && (self.engine == FileEngine::Nixl || self.checksums);
-        let before: Vec<Option<FileId>> = items
+        // Pages verified once per file version: their identity is taken before and after too.
+        let verified = self.verified.as_deref().filter(|_| self.checksums);
+        let once = |i: &Xfer| verified.is_some() && i.len >= VERIFY_ONCE_MIN;
+        let pinned: Vec<Option<(File, FileId)>> = items
             .iter()
-            .map(|i| if watch(i) { file_id(&i.path) } else { None })
+            .map(|i| (watch(i) || once(i)).then(|| pin(&i.path)).flatten())
+            .collect();
+        let before: Vec<Option<FileId>> = pinned.iter().map(|p| p.as_ref().map(|p| p.1)).collect();
+        // A version already verified is read without its checksum.
+        let skip: Vec<bool> = before
+            .iter()
+            .map(|id| id.is_some_and(|id| verified.is_some_and(|v| v.contains(&id))))
             .collect();
         let mut hashed = vec![None; items.len()];
         let outcome = match (self.engine, self.checksums) {
             (FileEngine::Nixl, true) if items.iter().any(|i| !i.direct) => {
-                self.transfer_hashing(items, memory, &mut hashed)
+                self.transfer_hashing(items, memory, &skip, &mut hashed)
             }
-            (FileEngine::Syscalls, true) => self.read_hashing(items, &mut hashed),
+            (FileEngine::Syscalls, true) => self.read_hashing(items, &skip, &mut hashed),
             _ => self.transfer_all(XferOp::Read, items, memory),
         };
+        let after: Vec<Option<FileId>> = items
+            .iter()
+            .zip(&before)
+            .map(|(i, b)| b.and_then(|_| file_id(&i.path)))
+            .collect();
+        let stable: Vec<Option<FileId>> = items
+            .iter()
+            .zip(before.iter().zip(&after))
+            .map(|(i, (b, a))| (once(i) && b.is_some() && b == a).then_some(*b).flatten())
+            .collect();
+        let trusted: Vec<bool> = skip
+            .iter()
+            .zip(&stable)
+            .map(|(&skip, stable)| skip && stable.is_some())
+            .collect();
         let mut recorded = vec![None; items.len()];
         let results = outcome
             .results
             .into_iter()
             .zip(items)
-            .zip(before)
-            .zip(recorded.iter_mut())
-            .map(|(((r, item), before), recorded)| {
-                if self.checksums && r.is_ok() {
-                    // Read before the identity check that vouches for it; none is a miss.
-                    *recorded = item
-                        .checksum
-                        .or_else(|| format::recorded(&item.path, &item.key).ok().flatten());
-                }
-                if !watch(item) {
-                    // The file the syscalls opened was checked; one that was not there to
-                    // open is a miss, even if a put renamed a new one in since.
-                    return match r {
-                        Ok(()) => Ok(true),
-                        Err(TierError::Io { ref source, .. })
-                            if source.kind() == std::io::ErrorKind::NotFound =>
-                        {
-                            Ok(false)
-                        }
-                        Err(_) if !item.path.exists() => Ok(false),
-                        // Replaced by a page of another length since it was planned.
-                        Err(_)
-                            if item.checksum.is_some()
-                                && fs::metadata(&item.path).is_ok_and(|m| {
-                                    m.is_file() && m.len() != format::file_len(item.len)
-                                }) =>
-                        {
-                            Ok(false)
-                        }
-                        Err(e) => Err(e),
-                    };
-                }
-                let after = file_id(&item.path);
-                match (r, after) {
-                    (_, None) => Ok(false),
-                    (_, Some(after)) if before != Some(after) => Ok(false),
-                    (_, Some(after)) if after.len != format::file_len(item.len) => {
-                        Err(TierError::LengthMismatch {
-                            key: item.key.clone(),
-                            stored: format::page_len(after.len).unwrap_or(0) as usize,
-                            buffer: item.len,
-                        })
+            .zip(before.into_iter().zip(after))
+            .zip(recorded.iter_mut().zip(&trusted).zip(&pinned))
+            .map(
+                |(((r, item), (before, after)), ((recorded, &trusted), pinned))| {
+                    if self.checksums && r.is_ok() && !trusted {
+                        // From the file held across the read, which the identity check vouches
+                        // for; none is a miss.
+                        *recorded = item.checksum.or_else(|| {
+                            let (file, _) = pinned.as_ref()?;
+                            format::recorded_in(file, &item.key, &item.path)
+                        });
                     }
-                    (Ok(()), _) => Ok(true),
-                    (Err(e), _) => Err(e),
-                }
-            })
+                    if !watch(item) {
+                        // The file the syscalls opened was checked; one that was not there to
+                        // open is a miss, even if a put renamed a new one in since.
+                        return match r {
+                            Ok(()) => Ok(true),
+                            Err(TierError::Io { ref source, .. })
+                                if source.kind() == std::io::ErrorKind::NotFound =>
+                            {
+                                Ok(false)
+                            }
+                            Err(_) if !item.path.exists() => Ok(false),
+                            // Replaced by a page of another length since it was planned.
+                            Err(_)
+                                if item.checksum.is_some()
+                                    && fs::metadata(&item.path).is_ok_and(|m| {
+                                        m.is_file() && m.len() != format::file_len(item.len)
+                                    }) =>
+                            {
+                                Ok(false)
+                            }
+                            Err(e) => Err(e),
+                        };
+                    }
+                    match (r, after) {
+                        (_, None) => Ok(false),
+                        (_, Some(after)) if before != Some(after) => Ok(false),
+                        (_, Some(after)) if after.len != format::file_len(item.len) => {
+                            Err(TierError::LengthMismatch {
+                                key: item.key.clone(),
+                                stored: format::page_len(after.len).unwrap_or(0) as usize,
+                                buffer: item.len,
+                            })
+                        }
+                        (Ok(()), _) => Ok(true),
+                        (Err(e), _) => Err(e),
+                    }
+                },
+            )
             .collect();
         BatchReads {
             results,
             recorded,
             hashed,
+            stable,
+            trusted,
             poisoned: outcome.poisoned,
         }
     }
@@ -313,13 +401,19 @@ impl FileIo {
     /// Reads with the syscall engine and checksums on: each buffered page is checksummed as
     /// it is read, while its bytes are in cache (checksummed after a whole batch, 512 KiB
     /// pages read about a quarter slower, measured here).
-    fn read_hashing(&self, items: &[Xfer], hashed: &mut [Option<u32>]) -> BatchOutcome {
+    fn read_hashing(
+        &self,
+        items: &[Xfer],
+        skip: &[bool],
+        hashed: &mut [Option<u32>],
+    ) -> BatchOutcome {
         BatchOutcome {
             results: items
                 .iter()
+                .zip(skip)
                 .zip(hashed.iter_mut())
-                .map(|(item, crc)| {
-                    let mut running = (!item.direct).then(checksum::Crc::new);
+                .map(|((item, &skip), crc)| {
+                    let mut running = (!item.direct && !skip).then(checksum::Crc::new);
                     move_by_syscalls(
                         XferOp::Read,
                         item,
@@ -347,6 +441,7 @@ impl FileIo {
         &self,
         items: &[Xfer],
         memory: &Arc<Held>,
+        skip: &[bool],
         hashed: &mut [Option<u32>],
     ) -> BatchOutcome {
         let mut outcome = BatchOutcome {
@@ -395,12 +490,13 @@ impl FileIo {
             let cached = bytes as f64 >= CACHED_RATE * since.elapsed().as_secs_f64();
             depth = if cached { 1 } else { HASH_DEPTH };
             if !landed.poisoned {
-                for ((item, r), crc) in part
+                for (((item, r), crc), &skip) in part
                     .iter()
                     .zip(&landed.results)
                     .zip(&mut hashed[group.clone()])
+                    .zip(&skip[group.clone()])
                 {
-                    if r.is_ok() && !item.direct {
+                    if r.is_ok() && !item.direct && !skip {
                         *crc = Some(item.checksum_parts());
                     }
                 }
@@ -448,6 +544,11 @@ pub struct BatchReads {
     /// Per item read in place with checksums on: the CRC-32C of the bytes read, taken as they
     /// landed (none for direct reads: the caller checksums them where it copies them out).
     pub hashed: Vec<Option<u32>>,
+    /// Per item verified once per version: its file's version, if unchanged across the read
+    /// (to be recorded as verified once its bytes match).
+    pub stable: Vec<Option<FileId>>,
+    /// Per item: a read of a version already verified, unchanged across it: a hit as read.
+    pub trusted: Vec<bool>,
     /// True if the batch's DRAM must never be reused or freed.
     pub poisoned: bool,
 }
