@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use object_store::path::{Path, PathPart};
@@ -419,16 +420,53 @@ impl Objects {
 
     /// The objects directly under the prefix. Only those are the tier's: a page name never
     /// holds a `/`, so anything deeper (another tier's prefix nested in this one, `models`
-    /// over `models/llama`) is not ours.
+    /// over `models/llama`) is not ours. The listing streams page by page (1,000 objects per
+    /// request on S3), each request bounded by `op_timeout`, so a prefix of any size lists.
     pub(crate) async fn list(&self) -> Result<Vec<object_store::ObjectMeta>, TierError> {
-        self.bounded("object list", async {
-            self.store
-                .list_with_delimiter(Some(&self.prefix))
-                .await
-                .map(|listing| listing.objects)
-                .map_err(|e| self.error(None, e))
-        })
-        .await
+        let depth = self.prefix.parts().count() + 1;
+        let mut listing = self.store.list(Some(&self.prefix));
+        let mut objects = Vec::new();
+        while let Some(next) = self
+            .bounded("object list", async {
+                listing
+                    .next()
+                    .await
+                    .transpose()
+                    .map_err(|e| self.error(None, e))
+            })
+            .await?
+        {
+            if next.location.parts().count() == depth {
+                objects.push(next);
+            }
+        }
+        Ok(objects)
+    }
+
+    /// Deletes `paths`, with the store's multi-object delete where it has one (1,000 per
+    /// request on S3), each request bounded by `op_timeout`; objects already gone count as
+    /// deleted. Returns the paths deleted, in any order.
+    pub(crate) async fn delete_many(&self, paths: Vec<Path>) -> Result<Vec<Path>, TierError> {
+        let asked: std::collections::HashSet<Path> = paths.iter().cloned().collect();
+        let mut deleted = self
+            .store
+            .delete_stream(futures::stream::iter(paths.into_iter().map(Ok)).boxed());
+        let mut done = Vec::new();
+        while let Some(next) = self
+            .bounded("object delete", async { Ok(deleted.next().await) })
+            .await?
+        {
+            match next {
+                Ok(path) => done.push(path),
+                Err(object_store::Error::NotFound { path, .. }) => {
+                    if let Some(p) = asked.iter().find(|p| p.as_ref() == path) {
+                        done.push(p.clone());
+                    }
+                }
+                Err(e) => return Err(self.error(None, e)),
+            }
+        }
+        Ok(done)
     }
 
     pub(crate) async fn clear(&self) -> Result<(), TierError> {
@@ -503,8 +541,15 @@ const PART_BYTES: usize = 8 << 20;
 const PARTS_AT_ONCE: usize = 8;
 
 /// A multipart upload not yet completed: dropped so (its call cancelled or timed out), it is
-/// aborted in the background, so the store frees its parts.
+/// aborted in the background, so the store frees its parts: each attempt bounded by
+/// [`ABORT_WAIT`], made again after a pause while the store does not answer (it may be the
+/// stall that cut the upload), [`ABORT_ATTEMPTS`] times at most.
 struct Unfinished(Option<Box<dyn MultipartUpload>>);
+
+/// The bound on one attempt to abort a multipart upload.
+const ABORT_WAIT: Duration = Duration::from_secs(3);
+/// Attempts to abort a multipart upload before it is left to the store's own expiry.
+const ABORT_ATTEMPTS: u32 = 6;
 
 impl Unfinished {
     /// The upload (taken only as its call ends).
@@ -522,9 +567,16 @@ impl Drop for Unfinished {
             (self.0.take(), tokio::runtime::Handle::try_current())
         {
             runtime.spawn(async move {
-                if let Err(e) = upload.abort().await {
-                    tracing::warn!(error = %e, "cannot abort a multipart upload");
+                let mut last = String::new();
+                for attempt in 0..ABORT_ATTEMPTS {
+                    match tokio::time::timeout(ABORT_WAIT, upload.abort()).await {
+                        Ok(Ok(())) => return,
+                        Ok(Err(e)) => last = e.to_string(),
+                        Err(_) => last = format!("no answer within {ABORT_WAIT:?}"),
+                    }
+                    tokio::time::sleep(Duration::from_millis(250 << attempt)).await;
                 }
+                tracing::warn!(error = %last, "cannot abort a multipart upload");
             });
         }
     }

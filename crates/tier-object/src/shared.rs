@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use futures::StreamExt;
 use object_store::path::{Path, PathPart};
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
 use tier_core::{PageKey, TierError};
@@ -38,8 +39,8 @@ const LEASE: &str = ".kvtier-lease";
 const CONFIRM_AFTER: Duration = Duration::from_millis(50);
 /// Pages whose last read here a node remembers at most.
 const READS_KEPT: usize = 1 << 20;
-/// Victims deleted between two renewals of the lease.
-const RENEW_EVERY: usize = 32;
+/// Victims looked at and deleted between two renewals of the lease.
+const EVICT_CHUNK: usize = 256;
 
 /// Settings of a shared prefix.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -238,11 +239,19 @@ impl Fleet {
         }
         let mut excess = total - self.low;
         let mut freed = 0;
-        for (n, meta) in listed.iter().enumerate() {
-            if excess == 0 {
-                break;
+        let mut candidates = listed.iter().peekable();
+        let mut first = true;
+        // In chunks: the chunk's candidates looked at (HEAD) `concurrency` at a time, then the
+        // unchanged ones deleted together, the lease renewed before each chunk but the first.
+        while excess > 0 && candidates.peek().is_some() {
+            let mut chunk = Vec::new();
+            let mut covers = 0;
+            while covers < excess && chunk.len() < EVICT_CHUNK {
+                let Some(meta) = candidates.next() else { break };
+                covers += meta.size;
+                chunk.push(meta);
             }
-            if n > 0 && n % RENEW_EVERY == 0 {
+            if !first {
                 match self
                     .write_lease(objects, Some(version.clone()), true)
                     .await?
@@ -256,25 +265,66 @@ impl Fleet {
                     }
                 }
             }
-            let now = objects.store.head(&meta.location).await;
-            // A re-store of a page writes its very bytes (its ETag may stay): the time tells,
-            // to the second a HEAD's `Last-Modified` carries.
-            let unchanged = now.as_ref().is_ok_and(|m| {
-                (meta.e_tag.is_none() || same_etag(&m.e_tag, &meta.e_tag))
-                    && m.last_modified.timestamp() == meta.last_modified.timestamp()
-            });
-            if !unchanged {
-                self.spared.fetch_add(1, Relaxed);
-                continue;
+            first = false;
+            let unchanged = self.unchanged(objects, &chunk).await;
+            self.spared
+                .fetch_add((chunk.len() - unchanged.len()) as u64, Relaxed);
+            let sizes: HashMap<&Path, u64> =
+                unchanged.iter().map(|m| (&m.location, m.size)).collect();
+            let deleted = objects
+                .delete_many(unchanged.iter().map(|m| m.location.clone()).collect())
+                .await?;
+            for path in &deleted {
+                let size = sizes.get(path).copied().unwrap_or(0);
+                self.evicted.fetch_add(1, Relaxed);
+                objects.stats.eviction();
+                excess = excess.saturating_sub(size);
+                freed += size;
             }
-            objects.delete_path(&meta.location, None).await?;
-            self.evicted.fetch_add(1, Relaxed);
-            objects.stats.eviction();
-            excess = excess.saturating_sub(meta.size);
-            freed += meta.size;
         }
         self.usage().listed = total.saturating_sub(freed);
         Ok(())
+    }
+
+    /// Those of `chunk` whose object is still the one listed: neither stored again nor gone.
+    /// A re-store of a page writes its very bytes (its ETag may stay): the time tells, to the
+    /// second a HEAD's `Last-Modified` carries.
+    async fn unchanged<'m>(
+        &self,
+        objects: &Objects,
+        chunk: &[&'m object_store::ObjectMeta],
+    ) -> Vec<&'m object_store::ObjectMeta> {
+        type Head<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>>;
+        let heads: Vec<Head<'_>> = chunk
+            .iter()
+            .map(|&meta| -> Head<'_> { Box::pin(Self::still_listed(objects, meta)) })
+            .collect();
+        let heads: Vec<bool> = futures::stream::iter(heads)
+            .buffered(objects.config.concurrency.max(1))
+            .collect()
+            .await;
+        chunk
+            .iter()
+            .zip(heads)
+            .filter_map(|(meta, same)| same.then_some(*meta))
+            .collect()
+    }
+
+    /// Whether `meta`'s object is still the one listed (see [`Fleet::unchanged`]).
+    async fn still_listed(objects: &Objects, meta: &object_store::ObjectMeta) -> bool {
+        let now = objects
+            .bounded("object head", async {
+                objects
+                    .store
+                    .head(&meta.location)
+                    .await
+                    .map_err(|e| objects.error(None, e))
+            })
+            .await;
+        now.is_ok_and(|m| {
+            (meta.e_tag.is_none() || same_etag(&m.e_tag, &meta.e_tag))
+                && m.last_modified.timestamp() == meta.last_modified.timestamp()
+        })
     }
 
     /// Takes the lease if it is absent, free, expired or this node's; returns the version a

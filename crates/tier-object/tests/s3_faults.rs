@@ -117,10 +117,15 @@ async fn pages_over_the_threshold_go_up_in_parts() {
 
 /// Multipart uploads the server holds unfinished (s3s-fs keeps `.upload-<id>.json` per upload).
 fn unfinished_uploads(server: &S3Server) -> usize {
+    files_named(server, ".upload-")
+}
+
+/// Files of the server's data folder whose names start with `prefix`.
+fn files_named(server: &S3Server, prefix: &str) -> usize {
     std::fs::read_dir(server.data_dir())
         .unwrap()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(".upload-"))
+        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
         .count()
 }
 
@@ -136,9 +141,12 @@ async fn a_multipart_upload_cut_short_is_aborted() {
     let t = ObjectTier::open(store, config).unwrap();
     let page = Page::new(key(5), content::page(&key(5), 1, 64 << 20));
     let put = tokio::spawn(async move { t.put(std::slice::from_ref(&page)).await });
-    // Frozen as soon as the upload exists: its parts take far longer to go up than this waits.
+    // Frozen as soon as the upload's first part has landed (s3s-fs: `.upload_id-<id>.part-N`),
+    // so the client holds the upload's id; the other parts take far longer to go up than this
+    // waits. (An upload whose creation is answered after its call gave up has no id to abort
+    // it by: object_store cannot list uploads, so that case is the bucket lifecycle rule's.)
     let started = std::time::Instant::now() + Duration::from_secs(30);
-    while unfinished_uploads(&server) == 0 && std::time::Instant::now() < started {
+    while files_named(&server, ".upload_id-") == 0 && std::time::Instant::now() < started {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     assert_eq!(unfinished_uploads(&server), 1, "the upload never started");

@@ -1,0 +1,147 @@
+//! Eviction from a shared prefix on a real S3 server (s3s-fs on loopback): `N` pages of 4 KiB
+//! stored, then a node whose capacity is half of them stores one more and evicts to its low
+//! watermark (one listing, a HEAD per victim to spare what changed, the deletes). Beside it, on a prefix just as full,
+//! a direct object_store loop doing what the tier did before: one listing, then a HEAD and a
+//! DELETE per victim, one at a time, as many. Objects evicted per second, medians of interleaved rounds.
+//!
+//! `cargo bench -p tier-object --bench shared_eviction` (pages: `$KVTIER_BENCH_PAGES`, default
+//! 4000; rounds: `$KVTIER_BENCH_ROUNDS`, default 3).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use object_store::{ObjectStore, ObjectStoreExt};
+use tier_core::{Page, PageKey, StorageTier};
+use tier_object::{ObjectTier, ObjectTierConfig, PrefixAccess, S3Settings};
+use tier_tests::s3::S3Server;
+
+const LEN: usize = 4096;
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn page(i: usize) -> Page<'static> {
+    Page::new(
+        PageKey::new(format!("{i:064x}")).expect("a key"),
+        vec![i as u8; LEN],
+    )
+}
+
+fn shared(prefix: &str, pages: Option<usize>) -> ObjectTierConfig {
+    let mut config = ObjectTierConfig::new(prefix);
+    config.access = PrefixAccess::Shared;
+    config.capacity_bytes = pages.map(|p| (p * LEN) as u64);
+    config.shared.relist = Duration::from_nanos(1);
+    config
+}
+
+/// Stores pages `0..n` under `prefix` (no capacity: nothing evicted).
+async fn fill(store: &Arc<dyn ObjectStore>, prefix: &str, n: usize) {
+    let t = ObjectTier::open(Arc::clone(store), shared(prefix, None)).expect("a tier");
+    for first in (0..n).step_by(64) {
+        let pages: Vec<Page<'static>> = (first..(first + 64).min(n)).map(page).collect();
+        for r in t.put(&pages).await {
+            r.expect("a put");
+        }
+    }
+}
+
+async fn objects_under(store: &Arc<dyn ObjectStore>, prefix: &str) -> usize {
+    let listing = store
+        .list_with_delimiter(Some(&object_store::path::Path::from(prefix)))
+        .await
+        .expect("a listing");
+    listing
+        .objects
+        .iter()
+        .filter(|m| !m.location.as_ref().contains("/."))
+        .count()
+}
+
+/// The tier: one more page stored by a node whose capacity is half the prefix.
+async fn by_tier(store: &Arc<dyn ObjectStore>, prefix: &str, n: usize) -> (Duration, usize) {
+    let t = ObjectTier::open(Arc::clone(store), shared(prefix, Some(n / 2))).expect("a tier");
+    let started = Instant::now();
+    t.put(&[page(n)])
+        .await
+        .pop()
+        .expect("a result")
+        .expect("a put");
+    let took = started.elapsed();
+    (took, n + 1 - objects_under(store, prefix).await)
+}
+
+/// What the tier did before: one listing, then HEAD and DELETE per victim, one at a time, as many.
+async fn one_at_a_time(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &str,
+    count: usize,
+) -> (Duration, usize) {
+    let unquoted = |e: &Option<String>| e.as_deref().map(|e| e.trim_matches('"').to_string());
+    let started = Instant::now();
+    let mut listed = store
+        .list_with_delimiter(Some(&object_store::path::Path::from(prefix)))
+        .await
+        .expect("a listing")
+        .objects;
+    listed.sort_by_key(|m| m.last_modified);
+    let mut evicted = 0;
+    for meta in listed
+        .iter()
+        .filter(|m| !m.location.as_ref().contains("/."))
+    {
+        if evicted >= count {
+            break;
+        }
+        let now = store.head(&meta.location).await.expect("a HEAD");
+        if unquoted(&now.e_tag) == unquoted(&meta.e_tag) {
+            store.delete(&meta.location).await.expect("a DELETE");
+            evicted += 1;
+        }
+    }
+    (started.elapsed(), evicted)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let n = env("KVTIER_BENCH_PAGES", 4000);
+    let rounds = env("KVTIER_BENCH_ROUNDS", 3);
+    let server = S3Server::start();
+    let store = S3Settings::endpoint(
+        &server.endpoint(),
+        &server.bucket,
+        &server.access_key,
+        &server.secret_key,
+    )
+    .build()
+    .expect("an S3 client");
+    let (mut tier, mut loop_) = (Vec::new(), Vec::new());
+    for r in 0..rounds {
+        let (a, b) = (format!("tier-{r}"), format!("loop-{r}"));
+        fill(&store, &a, n).await;
+        fill(&store, &b, n).await;
+        let (took, by_tier_count) = by_tier(&store, &a, n).await;
+        tier.push(by_tier_count as f64 / took.as_secs_f64());
+        println!("round {r}: tier evicted {by_tier_count} in {took:?}");
+        let (took, evicted) = one_at_a_time(&store, &b, by_tier_count).await;
+        loop_.push(evicted as f64 / took.as_secs_f64());
+        println!("round {r}: one at a time evicted {evicted} in {took:?}");
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (t, l) = (median(&mut tier), median(&mut loop_));
+    println!(
+        "shared prefix of {n} pages of 4 KiB on s3s-fs, over half evicted, medians of {rounds} rounds:"
+    );
+    println!(
+        "  tier (listing streamed, HEADs concurrent, multi-object delete): {t:>8.0} objects/s"
+    );
+    println!("  one HEAD and one DELETE at a time (before):                    {l:>8.0} objects/s");
+    println!("  ratio: {:.1}x", t / l);
+}
