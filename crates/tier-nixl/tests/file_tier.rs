@@ -411,6 +411,14 @@ async fn files_hold_the_page_bytes_and_reads_come_from_disk() {
     }
 }
 
+/// Each engine's buffered and direct read paths.
+const READ_PATHS: [(tier_nixl::FileEngine, DirectIo); 4] = [
+    (tier_nixl::FileEngine::Nixl, DirectIo::Off),
+    (tier_nixl::FileEngine::Nixl, DirectIo::Required),
+    (tier_nixl::FileEngine::Syscalls, DirectIo::Off),
+    (tier_nixl::FileEngine::Syscalls, DirectIo::Required),
+];
+
 /// Every read is checked against the page's checksum, also with direct I/O (staged reads) and
 /// the syscall engine, whether the index knows it (pages this process wrote) or the file's is
 /// read (after a restart); a file without one (written by hand, or by an older kvtier) is a
@@ -418,13 +426,7 @@ async fn files_hold_the_page_bytes_and_reads_come_from_disk() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn torn_and_foreign_page_files_are_misses_on_every_read_path() {
     let tmp = tempfile::tempdir().unwrap();
-    let engines = [
-        (tier_nixl::FileEngine::Nixl, DirectIo::Off),
-        (tier_nixl::FileEngine::Nixl, DirectIo::Required),
-        (tier_nixl::FileEngine::Syscalls, DirectIo::Off),
-        (tier_nixl::FileEngine::Syscalls, DirectIo::Required),
-    ];
-    for (n, (engine, direct)) in engines.into_iter().enumerate() {
+    for (n, (engine, direct)) in READ_PATHS.into_iter().enumerate() {
         let mut config = direct_config(&tmp.path().join(format!("e{n}")), direct);
         config.engine = engine;
         let tier = NixlFileTier::open(config.clone()).await.unwrap();
@@ -500,13 +502,7 @@ async fn torn_and_foreign_page_files_are_misses_on_every_read_path() {
 async fn a_page_rewritten_in_place_after_it_was_verified_is_verified_again() {
     const LEN: usize = 128 << 10;
     let tmp = tempfile::tempdir().unwrap();
-    let engines = [
-        (tier_nixl::FileEngine::Nixl, DirectIo::Off),
-        (tier_nixl::FileEngine::Nixl, DirectIo::Required),
-        (tier_nixl::FileEngine::Syscalls, DirectIo::Off),
-        (tier_nixl::FileEngine::Syscalls, DirectIo::Required),
-    ];
-    for (n, (engine, direct)) in engines.into_iter().enumerate() {
+    for (n, (engine, direct)) in READ_PATHS.into_iter().enumerate() {
         for access in [FileAccess::Owner, FileAccess::Shared] {
             let mut config = direct_config(&tmp.path().join(format!("e{n}-{access:?}")), direct);
             config.engine = engine;

@@ -91,7 +91,8 @@ pub fn probe_folder(dir: &Path, other: Option<&Path>) -> io::Result<FolderProbe>
         .open(&file)
         .is_ok();
     let hard_links = fs::hard_link(&file, scratch.0.join("link")).is_ok();
-    let rename_noreplace = noreplace(&file, &scratch.0.join("renamed")).is_ok();
+    let rename_noreplace =
+        super::fleet::rename_noreplace(&file, &scratch.0.join("renamed")).is_ok();
     Ok(FolderProbe {
         dir,
         filesystem,
@@ -222,28 +223,6 @@ fn statfs_type(dir: &Path) -> Option<i64> {
 fn flock(file: &File, op: i32) -> io::Result<()> {
     // SAFETY: a valid open fd.
     if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-fn noreplace(from: &Path, to: &Path) -> io::Result<()> {
-    let (from, to) = (
-        CString::new(from.as_os_str().as_bytes())?,
-        CString::new(to.as_os_str().as_bytes())?,
-    );
-    // SAFETY: two valid C strings, relative to the working folder (both are absolute).
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            from.as_ptr(),
-            libc::AT_FDCWD,
-            to.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    if rc == 0 {
         Ok(())
     } else {
         Err(io::Error::last_os_error())

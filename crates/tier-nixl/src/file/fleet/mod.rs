@@ -381,7 +381,7 @@ fn unlink_if_unchanged(
 }
 
 /// Renames `from` to `to` unless `to` exists (`renameat2` with `RENAME_NOREPLACE`).
-fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+pub(super) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
     let c = |p: &Path| {
