@@ -98,7 +98,9 @@ async fn one_at_a_time(
             break;
         }
         let now = store.head(&meta.location).await.expect("a HEAD");
-        if unquoted(&now.e_tag) == unquoted(&meta.e_tag) {
+        let same = (meta.e_tag.is_none() || unquoted(&now.e_tag) == unquoted(&meta.e_tag))
+            && now.last_modified.timestamp() == meta.last_modified.timestamp();
+        if same {
             store.delete(&meta.location).await.expect("a DELETE");
             evicted += 1;
         }
