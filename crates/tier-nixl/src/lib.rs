@@ -11,7 +11,7 @@ pub mod runtime;
 mod staging;
 
 pub use file::{
-    probe_folder, route_hash, DirectIo, Durability, FileAccess, FileEngine, FileMode, FilePlugin,
+    probe_folder, route_hash, BoundedIo, DirectIo, Durability, FileAccess, FileEngine, FileMode, FilePlugin,
     FleetStats, FolderMode, FolderProbe, LockReach, NixlFileConfig, NixlFileTier, PageChecksum,
     PathModeChoice, SharedFolder, VerifyReads, BUCKETS, PAGE_TRAILER,
 };

@@ -68,14 +68,10 @@ fn start() {
         "GlusterFS is not installed: run scripts/setup.sh (glusterfs-server, glusterfs-client)"
     );
     if !gluster(&["volume", "info"]).0 {
-        let out = Command::new("glusterd")
-            .args(["-p", "/run/kvtier-glusterd.pid"])
-            .output()
-            .expect("glusterd runs");
-        assert!(
-            out.status.success(),
-            "glusterd: {}",
-            String::from_utf8_lossy(&out.stderr)
+        run(
+            "glusterd",
+            &["-p", "/run/kvtier-glusterd.pid"],
+            "starting glusterd",
         );
         wait_for("glusterd to answer", || gluster(&["volume", "info"]).0);
     }
@@ -97,32 +93,108 @@ fn start() {
             }
             // A mount whose client died (the machine's processes were stopped, the mount
             // stayed): it answers "Transport endpoint is not connected" until replaced.
-            let out = Command::new("umount")
-                .args(["-l", mount])
-                .output()
-                .expect("umount runs");
-            assert!(
-                out.status.success(),
-                "unmounting the dead mount {mount}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            run("umount", &["-l", mount], &format!("unmounting the dead mount {mount}"));
         }
-        fs::create_dir_all(mount).expect("a mount point");
-        let out = Command::new("mount")
-            .args([
-                "-t",
-                "glusterfs",
-                &format!("{}:/{VOLUME}", hostname()),
-                mount,
-            ])
-            .output()
-            .expect("mount runs");
-        assert!(
-            out.status.success(),
-            "mounting the volume at {mount}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        mount_volume(Path::new(mount));
     }
+}
+
+/// Mounts the volume at `point` (created if missing).
+fn mount_volume(point: &Path) {
+    fs::create_dir_all(point).expect("a mount point");
+    let point = point.to_str().expect("a UTF-8 mount point");
+    let source = format!("{}:/{VOLUME}", hostname());
+    let what = format!("mounting the volume at {point}");
+    run("mount", &["-t", "glusterfs", &source, point], &what);
+}
+
+/// Runs `program`, panicking with its error output, saying `what` failed, if it fails.
+fn run(program: &str, args: &[&str], what: &str) {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: {program} does not run: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A mount of the test volume for one test alone, whose client (its FUSE daemon) the test
+/// may freeze to make the mount hang, as a network filesystem whose server is gone does.
+/// Dropped, it is thawed and unmounted.
+pub struct ClientMount {
+    path: PathBuf,
+    client: libc::pid_t,
+}
+
+impl ClientMount {
+    /// Mounts the volume (started if needed) at a mount point of its own.
+    pub fn new(name: &str) -> Self {
+        mounts();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let path = PathBuf::from(format!(
+            "/mnt/kvtier-gluster-{name}-{}-{nanos}",
+            std::process::id()
+        ));
+        mount_volume(&path);
+        let client = client_of(&path)
+            .unwrap_or_else(|| panic!("no GlusterFS client process serves {}", path.display()));
+        Self { path, client }
+    }
+
+    /// The mount point.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A fresh folder of the volume for one test, through this mount.
+    pub fn folder(&self, name: &str) -> PathBuf {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let folder = self
+            .path
+            .join(format!("{name}-{}-{nanos}", std::process::id()));
+        fs::create_dir_all(&folder).expect("a test folder on the GlusterFS volume");
+        folder
+    }
+
+    /// Stops the client: every access to the mount not answered from the kernel's caches
+    /// waits until [`thaw`](Self::thaw).
+    pub fn freeze(&self) {
+        // SAFETY: sends a signal to the client process this mount started.
+        assert_eq!(unsafe { libc::kill(self.client, libc::SIGSTOP) }, 0);
+    }
+
+    /// Lets the client go on.
+    pub fn thaw(&self) {
+        // SAFETY: as in `freeze`.
+        unsafe { libc::kill(self.client, libc::SIGCONT) };
+    }
+}
+
+impl Drop for ClientMount {
+    fn drop(&mut self) {
+        self.thaw();
+        let _ = Command::new("umount").arg("-l").arg(&self.path).output();
+        let _ = fs::remove_dir(&self.path);
+    }
+}
+
+/// The GlusterFS client process whose command line names the mount point `path`.
+fn client_of(path: &Path) -> Option<libc::pid_t> {
+    let wanted = path.as_os_str().as_encoded_bytes();
+    fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid: libc::pid_t = entry.file_name().to_str()?.parse().ok()?;
+        let cmdline = fs::read(entry.path().join("cmdline")).ok()?;
+        let mut args = cmdline.split(|&b| b == 0);
+        let program = args.next()?;
+        (program.ends_with(b"glusterfs") && args.any(|a| a == wanted)).then_some(pid)
+    })
 }
 
 /// Runs the gluster CLI: whether it succeeded, and what it printed.

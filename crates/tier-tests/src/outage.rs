@@ -325,3 +325,77 @@ pub async fn write_back_keeps_its_queue(f: &dyn S3TierFactory) -> Result<u64, St
     expect_hits(&h, 0..48).await?;
     Ok(stats.demotions)
 }
+
+/// What [`frozen_storage`] measured.
+#[derive(Debug)]
+pub struct FrozenStorage {
+    /// A get with a 300 ms deadline while the tier was not yet known down.
+    pub deadline_get: Duration,
+    /// Gets of pages only the tier held, in order, after it.
+    pub gets: Vec<Duration>,
+    /// From the thaw to the tier up again.
+    pub back_up_in: Duration,
+}
+
+/// `lower` under 4 MiB of DRAM, written through, its storage then frozen by `freeze` (a FUSE
+/// daemon stopped, a server stopped): a get with a 300 ms deadline returns by it (+ [`FAST`])
+/// with the top's page a hit; plain gets of pages only below take at most `bound` (the tier's
+/// own) until the breaker trips, then [`FAST`]; thawed by `thaw`, the tier is up within
+/// seconds and every page is read back exact.
+pub async fn frozen_storage(
+    lower: DynTier,
+    bound: Duration,
+    freeze: impl FnOnce(),
+    thaw: impl FnOnce(),
+) -> Result<FrozenStorage, String> {
+    let h = write_through(4 << 20, lower, health())?;
+    stocked(&h).await?;
+    expect_hits(&h, 0..2).await?;
+    freeze();
+    let mut top = vec![0u8; LEN];
+    let mut below = vec![0u8; LEN];
+    let started = Instant::now();
+    let results = {
+        let mut slots = [
+            ReadSlot::new(key(255), &mut top),
+            ReadSlot::new(key(2), &mut below),
+        ];
+        h.get_by(&mut slots, started + Duration::from_millis(300))
+            .await
+    };
+    let deadline_get = started.elapsed();
+    let mut gets = Vec::new();
+    let mut outcome = Ok(());
+    if deadline_get > Duration::from_millis(300) + FAST {
+        outcome = Err(format!("a get with a 300 ms deadline took {deadline_get:?}"));
+    } else if !matches!((&results[0], &results[1]), (Ok(Lookup::Hit), Ok(Lookup::Miss))) {
+        outcome = Err(format!("expected the top tier's hit and a miss: {results:?}"));
+    } else {
+        for i in 3..9 {
+            let (r, _, took) = get_one(&h, i).await;
+            if matches!(r, Ok(Lookup::Hit)) {
+                outcome = Err(format!("page {i} was a hit from frozen storage"));
+                break;
+            }
+            gets.push(took);
+        }
+        let slow = gets.iter().filter(|t| **t > FAST).count();
+        if outcome.is_ok() && (slow > 3 || gets[3..].iter().any(|t| *t > FAST)) {
+            outcome = Err(format!("gets after the breaker should skip the tier: {gets:?}"));
+        } else if outcome.is_ok() && gets.iter().any(|t| *t > bound + FAST) {
+            outcome = Err(format!("a get outlasted the tier's bound {bound:?}: {gets:?}"));
+        } else if outcome.is_ok() && lower_state(&h) != TierState::Down {
+            outcome = Err(format!("the tier is not down: {:?}", h.health()[1]));
+        }
+    }
+    thaw();
+    outcome?;
+    content::verify(&key(255), 1, &top)?;
+    let back_up_in = wait_for(&h, TierState::Up, Duration::from_secs(30)).await?;
+    expect_hits(&h, 0..64).await?;
+    Ok(FrozenStorage {
+        deadline_get,
+        gets,
+        back_up_in,
+    })
+}

@@ -98,6 +98,26 @@ pub enum DirectIo {
     Preferred,
 }
 
+/// Whether the tier may give up waiting for its file I/O (in config files: `bounded_io`).
+///
+/// A page read in place lands straight in the caller's memory, so it must be waited out: on a
+/// mount that hangs (a network filesystem whose server is gone, a FUSE daemon that stopped)
+/// the call never returns. Bounded I/O runs on threads of its own over memory of its own:
+/// reads land in staging buffers and are copied out, and the call gives up after
+/// `transfer_timeout` with [`TierError::Timeout`], leaving the stuck thread its memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BoundedIo {
+    /// Bounded on filesystems that can hang (network and FUSE: any but ext2/3/4, XFS, Btrfs,
+    /// tmpfs, ZFS, overlayfs, ramfs), in place on local ones.
+    #[default]
+    Auto,
+    /// Always bounded: a copy per page read, and no call outlasts `transfer_timeout`.
+    On,
+    /// Never: reads in place, waited out however long the kernel takes.
+    Off,
+}
+
 /// How a tier uses its folders beside other processes (in config files: `access`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -177,8 +197,10 @@ pub struct NixlFileConfig {
     /// Staging buffers, i.e. batches in flight at once. Staging memory is
     /// `staging_bytes x staging_buffers`.
     pub staging_buffers: usize,
-    /// Bound on each NIXL transfer.
+    /// Bound on each NIXL transfer, and on each batch's file I/O where it is bounded.
     pub transfer_timeout: Duration,
+    /// Whether a call may give up on file I/O that does not return (a hung mount).
+    pub bounded_io: BoundedIo,
     /// Bytes that transfers which never finished may keep for good (a stuck disk) before the
     /// tier refuses new ones with an error.
     pub max_abandoned_bytes: usize,
@@ -211,6 +233,7 @@ impl NixlFileConfig {
             staging_bytes: 16 << 20,
             staging_buffers: 2,
             transfer_timeout: Duration::from_secs(30),
+            bounded_io: BoundedIo::Auto,
             max_abandoned_bytes: crate::nixl::DEFAULT_ABANDON_LIMIT,
             runtime_dir: None,
             access: FileAccess::Owner,

@@ -36,6 +36,7 @@ mod probe;
 mod read;
 mod write;
 
+use std::future::Future;
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -58,7 +59,7 @@ use io::FileIo;
 
 pub(crate) use config::MAX_LANES;
 pub use config::{
-    DirectIo, Durability, FileAccess, FileEngine, FilePlugin, NixlFileConfig, PathModeChoice,
+    BoundedIo, DirectIo, Durability, FileAccess, FileEngine, FilePlugin, NixlFileConfig, PathModeChoice,
     SharedFolder,
 };
 pub use fleet::FleetStats;
@@ -82,6 +83,8 @@ struct Shared {
     /// later put or remove of its keys starts.
     order: WriteOrder,
     direct: bool,
+    /// Whether calls give up on file I/O after `transfer_timeout` (see [`BoundedIo`]).
+    bounded: bool,
     max_page: usize,
     // Held for the tier's life: the locks on the storage folders (exclusive for an owner,
     // shared for a sharer, none for a reader).
@@ -164,6 +167,34 @@ impl Shared {
         }
     }
 
+    /// `work` with the tier's bound where I/O is bounded (see [`BoundedIo`]): given up after
+    /// `transfer_timeout` with a [`TierError::Timeout`] naming `op`. Whatever it runs on
+    /// another thread goes on there, owning all it touches.
+    async fn bound<R>(
+        &self,
+        op: &'static str,
+        work: impl Future<Output = Result<R, TierError>>,
+    ) -> Result<R, TierError> {
+        if !self.bounded {
+            return work.await;
+        }
+        let after = self.config.transfer_timeout;
+        tokio::time::timeout(after, work)
+            .await
+            .unwrap_or(Err(TierError::Timeout { op, after }))
+    }
+
+    /// Runs `work` on a blocking thread; this future may be dropped, the work goes on.
+    async fn off_thread<R: Send + 'static>(
+        self: &Arc<Self>,
+        work: impl FnOnce(&Shared) -> R + Send + 'static,
+    ) -> Result<R, TierError> {
+        let shared = Arc::clone(self);
+        tokio::task::spawn_blocking(move || work(&shared))
+            .await
+            .map_err(|e| TierError::Unavailable(format!("a file I/O task failed: {e}")))
+    }
+
     /// Evicts the pages the policy chooses until the capacity holds; deletes their files.
     fn enforce_capacity(&self) {
         let Some(capacity) = self.config.capacity_bytes else {
@@ -221,7 +252,13 @@ impl StorageTier for NixlFileTier {
     }
 
     async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
-        Ok(self.shared.catalog.leading(keys))
+        let shared = &self.shared;
+        if shared.bounded && !shared.catalog.indexed() {
+            let keys = keys.to_vec();
+            let lookup = shared.off_thread(move |s| s.catalog.leading(&keys));
+            return shared.bound("file lookup", lookup).await;
+        }
+        Ok(shared.catalog.leading(keys))
     }
 
     async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {

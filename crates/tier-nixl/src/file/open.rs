@@ -16,7 +16,7 @@ use super::io::{self, FileIo, FileMode};
 use super::layout::Layout;
 use super::perms::{self, FolderMode};
 use super::{
-    format, DirectIo, Durability, FileAccess, FilePlugin, NixlFileConfig, PageChecksum,
+    format, BoundedIo, DirectIo, Durability, FileAccess, FilePlugin, NixlFileConfig, PageChecksum,
     PathModeChoice, Shared, VerifyReads,
 };
 use crate::nixl::Agent;
@@ -98,8 +98,13 @@ impl Shared {
                 }
             },
         };
+        let bounded = match config.bounded_io {
+            BoundedIo::On => true,
+            BoundedIo::Off => false,
+            BoundedIo::Auto => catalog.layout().dirs().iter().any(|d| super::probe::may_hang(d)),
+        };
         tracing::info!(
-            tier = %config.name, %runtime, plugin, %mode, direct,
+            tier = %config.name, %runtime, plugin, %mode, direct, bounded_io = bounded,
             pages = catalog.pages(), temps_removed, access = ?config.access,
             "NIXL FILE tier open"
         );
@@ -125,6 +130,7 @@ impl Shared {
             })
             .collect();
         let shared = Self {
+            bounded,
             catalog,
             lanes,
             staging,

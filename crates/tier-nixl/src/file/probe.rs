@@ -212,6 +212,12 @@ pub(super) fn mount_of(dir: &Path) -> Option<(String, String)> {
         .map(|(_, fstype, options)| (fstype, options))
 }
 
+/// Whether I/O under `dir` can hang: a filesystem not known to be local (network, FUSE), or
+/// one whose type cannot be read.
+pub(super) fn may_hang(dir: &Path) -> bool {
+    statfs_type(dir).is_none_or(|t| !LOCAL_FILESYSTEMS.contains(&t))
+}
+
 fn statfs_type(dir: &Path) -> Option<i64> {
     let path = CString::new(dir.as_os_str().as_bytes()).ok()?;
     // SAFETY: statfs writes into the zeroed struct it is given.

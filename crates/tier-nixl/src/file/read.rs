@@ -20,7 +20,23 @@ impl NixlFileTier {
         let shared = &self.shared;
         let mut results: Vec<Option<GetResult>> = (0..slots.len()).map(|_| None).collect();
         let (mut direct, mut buffered) = (Vec::new(), Vec::new());
-        let (pins, stored) = shared.catalog.pin(slots.iter().map(|s| &s.key));
+        // Without an index a lookup stats the files: where I/O is bounded, off this thread.
+        let (pins, stored) = if shared.bounded && !shared.catalog.indexed() {
+            let keys: Vec<PageKey> = slots.iter().map(|s| s.key.clone()).collect();
+            let looked = shared
+                .bound("file lookup", shared.off_thread(move |s| s.catalog.pin(&keys).1))
+                .await;
+            match looked {
+                Ok(stored) => (None, stored),
+                Err(e) => {
+                    let failed = slots.iter().map(|_| Some(Err(again(&e)))).collect();
+                    return shared.stats.settle_gets(failed, slots);
+                }
+            }
+        } else {
+            let (pins, stored) = shared.catalog.pin(slots.iter().map(|s| &s.key));
+            (Some(pins), stored)
+        };
         for (i, (slot, stored)) in slots.iter().zip(stored).enumerate() {
             let Some(stored) = stored else {
                 results[i] = Some(Ok(Lookup::Miss));
@@ -48,7 +64,8 @@ impl NixlFileTier {
                         len,
                         direct: is_direct,
                     };
-                    if is_direct {
+                    // Bounded reads land in staging buffers, as direct ones do.
+                    if is_direct || shared.bounded {
                         direct.push(read)
                     } else {
                         buffered.push(read)
@@ -66,15 +83,17 @@ impl NixlFileTier {
                 read.checksum = None;
                 read.generation = shared.catalog.generation(&read.key);
             }
-            let (direct, buffered) = again.into_iter().partition(|r| r.direct);
+            let (direct, buffered) = again
+                .into_iter()
+                .partition(|r| r.direct || shared.bounded);
             self.read_round(slots, &mut results, buffered, direct).await;
         }
         drop(pins);
         shared.stats.settle_gets(results, slots)
     }
 
-    /// Reads planned pages into their slots (buffered ones in place, direct ones through
-    /// staging) and sets their results; returns the reads to make again (see
+    /// Reads planned pages into their slots (buffered ones in place, staged ones, direct or
+    /// bounded, through staging buffers) and sets their results; returns the reads to make again (see
     /// [`Shared::verify`]).
     async fn read_round(
         &self,
@@ -99,23 +118,23 @@ impl NixlFileTier {
                     Some(r.map(|hit| if hit { Lookup::Hit } else { Lookup::Miss }));
             }
         }
-        // Direct I/O goes through aligned staging, one chunk at a time: a call never holds a
-        // staging buffer while waiting for another, so concurrent calls cannot deadlock.
+        // Staged reads go through aligned staging, one chunk at a time: a call never holds a
+        // staging buffer while waiting for another, so concurrent calls cannot deadlock. The
+        // job owns its lease: a bounded call that gives up leaves it to the job.
         let lens: Vec<(usize, usize)> =
             direct.iter().enumerate().map(|(n, r)| (n, r.len)).collect();
         let mut direct: Vec<Option<PlannedRead>> = direct.into_iter().map(Some).collect();
         for chunk in chunks(&lens, shared.staging.buf_bytes()) {
             let reads: Arc<[PlannedRead]> =
                 chunk.iter().filter_map(|&n| direct[n].take()).collect();
-            let outcome = match shared.staging.acquire().await {
-                Ok(lease) => {
-                    let (shared, job_reads) = (Arc::clone(shared), Arc::clone(&reads));
-                    tokio::task::spawn_blocking(move || shared.read_staged(lease, &job_reads))
-                        .await
-                        .map_err(|e| TierError::Unavailable(format!("read task failed: {e}")))
-                }
-                Err(e) => Err(e),
+            let job_reads = Arc::clone(&reads);
+            let staged = async {
+                let lease = shared.staging.acquire().await?;
+                shared
+                    .off_thread(move |s| s.read_staged(lease, &job_reads))
+                    .await
             };
+            let outcome = shared.bound("file read", staged).await;
             match outcome {
                 Ok(staged) => {
                     let mut chunk_results = staged.results;
@@ -155,10 +174,8 @@ impl NixlFileTier {
                     }
                 }
                 Err(e) => {
-                    let failed: Vec<Result<bool, TierError>> = reads
-                        .iter()
-                        .map(|_| Err(TierError::Unavailable(e.to_string())))
-                        .collect();
+                    let failed: Vec<Result<bool, TierError>> =
+                        reads.iter().map(|_| Err(again(&e))).collect();
                     shared.finish_reads(&reads, &failed);
                     for (read, r) in reads.iter().zip(failed) {
                         results[read.slot] = Some(r.map(|_| Lookup::Miss));
@@ -333,15 +350,27 @@ impl Shared {
     }
 
     /// Hits become most recent; a file that vanished under its entry is forgotten (see
-    /// [`Catalog::settle_reads`](super::catalog::Catalog::settle_reads)).
-    fn finish_reads(&self, reads: &[PlannedRead], results: &[Result<bool, TierError>]) {
+    /// [`Catalog::settle_reads`](super::catalog::Catalog::settle_reads)). That may look at
+    /// files: where I/O is bounded, on a thread of its own, never waited for.
+    fn finish_reads(self: &Arc<Self>, reads: &[PlannedRead], results: &[Result<bool, TierError>]) {
+        let found: Vec<Option<bool>> = results.iter().map(|r| r.as_ref().ok().copied()).collect();
+        if !self.bounded {
+            return self.settle_reads(reads, &found);
+        }
+        if found.iter().any(Option::is_some) {
+            let (shared, reads) = (Arc::clone(self), reads.to_vec());
+            tokio::task::spawn_blocking(move || shared.settle_reads(&reads, &found));
+        }
+    }
+
+    fn settle_reads(&self, reads: &[PlannedRead], found: &[Option<bool>]) {
         self.catalog
-            .settle_reads(reads.iter().zip(results).map(|(read, result)| SettledRead {
+            .settle_reads(reads.iter().zip(found).map(|(read, &found)| SettledRead {
                 key: &read.key,
                 generation: read.generation,
                 mtime_ns: read.mtime_ns,
                 path: &read.path,
-                result,
+                found,
             }));
     }
 }
@@ -414,4 +443,16 @@ fn read_xfers(reads: &[PlannedRead], parts: impl Fn(usize) -> Vec<(usize, usize)
 
 fn copy_error(e: &TierError) -> TierError {
     TierError::Unavailable(e.to_string())
+}
+
+/// `e` again, for one more read of the batch it failed: a timeout stays a timeout (the tier's
+/// health tells them apart).
+fn again(e: &TierError) -> TierError {
+    match e {
+        &TierError::Timeout { op, after } => TierError::Timeout {
+            op,
+            after,
+        },
+        e => copy_error(e),
+    }
 }

@@ -18,6 +18,7 @@ pub struct FileFactory {
     policy: tier_policy::PolicyKind,
     durability: tier_nixl::Durability,
     access: tier_nixl::FileAccess,
+    bounded_io: tier_nixl::BoundedIo,
     bounded: std::sync::atomic::AtomicUsize,
 }
 
@@ -36,6 +37,7 @@ impl FileFactory {
             policy: tier_policy::PolicyKind::default(),
             durability: tier_nixl::Durability::Process,
             access: tier_nixl::FileAccess::Owner,
+            bounded_io: tier_nixl::BoundedIo::Auto,
             bounded: Default::default(),
         }
     }
@@ -75,6 +77,13 @@ impl FileFactory {
         self
     }
 
+    /// Bounds every call's file I/O (reads through staging), as on a network filesystem.
+    #[allow(dead_code)]
+    pub fn bounded_io(mut self) -> Self {
+        self.bounded_io = tier_nixl::BoundedIo::On;
+        self
+    }
+
     pub fn config(&self, dirs: &[PathBuf]) -> NixlFileConfig {
         let mut config = NixlFileConfig::new(dirs.iter().cloned());
         config.path_mode = self.mode;
@@ -83,6 +92,7 @@ impl FileFactory {
         config.policy = self.policy;
         config.durability = self.durability;
         config.access = self.access;
+        config.bounded_io = self.bounded_io;
         config
     }
 

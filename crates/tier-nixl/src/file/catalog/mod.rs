@@ -124,6 +124,11 @@ impl Catalog {
         }
     }
 
+    /// Whether this process keeps an index (an owner): else every lookup looks at the files.
+    pub fn indexed(&self) -> bool {
+        matches!(self.keeper, Keeper::Owner(_))
+    }
+
     /// Pages indexed (none without an index).
     pub fn pages(&self) -> usize {
         self.index().map_or(0, |index| index.pages())
@@ -261,12 +266,12 @@ impl Catalog {
                 };
                 let mut after = None;
                 for read in reads {
-                    match read.result {
-                        Ok(true) => {
+                    match read.found {
+                        Some(true) => {
                             index.touch(read.key, after);
                             after = Some(read.key);
                         }
-                        Ok(false) if !read.path.exists() => {
+                        Some(false) if !read.path.exists() => {
                             index.remove_if(read.key, read.generation);
                         }
                         _ => {}
@@ -277,7 +282,7 @@ impl Catalog {
             Keeper::Sharer(fleet) => {
                 for read in reads {
                     let due = read.mtime_ns.is_some_and(|m| fleet.due_for_touch(m));
-                    if matches!(read.result, Ok(true)) && due {
+                    if read.found == Some(true) && due {
                         touch(read.path);
                     }
                 }
@@ -446,7 +451,8 @@ pub(super) struct SettledRead<'r> {
     pub generation: u64,
     pub mtime_ns: Option<i128>,
     pub path: &'r Path,
-    pub result: &'r Result<bool, TierError>,
+    /// Hit or miss; `None`: the read failed.
+    pub found: Option<bool>,
 }
 
 /// Sets a page file's use time (its modification time) to now; a file gone meanwhile is left.

@@ -50,13 +50,12 @@ fn commit(catalog: &Catalog, key: &PageKey, bytes: &[u8], ok: bool) -> (PathBuf,
 
 /// A read of `key`'s page (planned with `generation`) that found it gone.
 fn settled<'r>(key: &'r PageKey, generation: u64, path: &'r Path) -> SettledRead<'r> {
-    static MISS: Result<bool, TierError> = Ok(false);
     SettledRead {
         key,
         generation,
         mtime_ns: None,
         path,
-        result: &MISS,
+        found: Some(false),
     }
 }
 

@@ -1,0 +1,86 @@
+//! A NIXL FILE tier on a mount that hangs: a GlusterFS FUSE mount whose client is stopped
+//! (SIGSTOP), as a network filesystem whose server is gone behaves. Its I/O is bounded (the
+//! default on FUSE), so a get with a deadline returns by it, the first plain get by the tier's
+//! `transfer_timeout`, then the breaker skips the tier; thawed, every page is read back exact.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tier_core::{PageKey, ReadSlot, StorageTier};
+use tier_nixl::{FileAccess, NixlFileConfig, NixlFileTier};
+use tier_tests::gluster::ClientMount;
+use tier_tests::outage;
+
+const BOUND: Duration = Duration::from_secs(2);
+
+async fn on_a_hung_mount(access: FileAccess) {
+    let mount = ClientMount::new("hung");
+    let dir = mount.folder("tier");
+    let mut config = NixlFileConfig::new([dir]);
+    config.transfer_timeout = BOUND;
+    config.access = access;
+    let tier = NixlFileTier::open(config).await.expect("the tier opens");
+    assert_stuck_while_frozen(&mount);
+    let measured = outage::frozen_storage(Arc::new(tier), BOUND, || mount.freeze(), || {
+        mount.thaw()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    println!("{access:?}: {measured:?}");
+}
+
+/// The mount really hangs while its client is stopped: a plain read of a new file does not
+/// return in a second (so the bounds below are the tier's doing).
+fn assert_stuck_while_frozen(mount: &ClientMount) {
+    let probe = mount.folder("probe").join("file");
+    std::fs::write(&probe, b"probe").expect("a file on the mount");
+    mount.freeze();
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = std::fs::metadata(probe.with_file_name("absent"));
+        let _ = done.send(());
+    });
+    let stuck = finished.recv_timeout(Duration::from_secs(1)).is_err();
+    mount.thaw();
+    finished
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the stat returns once the client is thawed");
+    assert!(stuck, "a stat of the mount returned while its client was stopped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owned_folder_on_a_hung_mount_costs_a_request_at_most_its_bound() {
+    on_a_hung_mount(FileAccess::Owner).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_folder_on_a_hung_mount_costs_a_request_at_most_its_bound() {
+    on_a_hung_mount(FileAccess::Shared).await;
+}
+
+/// A lookup of a shared folder looks at the files: bounded too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_in_a_shared_folder_on_a_hung_mount_times_out() {
+    let mount = ClientMount::new("hung-lookup");
+    let mut config = NixlFileConfig::new([mount.folder("tier")]);
+    config.transfer_timeout = BOUND;
+    config.access = FileAccess::Shared;
+    let tier = NixlFileTier::open(config).await.expect("the tier opens");
+    let key = PageKey::new("a".repeat(64)).expect("a key");
+    mount.freeze();
+    let started = Instant::now();
+    let exists = tier.exists(std::slice::from_ref(&key)).await;
+    let mut buf = vec![0u8; 4096];
+    let got = tier.get(&mut [ReadSlot::new(key, &mut buf)]).await;
+    let took = started.elapsed();
+    mount.thaw();
+    assert!(
+        matches!(exists, Err(tier_core::TierError::Timeout { .. })),
+        "{exists:?}"
+    );
+    assert!(
+        matches!(got[0], Err(tier_core::TierError::Timeout { .. })),
+        "{got:?}"
+    );
+    assert!(took < BOUND * 2 + Duration::from_secs(1), "took {took:?}");
+}
