@@ -16,6 +16,8 @@
 //! staging_bytes = "16MiB"
 //! staging_buffers = 2
 //! transfer_timeout = "30s"
+//! bounded_io = "auto"           # give up on file I/O after transfer_timeout: auto (network
+//!                               # and FUSE filesystems), on, off (reads in place)
 //! max_abandoned = "1GiB"        # kept for good by transfers that never finished; then errors
 //! runtime_dir = "/opt/kvtier/nixl/lib"
 //! access = "owner"             # owner; reader (reads what an owner stores there); shared:
@@ -59,9 +61,9 @@ use tier_core::EvictionListener;
 use tier_core::TierError;
 use tier_hierarchy::config::{ByteSize, OpenFuture, Registry, TierContext, TierPlan, TimeSpan};
 use tier_nixl::{
-    DirectIo, Durability, FileAccess, FileEngine, FilePlugin, FolderMode, NixlFileConfig,
-    NixlFileTier, NixlObjConfig, NixlObjTier, PageChecksum, PathModeChoice, RequestChecksum,
-    VerifyReads,
+    BoundedIo, DirectIo, Durability, FileAccess, FileEngine, FilePlugin, FolderMode,
+    NixlFileConfig, NixlFileTier, NixlObjConfig, NixlObjTier, PageChecksum, PathModeChoice,
+    RequestChecksum, VerifyReads,
 };
 
 #[derive(Debug, Deserialize)]
@@ -84,6 +86,8 @@ struct FileParams {
     page_checksum: PageChecksum,
     #[serde(default)]
     verify: VerifyReads,
+    #[serde(default)]
+    bounded_io: BoundedIo,
     staging_bytes: Option<ByteSize>,
     staging_buffers: Option<usize>,
     transfer_timeout: Option<TimeSpan>,
@@ -149,6 +153,7 @@ fn to_config(name: &str, p: FileParams) -> Result<NixlFileConfig, TierError> {
     c.durability = p.durability;
     c.page_checksum = p.page_checksum;
     c.verify = p.verify;
+    c.bounded_io = p.bounded_io;
     c.access = p.access;
     c.mode = p.mode;
     c.engine = p.engine;

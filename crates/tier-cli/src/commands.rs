@@ -61,6 +61,11 @@ pub(crate) async fn run_bench(
             .map_err(|e| e.to_string())?
         }
     };
+    if let Some(fault) = &s.fault {
+        let report = bench::fault::run(&registry(), &config, &s, fault).await?;
+        print!("{}", bench::fault::render(&report, &s));
+        return write_json(json, &report);
+    }
     let terminal = std::io::stderr().is_terminal();
     let rounds = s.rounds;
     let reports = bench::bench(&registry(), &config, &s, |done| {

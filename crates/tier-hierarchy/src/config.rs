@@ -456,6 +456,16 @@ impl Registry {
 
     /// Validates and opens every tier, then composes them.
     pub async fn build(&self, config: &HierarchyConfig) -> Result<Hierarchy, TierError> {
+        self.build_with(config, |_, tier| tier).await
+    }
+
+    /// [`build`](Self::build), each level's tier passed through `wrap` (its index, the tier
+    /// as opened and sealed) before it is composed: to measure, trace or inject faults.
+    pub async fn build_with(
+        &self,
+        config: &HierarchyConfig,
+        wrap: impl Fn(usize, Arc<dyn StorageTier>) -> Arc<dyn StorageTier>,
+    ) -> Result<Hierarchy, TierError> {
         let policy = config.policy();
         let plans = self.plan(config)?;
         let queue = DemotionQueue::new();
@@ -465,13 +475,14 @@ impl Registry {
             let hook =
                 (policy.write == WritePolicy::WriteBack && i < last).then(|| queue.listener(i));
             let tier = plan.open(hook).await?;
-            tiers.push(match &spec.integrity {
+            let tier = match &spec.integrity {
                 Some(integrity) => {
                     let key = integrity.key(&format!("tiers[{i}].integrity"))?;
                     Arc::new(Sealed::new(tier, key))
                 }
                 None => tier,
-            });
+            };
+            tiers.push(wrap(i, tier));
         }
         Hierarchy::compose("hierarchy".to_owned(), tiers, policy, queue)
     }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tier_core::{PageKey, ReadSlot, StorageTier};
+use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
 use tier_nixl::{FileAccess, NixlFileConfig, NixlFileTier};
 use tier_tests::gluster::ClientMount;
 use tier_tests::outage;
@@ -21,11 +21,10 @@ async fn on_a_hung_mount(access: FileAccess) {
     config.access = access;
     let tier = NixlFileTier::open(config).await.expect("the tier opens");
     assert_stuck_while_frozen(&mount);
-    let measured = outage::frozen_storage(Arc::new(tier), BOUND, || mount.freeze(), || {
-        mount.thaw()
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    let measured =
+        outage::frozen_storage(Arc::new(tier), BOUND, || mount.freeze(), || mount.thaw())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
     println!("{access:?}: {measured:?}");
 }
 
@@ -45,7 +44,10 @@ fn assert_stuck_while_frozen(mount: &ClientMount) {
     finished
         .recv_timeout(Duration::from_secs(30))
         .expect("the stat returns once the client is thawed");
-    assert!(stuck, "a stat of the mount returned while its client was stopped");
+    assert!(
+        stuck,
+        "a stat of the mount returned while its client was stopped"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -58,29 +60,67 @@ async fn a_shared_folder_on_a_hung_mount_costs_a_request_at_most_its_bound() {
     on_a_hung_mount(FileAccess::Shared).await;
 }
 
-/// A lookup of a shared folder looks at the files: bounded too.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lookup_in_a_shared_folder_on_a_hung_mount_times_out() {
-    let mount = ClientMount::new("hung-lookup");
+/// Every call on a hung mount ends by the bound with a timeout: a put (its write goes on,
+/// owning a copy of the page), and in a shared folder, whose files are its index, a lookup
+/// and a get. Thawed, the put has landed whole.
+async fn calls_time_out(access: FileAccess) {
+    let mount = ClientMount::new("hung-calls");
     let mut config = NixlFileConfig::new([mount.folder("tier")]);
     config.transfer_timeout = BOUND;
-    config.access = FileAccess::Shared;
+    config.access = access;
     let tier = NixlFileTier::open(config).await.expect("the tier opens");
     let key = PageKey::new("a".repeat(64)).expect("a key");
+    let page = vec![7u8; 4096];
     mount.freeze();
     let started = Instant::now();
-    let exists = tier.exists(std::slice::from_ref(&key)).await;
-    let mut buf = vec![0u8; 4096];
-    let got = tier.get(&mut [ReadSlot::new(key, &mut buf)]).await;
+    let put = tier
+        .put(&[Page::lent(key.clone(), [page.as_slice()])])
+        .await;
+    let put_took = started.elapsed();
+    let (exists, got) = if access == FileAccess::Shared {
+        let exists = tier.exists(std::slice::from_ref(&key)).await;
+        let mut buf = vec![0u8; 4096];
+        let got = tier.get(&mut [ReadSlot::new(key.clone(), &mut buf)]).await;
+        (Some(exists), Some(got))
+    } else {
+        (None, None)
+    };
     let took = started.elapsed();
+    drop(page);
     mount.thaw();
+    assert!(matches!(put[0], Err(TierError::Timeout { .. })), "{put:?}");
     assert!(
-        matches!(exists, Err(tier_core::TierError::Timeout { .. })),
-        "{exists:?}"
+        put_took < BOUND + Duration::from_millis(500),
+        "put took {put_took:?}"
     );
-    assert!(
-        matches!(got[0], Err(tier_core::TierError::Timeout { .. })),
-        "{got:?}"
-    );
-    assert!(took < BOUND * 2 + Duration::from_secs(1), "took {took:?}");
+    if let (Some(exists), Some(got)) = (exists, got) {
+        assert!(
+            matches!(exists, Err(TierError::Timeout { .. })),
+            "{exists:?}"
+        );
+        assert!(matches!(got[0], Err(TierError::Timeout { .. })), "{got:?}");
+    }
+    assert!(took < BOUND * 3 + Duration::from_secs(1), "took {took:?}");
+    // The write that timed out goes on once the mount answers, and lands whole.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut buf = vec![0u8; 4096];
+        let got = tier.get(&mut [ReadSlot::new(key.clone(), &mut buf)]).await;
+        if matches!(got[0], Ok(Lookup::Hit)) {
+            assert_eq!(buf, vec![7u8; 4096]);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the page never landed: {got:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_on_an_owned_folder_on_a_hung_mount_time_out() {
+    calls_time_out(FileAccess::Owner).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_on_a_shared_folder_on_a_hung_mount_time_out() {
+    calls_time_out(FileAccess::Shared).await;
 }

@@ -93,7 +93,11 @@ fn start() {
             }
             // A mount whose client died (the machine's processes were stopped, the mount
             // stayed): it answers "Transport endpoint is not connected" until replaced.
-            run("umount", &["-l", mount], &format!("unmounting the dead mount {mount}"));
+            run(
+                "umount",
+                &["-l", mount],
+                &format!("unmounting the dead mount {mount}"),
+            );
         }
         mount_volume(Path::new(mount));
     }

@@ -367,9 +367,16 @@ pub async fn frozen_storage(
     let mut gets = Vec::new();
     let mut outcome = Ok(());
     if deadline_get > Duration::from_millis(300) + FAST {
-        outcome = Err(format!("a get with a 300 ms deadline took {deadline_get:?}"));
-    } else if !matches!((&results[0], &results[1]), (Ok(Lookup::Hit), Ok(Lookup::Miss))) {
-        outcome = Err(format!("expected the top tier's hit and a miss: {results:?}"));
+        outcome = Err(format!(
+            "a get with a 300 ms deadline took {deadline_get:?}"
+        ));
+    } else if !matches!(
+        (&results[0], &results[1]),
+        (Ok(Lookup::Hit), Ok(Lookup::Miss))
+    ) {
+        outcome = Err(format!(
+            "expected the top tier's hit and a miss: {results:?}"
+        ));
     } else {
         for i in 3..9 {
             let (r, _, took) = get_one(&h, i).await;
@@ -381,9 +388,13 @@ pub async fn frozen_storage(
         }
         let slow = gets.iter().filter(|t| **t > FAST).count();
         if outcome.is_ok() && (slow > 3 || gets[3..].iter().any(|t| *t > FAST)) {
-            outcome = Err(format!("gets after the breaker should skip the tier: {gets:?}"));
+            outcome = Err(format!(
+                "gets after the breaker should skip the tier: {gets:?}"
+            ));
         } else if outcome.is_ok() && gets.iter().any(|t| *t > bound + FAST) {
-            outcome = Err(format!("a get outlasted the tier's bound {bound:?}: {gets:?}"));
+            outcome = Err(format!(
+                "a get outlasted the tier's bound {bound:?}: {gets:?}"
+            ));
         } else if outcome.is_ok() && lower_state(&h) != TierState::Down {
             outcome = Err(format!("the tier is not down: {:?}", h.health()[1]));
         }

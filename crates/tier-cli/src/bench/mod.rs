@@ -13,6 +13,7 @@ use tier_hierarchy::config::{HierarchyConfig, Registry};
 use tier_hierarchy::Hierarchy;
 
 mod baseline;
+pub mod fault;
 
 use baseline::Baseline;
 
@@ -54,6 +55,13 @@ pub struct Settings {
     /// Keep starting rounds until this many seconds have passed (at least `--rounds` run).
     #[arg(long)]
     pub duration: Option<f64>,
+    /// An outage instead of rounds: `freeze-after=N[,for=SECS][,timeout=SECS][,tier=LEVEL]`.
+    /// Stores `--pages` pages, then gets `--batch` at a time: N gets, then the level (default
+    /// the last) stops answering for `for` seconds (5), each of its calls failing after
+    /// `timeout` (1, its own bound), then gets until it is back up; prints per-call latency
+    /// of each phase.
+    #[arg(long)]
+    pub fault: Option<fault::FaultSpec>,
 }
 
 /// One operation's figures: medians over rounds for rates, all batches for latencies.

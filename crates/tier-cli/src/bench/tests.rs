@@ -9,6 +9,7 @@ fn settings() -> Settings {
         ops: vec![Op::Put, Op::Get, Op::Exists, Op::Remove],
         rounds: 2,
         duration: None,
+        fault: None,
     }
 }
 

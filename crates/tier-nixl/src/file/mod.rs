@@ -36,8 +36,8 @@ mod probe;
 mod read;
 mod write;
 
-use std::future::Future;
 use std::fs::File;
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -59,8 +59,8 @@ use io::FileIo;
 
 pub(crate) use config::MAX_LANES;
 pub use config::{
-    BoundedIo, DirectIo, Durability, FileAccess, FileEngine, FilePlugin, NixlFileConfig, PathModeChoice,
-    SharedFolder,
+    BoundedIo, DirectIo, Durability, FileAccess, FileEngine, FilePlugin, NixlFileConfig,
+    PathModeChoice, SharedFolder,
 };
 pub use fleet::FleetStats;
 
@@ -302,8 +302,14 @@ impl StorageTier for NixlFileTier {
             .await
             .map_err(|e| TierError::Unavailable(format!("clear task failed: {e}")))?;
         }
-        // Forgotten at once, before anything awaits: a clear that is dropped has happened (its
-        // pages read as absent), never later than a put made after it.
+        // Bounded writes may outlive their calls (holding their keys' turns): a clear waits
+        // for them, so none lands after it.
+        let _turn = match self.shared.bounded {
+            true => Some(self.shared.order.turn_all().await),
+            false => None,
+        };
+        // Forgotten at once, before anything else awaits: a clear that is dropped after its
+        // turn has happened (its pages read as absent), never later than a put made after it.
         let keys = self.shared.catalog.forget_all();
         let shared = Arc::clone(&self.shared);
         tokio::task::spawn_blocking(move || {

@@ -101,7 +101,11 @@ impl Shared {
         let bounded = match config.bounded_io {
             BoundedIo::On => true,
             BoundedIo::Off => false,
-            BoundedIo::Auto => catalog.layout().dirs().iter().any(|d| super::probe::may_hang(d)),
+            BoundedIo::Auto => catalog
+                .layout()
+                .dirs()
+                .iter()
+                .any(|d| super::probe::may_hang(d)),
         };
         tracing::info!(
             tier = %config.name, %runtime, plugin, %mode, direct, bounded_io = bounded,

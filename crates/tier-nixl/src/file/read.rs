@@ -24,7 +24,10 @@ impl NixlFileTier {
         let (pins, stored) = if shared.bounded && !shared.catalog.indexed() {
             let keys: Vec<PageKey> = slots.iter().map(|s| s.key.clone()).collect();
             let looked = shared
-                .bound("file lookup", shared.off_thread(move |s| s.catalog.pin(&keys).1))
+                .bound(
+                    "file lookup",
+                    shared.off_thread(move |s| s.catalog.pin(&keys).1),
+                )
                 .await;
             match looked {
                 Ok(stored) => (None, stored),
@@ -83,9 +86,7 @@ impl NixlFileTier {
                 read.checksum = None;
                 read.generation = shared.catalog.generation(&read.key);
             }
-            let (direct, buffered) = again
-                .into_iter()
-                .partition(|r| r.direct || shared.bounded);
+            let (direct, buffered) = again.into_iter().partition(|r| r.direct || shared.bounded);
             self.read_round(slots, &mut results, buffered, direct).await;
         }
         drop(pins);
@@ -447,12 +448,9 @@ fn copy_error(e: &TierError) -> TierError {
 
 /// `e` again, for one more read of the batch it failed: a timeout stays a timeout (the tier's
 /// health tells them apart).
-fn again(e: &TierError) -> TierError {
+pub(super) fn again(e: &TierError) -> TierError {
     match e {
-        &TierError::Timeout { op, after } => TierError::Timeout {
-            op,
-            after,
-        },
+        &TierError::Timeout { op, after } => TierError::Timeout { op, after },
         e => copy_error(e),
     }
 }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tier_core::{Page, PageData, PageKey, PutResult, TierError};
+use tier_core::{OrderGuard, Page, PageData, PageKey, PutResult, TierError};
 
 use super::helpers::run_split;
 use super::io::{self, FileIo, Xfer};
@@ -37,7 +37,36 @@ impl NixlFileTier {
                 .collect();
         }
         let keys: Vec<PageKey> = pages.iter().map(|p| p.key.clone()).collect();
-        let _turn = shared.order.turn(&keys).await;
+        if !shared.bounded {
+            let turn = shared.order.turn(&keys).await;
+            return self.write_in_turn(pages, turn).await;
+        }
+        // Bounded: the write runs on a thread of its own over pages of its own (shared ones as
+        // they are, lent ones copied), holding the keys' turn to its end, so a later put of a
+        // key lands after it even when this call gave up waiting.
+        let owned: Vec<Page<'static>> = pages.iter().map(Page::to_shared).collect();
+        let tier = NixlFileTier {
+            shared: Arc::clone(shared),
+        };
+        let write = async {
+            let turn = shared.order.turn(&keys).await;
+            let runtime = tokio::runtime::Handle::current();
+            shared
+                .off_thread(move |_| runtime.block_on(tier.write_in_turn(&owned, turn)))
+                .await
+        };
+        match shared.bound("file write", write).await {
+            Ok(results) => results,
+            Err(e) => {
+                shared.stats.errors(pages.len());
+                pages.iter().map(|_| Err(super::read::again(&e))).collect()
+            }
+        }
+    }
+
+    /// Writes a batch in its keys' `turn` (see [`put_pages`](Self::put_pages)).
+    async fn write_in_turn(&self, pages: &[Page<'_>], _turn: OrderGuard) -> Vec<PutResult> {
+        let shared = &self.shared;
         let mut results: Vec<Option<PutResult>> = (0..pages.len()).map(|_| None).collect();
         // A key repeated in the batch: only its last valid page is written.
         let last = Page::last_valid(pages, shared.limit());

@@ -40,6 +40,17 @@ def load_config(extra: dict[str, Any], where: str = "extra_config") -> dict[str,
     raise ConfigError(f'kvtier needs {where}["config"] (a TOML or JSON path) or {where}["tiers"]')
 
 
+def bound_ms(name: str, value: Any) -> float | None:
+    """A per-call bound given in milliseconds, as seconds (``None``: the hierarchy's own
+    bounds); anything but a positive whole number of milliseconds is a :class:`ConfigError`
+    naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} must be a positive whole number of milliseconds, not {value!r}")
+    return value / 1000.0
+
+
 def namespace(
     engine: str, parts: list[str], tenant: str | None = None, secret: bytes | None = None
 ) -> str:

@@ -8,7 +8,10 @@ LMCache loads it by module path::
 
 ``adapter_params`` holds ``config`` (a TOML or JSON path) or inline ``tiers`` (and optional
 ``hierarchy``), and optionally ``max_pending`` (calls running or undrained at once, default
-4096) and ``tenant`` (a namespace of its own for the keys, for tenants sharing storage).
+4096), ``tenant`` (a namespace of its own for the keys, for tenants sharing storage), and
+``read_timeout_ms`` / ``write_timeout_ms``: bounds on each get and exists / each set, as
+LMCache's own L2 adapters take (LMCache gives its adapters no deadline of its own). A read
+past its bound completes with what arrived, the rest misses; kvtier stops working on it.
 Submits never block: each starts a call in kvtier's runtime and returns its id; its
 completion makes :meth:`KvtierL2Connector.event_fd` readable. Page bytes move straight
 between LMCache's memory objects and storage. Failures are completions with ``ok`` false
@@ -25,6 +28,7 @@ from typing import Any
 
 from ._engine import (
     RateLimitedLog,
+    bound_ms,
     close_all,
     integrity_secret,
     load_config,
@@ -48,7 +52,11 @@ class KvtierL2Connector:
         hierarchy: dict[str, Any] | None = None,
         max_pending: int = 4096,
         tenant: str | None = None,
+        read_timeout_ms: int | None = None,
+        write_timeout_ms: int | None = None,
     ):
+        self._read_timeout = bound_ms("read_timeout_ms", read_timeout_ms)
+        self._write_timeout = bound_ms("write_timeout_ms", write_timeout_ms)
         params = {"config": config, "tiers": tiers, "hierarchy": hierarchy or {}}
         loaded = load_config(params, "adapter_params")
         # LMCache's keys name the model and its salts; a tenant (or the tiers' integrity
@@ -71,9 +79,9 @@ class KvtierL2Connector:
         fd: int = self.queue.event_fd()
         return fd
 
-    def _submit(self, what: str, call: Any, keys: Sequence[str], *args: Any) -> int:
+    def _submit(self, what: str, call: Any, keys: Sequence[str], *args: Any, **bound: Any) -> int:
         try:
-            submitted: int = call([self._prefix + k for k in keys], *args)
+            submitted: int = call([self._prefix + k for k in keys], *args, **bound)
             return submitted
         except Exception as e:
             self.log.warn(what, e)
@@ -86,16 +94,20 @@ class KvtierL2Connector:
 
     def submit_batch_set(self, keys: list[str], memoryviews: Sequence[memoryview]) -> int:
         """Stores each memoryview as the page of its key; per key ``True`` once stored."""
-        return self._submit("set", self.queue.submit_put, keys, list(memoryviews))
+        return self._submit(
+            "set", self.queue.submit_put, keys, list(memoryviews), timeout=self._write_timeout
+        )
 
     def submit_batch_get(self, keys: list[str], memoryviews: Sequence[memoryview]) -> int:
         """Reads each key's page into its memoryview; per key ``True`` on a hit."""
-        return self._submit("get", self.queue.submit_get_into, keys, list(memoryviews))
+        return self._submit(
+            "get", self.queue.submit_get_into, keys, list(memoryviews), timeout=self._read_timeout
+        )
 
     def submit_batch_exists(self, keys: list[str]) -> int:
         """Per key ``True`` when it is in the leading run of present keys (LMCache reuses a
         prefix)."""
-        return self._submit("exists", self.queue.submit_exists, keys)
+        return self._submit("exists", self.queue.submit_exists, keys, timeout=self._read_timeout)
 
     def submit_batch_delete(self, keys: list[str]) -> int:
         """Removes pages; per key ``True`` when it was present."""

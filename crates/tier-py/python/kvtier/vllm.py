@@ -11,8 +11,12 @@ vLLM loads it by module path from ``kv_connector_extra_config``::
 The tier's entry holds ``config`` (a TOML or JSON path) or inline ``tiers`` (and optional
 ``hierarchy``); optional ``namespace`` (default: derived from the model, dtype, chunk geometry
 and parallelism, so engines sharing a folder or bucket never read each other's chunks),
-``max_pending`` (calls in flight, default 4096) and ``drain_timeout`` (seconds after which
-:meth:`KvtierSecondaryTier.drain_jobs` logs an error while it goes on waiting, default 120).
+``max_pending`` (calls in flight, default 4096), ``drain_timeout`` (seconds after which
+:meth:`KvtierSecondaryTier.drain_jobs` logs an error while it goes on waiting, default 120),
+``lookup_timeout_ms`` (bound on each presence check, default 1000, as vLLM's KVCR tier's
+``operation_timeout_ms``: a lookup is a ``MISS`` past it, never ``RETRY`` for longer) and
+``transfer_timeout_ms`` (bound on each load and store, default: the hierarchy's own bounds; a
+load past it fails with the chunks that did load). vLLM gives its tiers no deadline of its own.
 Two engines on one config each get NIXL FILE folders of their own (``instance-<k>``).
 
 Every method returns at once: stores, loads and lookups run in kvtier's runtime, straight
@@ -42,7 +46,14 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from . import Store
-from ._engine import RateLimitedLog, close_all, integrity_secret, load_config, open_instance
+from ._engine import (
+    RateLimitedLog,
+    bound_ms,
+    close_all,
+    integrity_secret,
+    load_config,
+    open_instance,
+)
 from ._engine import namespace as page_namespace
 
 logger = logging.getLogger(__name__)
@@ -71,11 +82,15 @@ class KvtierSecondaryTier(SecondaryTierManager):
         tenant: str | None = None,
         max_pending: int = 4096,
         drain_timeout: float = 120.0,
+        lookup_timeout_ms: int | None = 1000,
+        transfer_timeout_ms: int | None = None,
         **unused: Any,
     ):
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         if unused:
             logger.warning("kvtier: ignoring unknown secondary tier options %s", sorted(unused))
+        self._lookup_timeout = bound_ms("lookup_timeout_ms", lookup_timeout_ms)
+        self._transfer_timeout = bound_ms("transfer_timeout_ms", transfer_timeout_ms)
         params = {"config": config, "tiers": tiers, "hierarchy": hierarchy or {}}
         # Two vLLM engines on one config each get folders of their own (`open_instance`).
         self.store: Store | None
@@ -181,7 +196,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
             del self._answers[key]
         if key not in self._checking:
             try:
-                self._checks[self.queue.submit_exists([self._name(key)])] = key
+                qid = self.queue.submit_exists([self._name(key)], timeout=self._lookup_timeout)
+                self._checks[qid] = key
                 self._checking.add(key)
             except Exception as e:
                 self.log.warn("lookup", e)
@@ -196,9 +212,13 @@ class KvtierSecondaryTier(SecondaryTierManager):
             if len(addresses) != len(keys):
                 raise ValueError(f"{len(keys)} keys but {len(addresses)} chunk ids")
             if is_load:
-                qid = self.queue.submit_get_into_regions(names, addresses, lengths)
+                qid = self.queue.submit_get_into_regions(
+                    names, addresses, lengths, timeout=self._transfer_timeout
+                )
             else:
-                qid = self.queue.submit_put_regions(names, addresses, lengths)
+                qid = self.queue.submit_put_regions(
+                    names, addresses, lengths, timeout=self._transfer_timeout
+                )
         except Exception as e:
             self.log.warn("load" if is_load else "store", e)
             self._finished.append(

@@ -320,3 +320,43 @@ def test_tenants_sharing_a_prefix_never_see_each_others_pages(tmp, s3):
     finally:
         for c in (a, b, again):
             c.close()
+
+
+def test_reads_and_writes_end_by_the_adapters_bounds(silent_endpoint):
+    """Storage that never answers (its own bound 30 s): with ``read_timeout_ms`` and
+    ``write_timeout_ms`` (as LMCache's own L2 adapters take), a get and an exists complete by
+    the read bound with misses and a set by the write bound as failed; a bound that is not a
+    positive whole number of milliseconds is a config error naming it."""
+    import select
+
+    import kvtier
+    from conftest import silent_object_tier
+    from kvtier.lmcache import KvtierL2Connector
+
+    tiers = [silent_object_tier(silent_endpoint, timeout="30s")]
+    c = KvtierL2Connector(tiers=tiers, read_timeout_ms=300, write_timeout_ms=300)
+    try:
+        started = time.monotonic()
+        ids = {
+            "get": c.submit_batch_get(["m@00000000@0@aa"], [memoryview(bytearray(4096))]),
+            "exists": c.submit_batch_exists(["m@00000000@0@aa"]),
+            "set": c.submit_batch_set(["m@00000000@0@bb"], [memoryview(bytearray(4096))]),
+        }
+        got = {}
+        poller = select.poll()
+        poller.register(c.event_fd(), select.POLLIN)
+        while len(got) < len(ids) and time.monotonic() - started < 20:
+            poller.poll(100)
+            for fid, ok, error, per_key in c.drain_completions():
+                got[fid] = (ok, error, per_key, time.monotonic() - started)
+        by_name = {name: got.get(fid) for name, fid in ids.items()}
+        assert all(by_name.values()), by_name
+        for name, (ok, error, per_key, took) in by_name.items():
+            assert per_key == [False] and took < 1.3, (name, ok, error, per_key, took)
+        assert by_name["set"][0] is False, by_name["set"]
+        print({name: f"{v[3]:.3f} s" for name, v in by_name.items()})
+    finally:
+        c.close()
+    for wrong in (0, -1, 0.5, "300"):
+        with pytest.raises(kvtier.ConfigError, match="read_timeout_ms"):
+            KvtierL2Connector(tiers=tiers, read_timeout_ms=wrong)

@@ -397,3 +397,44 @@ def test_another_tenant_on_the_same_storage_finds_nothing(tmp, s3):
             step_until(reader, f"{tenant}: every chunk {expect}", settled)
         finally:
             reader.shutdown()
+
+
+def test_lookups_and_loads_on_storage_that_hangs_end_by_the_tiers_bounds(silent_endpoint):
+    """Storage that never answers (its own bound 30 s): a lookup is a ``MISS`` by
+    ``lookup_timeout_ms`` (default 1000, as vLLM's KVCR tier's ``operation_timeout_ms``),
+    never ``RETRY`` for the store's 30 s; a load fails by ``transfer_timeout_ms``."""
+    import kvtier
+    from conftest import silent_object_tier
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+
+    req = ReqContext(req_id="r")
+
+    def lookup_time(tier, key):
+        started = time.monotonic()
+        while (answer := tier.lookup(key, req)) is LookupResult.RETRY:
+            assert time.monotonic() - started < 20, "a lookup still RETRY after 20 s"
+            time.sleep(0.005)
+        return answer, time.monotonic() - started
+
+    tiers = [silent_object_tier(silent_endpoint, timeout="30s")]
+    for options, bound in (({"lookup_timeout_ms": 300, "transfer_timeout_ms": 300}, 0.3), ({}, 1.0)):
+        tier, _ = standalone_tier(tiers, **options)
+        try:
+            key = make_offload_key(bytes([len(options)]) * 32, 0)
+            answer, took = lookup_time(tier, key)
+            assert answer is LookupResult.MISS and took < bound + 1.0, (options, answer, took)
+            if options:
+                started = time.monotonic()
+                tier.submit_load(TransferJob(1, [key], np.array([0]), True, req))
+                job = finished(tier, [1], timeout=20)[1]
+                load_took = time.monotonic() - started
+                assert job.success is False and load_took < bound + 1.0, (job, load_took)
+                print(f"bounded: lookup MISS in {took:.3f} s, load failed in {load_took:.3f} s")
+            else:
+                print(f"default: lookup MISS in {took:.3f} s")
+        finally:
+            tier.shutdown()
+    for wrong in (0, -5, 1.5, "100"):
+        with pytest.raises(kvtier.ConfigError, match="lookup_timeout_ms"):
+            standalone_tier(tiers, lookup_timeout_ms=wrong)
