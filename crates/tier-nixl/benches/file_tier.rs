@@ -14,7 +14,7 @@ mod common;
 
 use common::Workload;
 use tier_core::StorageTier;
-use tier_nixl::{NixlFileConfig, NixlFileTier, PathModeChoice};
+use tier_nixl::{BoundedIo, NixlFileConfig, NixlFileTier, PathModeChoice};
 
 const BATCH: usize = 128;
 
@@ -90,9 +90,15 @@ async fn run(
 ) {
     let plain_dir = root.join(format!("plain-{page}"));
     let mut tiers = Vec::new();
-    for (label, mode) in [("path", PathModeChoice::On), ("fd", PathModeChoice::Off)] {
+    // "bounded": path mode with bounded I/O (reads through staging, as on a network mount).
+    for (label, mode, bounded_io) in [
+        ("path", PathModeChoice::On, BoundedIo::Off),
+        ("fd", PathModeChoice::Off, BoundedIo::Off),
+        ("bounded", PathModeChoice::On, BoundedIo::On),
+    ] {
         let mut config = NixlFileConfig::new([root.join(format!("{label}-{page}"))]);
         config.path_mode = mode;
+        config.bounded_io = bounded_io;
         config.plugin_params = params.clone();
         if let Some(n) = std::env::var("KVTIER_BENCH_INFLIGHT")
             .ok()
@@ -108,7 +114,7 @@ async fn run(
         let plain = Workload::new(page, total, round * 3);
         n = plain.keys.len();
         let paths = plain_paths(&plain_dir, &plain);
-        let per_tier: Vec<Workload> = (1..=2)
+        let per_tier: Vec<Workload> = (1..=tiers.len() as u64)
             .map(|v| Workload::new(page, total, round * 3 + v))
             .collect();
         times
@@ -143,10 +149,10 @@ async fn run(
             med[base].as_secs_f64() / t.as_secs_f64()
         );
     };
-    for name in ["plain write", "path put", "fd put"] {
+    for name in ["plain write", "path put", "fd put", "bounded put"] {
         row(name, "plain write");
     }
-    for name in ["plain read", "path get", "fd get"] {
+    for name in ["plain read", "path get", "fd get", "bounded get"] {
         row(name, "plain read");
     }
     println!(

@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use futures::StreamExt;
+
 use tier_core::{GetResult, Lookup, PageBuf, PageKey, ReadSlot, TierError};
 
 use super::catalog::SettledRead;
@@ -119,23 +121,37 @@ impl NixlFileTier {
                     Some(r.map(|hit| if hit { Lookup::Hit } else { Lookup::Miss }));
             }
         }
-        // Staged reads go through aligned staging, one chunk at a time: a call never holds a
-        // staging buffer while waiting for another, so concurrent calls cannot deadlock. The
-        // job owns its lease: a bounded call that gives up leaves it to the job.
+        // Staged reads go through aligned staging in chunks: each chunk waits for a buffer of
+        // its own and never holds one while waiting for another, so concurrent calls cannot
+        // deadlock. The job owns its lease: a bounded call that gives up leaves it to the job.
         let lens: Vec<(usize, usize)> =
             direct.iter().enumerate().map(|(n, r)| (n, r.len)).collect();
         let mut direct: Vec<Option<PlannedRead>> = direct.into_iter().map(Some).collect();
-        for chunk in chunks(&lens, shared.staging.buf_bytes()) {
-            let reads: Arc<[PlannedRead]> =
-                chunk.iter().filter_map(|&n| direct[n].take()).collect();
+        // Spread over the staging buffers: a batch of a few pages still uses them all.
+        let total: usize = lens.iter().map(|l| crate::staging::align_up(l.1)).sum();
+        let largest = lens.iter().map(|l| crate::staging::align_up(l.1)).max();
+        let per_chunk = total
+            .div_ceil(shared.config.staging_buffers)
+            .max(largest.unwrap_or(0))
+            .min(shared.staging.buf_bytes());
+        let batches: Vec<Arc<[PlannedRead]>> = chunks(&lens, per_chunk)
+            .into_iter()
+            .map(|chunk| chunk.iter().filter_map(|&n| direct[n].take()).collect())
+            .collect();
+        // Up to one chunk per staging buffer at once (on lane 0, whose backend registered the
+        // buffers); each chunk is copied out (and its lease let go) as it lands.
+        let mut staged = futures::stream::iter(batches.into_iter().map(|reads| async move {
             let job_reads = Arc::clone(&reads);
-            let staged = async {
+            let job = async {
                 let lease = shared.staging.acquire().await?;
                 shared
                     .off_thread(move |s| s.read_staged(lease, &job_reads))
                     .await
             };
-            let outcome = shared.bound("file read", staged).await;
+            (reads, shared.bound("file read", job).await)
+        }))
+        .buffer_unordered(shared.config.staging_buffers);
+        while let Some((reads, outcome)) = staged.next().await {
             match outcome {
                 Ok(staged) => {
                     let mut chunk_results = staged.results;
