@@ -17,6 +17,7 @@ use tier_hierarchy::Hierarchy;
 
 use crate::buffers::{lent_pages, read_slots, Lent};
 use crate::errors::to_py;
+use crate::handle::OpenHierarchy;
 use crate::store::runtime;
 
 fn py_bool(py: Python<'_>, b: bool) -> PyObject {
@@ -192,7 +193,7 @@ impl Drop for Ticket {
 /// read into a tensor torch may reallocate lands in it at the drain.
 #[pyclass(module = "kvtier", frozen)]
 pub struct CompletionQueue {
-    hierarchy: Arc<Hierarchy>,
+    hierarchy: OpenHierarchy,
     shared: Arc<Shared>,
 }
 
@@ -208,7 +209,7 @@ impl CompletionQueue {
             ));
         }
         Ok(Self {
-            hierarchy,
+            hierarchy: OpenHierarchy::new(hierarchy, "completion queue"),
             shared: Arc::new(Shared {
                 // SAFETY: `fd` is a fresh descriptor owned by nothing else.
                 eventfd: unsafe { OwnedFd::from_raw_fd(fd) },
@@ -269,9 +270,9 @@ impl CompletionQueue {
         let keys = crate::store::keys(py, keys)?;
         let deadline = crate::store::deadline(timeout)?;
         let regions = lent.pages.clone();
+        let hierarchy = self.hierarchy.get(py)?;
         let ticket = self.ticket(py, keys.len(), lent)?;
         let id = ticket.id;
-        let hierarchy = Arc::clone(&self.hierarchy);
         runtime().spawn(async move {
             // The first local: were this task dropped at an await, the call's future and its
             // slices over the regions go first, the ticket (holding the buffers) last.
@@ -372,9 +373,9 @@ impl CompletionQueue {
     ) -> PyResult<u64> {
         let keys = crate::store::keys(py, &crate::store::key_list(py, keys)?)?;
         let deadline = crate::store::deadline(timeout)?;
+        let hierarchy = self.hierarchy.get(py)?;
         let ticket = self.ticket(py, keys.len(), Lent::default())?;
         let id = ticket.id;
-        let hierarchy = Arc::clone(&self.hierarchy);
         runtime().spawn(async move {
             let n = match deadline {
                 Some(d) => hierarchy.exists_by(&keys, d).await,
@@ -388,9 +389,9 @@ impl CompletionQueue {
     /// Submits a removal; its completion answers per key whether the page was present.
     fn submit_remove(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<u64> {
         let keys = crate::store::keys(py, &crate::store::key_list(py, keys)?)?;
+        let hierarchy = self.hierarchy.get(py)?;
         let ticket = self.ticket(py, keys.len(), Lent::default())?;
         let id = ticket.id;
-        let hierarchy = Arc::clone(&self.hierarchy);
         runtime().spawn(async move {
             let results = hierarchy.remove(&keys).await;
             ticket.finish(Outcome::Remove(results));
@@ -422,9 +423,9 @@ impl CompletionQueue {
         state.running + state.done.len()
     }
 
-    /// Refuses new calls and waits, up to `timeout` seconds, for the running ones; raises
-    /// `Unavailable` naming how many still run after that. Undrained completions stay
-    /// drainable.
+    /// Refuses new calls, waits up to `timeout` seconds for the running ones and lets go of the
+    /// store's tiers (a running call keeps them until it ends); raises `Unavailable` naming how
+    /// many still run after that. Undrained completions stay drainable.
     #[pyo3(signature = (timeout = 60.0))]
     fn close(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
         if !timeout.is_finite() || timeout < 0.0 {
@@ -437,6 +438,10 @@ impl CompletionQueue {
         // Past about 30 years a wait is a wait for ever: bounded there, never an overflow.
         let wait = Duration::from_secs_f64(timeout.min(MAX_WAIT_SECS));
         let running = py.allow_threads(|| shared.wait_idle(wait));
+        // Calls still running hold the hierarchy until they end; the queue lets go of it now.
+        if let Some(hierarchy) = self.hierarchy.take() {
+            py.allow_threads(move || drop(hierarchy));
+        }
         if running > 0 {
             return Err(to_py(
                 py,

@@ -5,6 +5,7 @@ mod buffers;
 mod completions;
 mod config;
 mod errors;
+mod handle;
 mod store;
 
 use pyo3::prelude::*;

@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 use crate::buffers::{lent_pages, read_slots, Lent};
 use crate::completions::{read_results, CompletionQueue, Outcome};
 use crate::errors::{config_error, to_py};
+use crate::handle::OpenHierarchy;
 
 /// The one runtime of the process, shared by every store and adapter.
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
@@ -49,7 +50,7 @@ pub(crate) fn keys(py: Python<'_>, keys: &[String]) -> PyResult<Vec<PageKey>> {
 /// Batch calls answer per key and release the GIL while they wait.
 #[pyclass(module = "kvtier", frozen)]
 pub struct Store {
-    hierarchy: Arc<Hierarchy>,
+    hierarchy: OpenHierarchy,
     /// The metrics endpoint, while one is served; stopped when the store goes.
     metrics_server: Mutex<Option<JoinHandle<()>>>,
 }
@@ -66,9 +67,15 @@ impl Drop for Store {
         if let Some(task) = server.take() {
             task.abort();
         }
-        if Arc::strong_count(&self.hierarchy) == 1 {
-            let hierarchy = &self.hierarchy;
-            Python::with_gil(|py| py.allow_threads(|| close_or_warn(hierarchy, "dropped")));
+        if let Some(hierarchy) = self.hierarchy.take() {
+            if Arc::strong_count(&hierarchy) == 1 {
+                Python::with_gil(|py| {
+                    py.allow_threads(move || {
+                        close_or_warn(&hierarchy, "dropped");
+                        drop(hierarchy);
+                    })
+                });
+            }
         }
     }
 }
@@ -120,7 +127,7 @@ impl Store {
     ) -> PyResult<Vec<PyObject>> {
         let page_keys = self::keys(py, keys)?;
         let deadline = deadline(timeout)?;
-        let hierarchy = &self.hierarchy;
+        let hierarchy = self.hierarchy.get(py)?;
         let results = py.allow_threads(|| {
             // SAFETY: each region is a live buffer export held by `lent`, or memory the caller
             // vouches for (a raw pair), for this call.
@@ -145,7 +152,7 @@ impl Store {
     ) -> PyResult<Vec<PyObject>> {
         let page_keys = self::keys(py, keys)?;
         let deadline = deadline(timeout)?;
-        let hierarchy = &self.hierarchy;
+        let hierarchy = self.hierarchy.get(py)?;
         let results = py.allow_threads(|| {
             // SAFETY: writable, disjoint regions (checked by `Lent`) of live exports held by
             // `lent`, or caller-vouched raw memory, for this call.
@@ -173,7 +180,7 @@ impl Store {
         open.push(Arc::downgrade(&hierarchy));
         drop(open);
         Ok(Self {
-            hierarchy,
+            hierarchy: OpenHierarchy::new(hierarchy, "store"),
             metrics_server: Mutex::new(None),
         })
     }
@@ -352,7 +359,7 @@ impl Store {
     ) -> PyResult<usize> {
         let keys = self::keys(py, &key_list(py, keys)?)?;
         let deadline = deadline(timeout)?;
-        let hierarchy = &self.hierarchy;
+        let hierarchy = self.hierarchy.get(py)?;
         py.allow_threads(|| {
             runtime().block_on(async {
                 match deadline {
@@ -374,7 +381,7 @@ impl Store {
         pages: u64,
         page_bytes: u64,
     ) -> PyResult<Vec<Bound<'py, PyDict>>> {
-        let stats = self.hierarchy.hierarchy_stats();
+        let stats = self.hierarchy.get(py)?.hierarchy_stats();
         stats
             .levels
             .iter()
@@ -395,38 +402,57 @@ impl Store {
     /// Removes pages; per key `True` (was present), `False`, or the exception.
     fn remove(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<PyObject>> {
         let keys = self::keys(py, &key_list(py, keys)?)?;
-        let hierarchy = &self.hierarchy;
+        let hierarchy = self.hierarchy.get(py)?;
         let results = py.allow_threads(|| runtime().block_on(hierarchy.remove(&keys)));
         Ok(Outcome::Remove(results).to_py(py))
     }
 
     /// Removes every page the store's tiers hold (and nothing they do not own).
     fn clear(&self, py: Python<'_>) -> PyResult<()> {
-        let hierarchy = &self.hierarchy;
+        let hierarchy = self.hierarchy.get(py)?;
         py.allow_threads(|| runtime().block_on(hierarchy.clear()))
             .map_err(|e| to_py(py, &e))
     }
 
     /// Waits until queued copies have reached the lower tiers.
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
-        let hierarchy = &self.hierarchy;
+        let hierarchy = self.hierarchy.get(py)?;
         py.allow_threads(|| runtime().block_on(hierarchy.flush()))
             .map_err(|e| to_py(py, &e))
     }
 
-    /// Drains the queue and stops background work; the store still answers calls after.
+    /// Drains the queue (pages queued for the lower tiers are written there, at most
+    /// `flush_timeout`), stops background work and the metrics endpoint, and lets go of the
+    /// tiers: their folders, locks and registrations are released once no running call and no
+    /// open completion queue uses them, so a new store may open them at once. A call after it
+    /// raises `Unavailable`; closing again does nothing.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let hierarchy = &self.hierarchy;
-        py.allow_threads(|| runtime().block_on(hierarchy.close()))
-            .map_err(|e| to_py(py, &e))
+        let server = self
+            .metrics_server
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(task) = server {
+            task.abort();
+        }
+        let Some(hierarchy) = self.hierarchy.take() else {
+            return Ok(());
+        };
+        py.allow_threads(move || {
+            let closed = runtime().block_on(hierarchy.close());
+            drop(hierarchy);
+            closed
+        })
+        .map_err(|e| to_py(py, &e))
     }
 
     /// Counters: the store's own, each level's, and the hierarchy's moves between levels;
     /// `process_*`: copies of callers' bytes made by every store of this process (a page
     /// does not know its store), as their names say.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let h = self.hierarchy.hierarchy_stats();
-        let d = stats_dict(py, &self.hierarchy.stats())?;
+        let hierarchy = self.hierarchy.get(py)?;
+        let h = hierarchy.hierarchy_stats();
+        let d = stats_dict(py, &hierarchy.stats())?;
         let levels = h
             .levels
             .iter()
@@ -462,9 +488,9 @@ impl Store {
     /// The store's metrics in the Prometheus text format (OpenMetrics): per tier and
     /// operation, call durations, pages, bytes and errors by kind; each tier's and the
     /// hierarchy's counters.
-    fn metrics_text(&self, py: Python<'_>) -> String {
-        let hierarchy = &self.hierarchy;
-        py.allow_threads(|| hierarchy.metrics_text())
+    fn metrics_text(&self, py: Python<'_>) -> PyResult<String> {
+        let hierarchy = self.hierarchy.get(py)?;
+        Ok(py.allow_threads(|| hierarchy.metrics_text()))
     }
 
     /// Serves the metrics at `http://ADDR/metrics` (port 0: any free port) until the store
@@ -477,7 +503,7 @@ impl Store {
                 &TierError::config("metrics_addr", format!("{addr:?} is not HOST:PORT: {e}")),
             )
         })?;
-        let source = Arc::clone(&self.hierarchy);
+        let source = self.hierarchy.get(py)?;
         let (bound, task) = py
             .allow_threads(|| {
                 runtime().block_on(serve_metrics(parsed, move || source.metrics_text()))
@@ -497,22 +523,24 @@ impl Store {
     /// `max_pending` calls running or awaiting `drain` at once (beyond: `Unavailable`).
     #[pyo3(signature = (max_pending = 4096))]
     fn completion_queue(&self, py: Python<'_>, max_pending: usize) -> PyResult<CompletionQueue> {
-        CompletionQueue::new(py, Arc::clone(&self.hierarchy), max_pending)
+        CompletionQueue::new(py, self.hierarchy.get(py)?, max_pending)
     }
 
     /// Largest page every tier takes, in bytes (`None`: no limit).
     #[getter]
-    fn max_page_bytes(&self) -> Option<usize> {
-        self.hierarchy.info().max_page_bytes
+    fn max_page_bytes(&self, py: Python<'_>) -> PyResult<Option<usize>> {
+        Ok(self.hierarchy.get(py)?.info().max_page_bytes)
     }
 
     /// The levels' kinds, fastest first.
     #[getter]
-    fn kinds(&self) -> Vec<String> {
-        self.hierarchy
+    fn kinds(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        Ok(self
+            .hierarchy
+            .get(py)?
             .tiers()
             .iter()
             .map(|t| t.info().kind)
-            .collect()
+            .collect())
     }
 }

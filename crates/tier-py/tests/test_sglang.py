@@ -228,6 +228,27 @@ def test_restart_finds_pages(tmp):
     assert same(pool.kv_buffer[:, idx], want)
 
 
+def test_a_detached_backend_lets_the_next_attach_open_its_folder(tmp):
+    """SGLang detaches a storage backend at run time by ``close()`` (keeping no reference it
+    knows of) and attaches a new one: the new one opens the same folder at once, not after the
+    old one's lock times out, and finds its pages."""
+    import time
+
+    pool = make_pool(pages=16)
+    tiers = tier_configs("nixl-file-path", tmp)
+    first = backend(tiers, pool)
+    keys, idx, want = roundtrip(b=first, pool=pool, n=8)
+    first.close()
+    pool.kv_buffer[:, idx] = 0
+    started = time.monotonic()
+    again = backend(tiers, pool)
+    took = time.monotonic() - started
+    assert took < 2.0, f"the re-attached backend waited {took:.1f} s for the detached one"
+    assert again.batch_get_v1(keys, idx) == [True] * 8
+    assert same(pool.kv_buffer[:, idx], want)
+    del first
+
+
 def test_generic_layout_round_trip(tmp):
     """layer_first has no zero-copy metadata in SGLang's backends: the generic page path."""
     pool = make_pool(pages=16, layout="layer_first")

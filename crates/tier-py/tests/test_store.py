@@ -236,3 +236,38 @@ def test_metrics_endpoint_and_warnings_reach_python(caplog):
     failed = [r for r in caplog.records if r.name.startswith("tier_hierarchy") and "tier call failed" in r.getMessage()]
     assert failed, [r.getMessage() for r in caplog.records]
     assert "nowhere" in failed[0].getMessage()
+
+
+def test_a_closed_store_lets_a_new_one_open_its_folder_at_once(tmp_path):
+    """``close()`` (or a ``with`` block) releases the tiers, though the Python object lives on:
+    a store opened next on the same folder, in the same process, opens at once and finds the
+    pages (SGLang detaches and attaches storage backends at run time). Calls on the closed
+    store and its queue raise ``Unavailable``."""
+    config = {"tiers": [{"kind": "nixl-file", "dirs": [str(tmp_path / "disk")]}]}
+    page = bytes(range(256)) * 16
+    with kvtier.Store(config) as first:
+        assert first.put(["p0"], [page]) == [None]
+        queue = first.completion_queue(8)
+        queue.submit_put(["p1"], [page])
+        queue.close()
+    # A queue left open also lets go once the store is closed and the queue closed.
+    second_dir = {"tiers": [{"kind": "nixl-file", "dirs": [str(tmp_path / "disk2")]}]}
+    other = kvtier.Store(second_dir)
+    other_queue = other.completion_queue(8)
+    other.close()
+    other_queue.close()
+    for cfg, key in ((config, "p1"), (second_dir, None)):
+        started = time.monotonic()
+        again = kvtier.Store(cfg)
+        took = time.monotonic() - started
+        assert took < 2.0, f"reopening waited {took:.1f} s for the closed store's lock"
+        if key:
+            buf = bytearray(len(page))
+            assert again.get_into(["p0", key], [bytearray(len(page)), buf]) == [True, True]
+            assert bytes(buf) == page
+        again.close()
+    with pytest.raises(kvtier.Unavailable, match="store is closed"):
+        first.put(["p2"], [page])
+    with pytest.raises(kvtier.Unavailable, match="closed"):
+        queue.submit_exists(["p0"])
+    first.close()  # closing again does nothing
