@@ -31,6 +31,8 @@ pub(crate) enum Outcome {
     /// The leading run of present keys, of `of`.
     Exists(Result<usize, TierError>, usize),
     Remove(Vec<Result<bool, TierError>>),
+    /// Each key's own presence.
+    Present(Vec<Result<bool, TierError>>),
     /// The call's task ended before it finished (the runtime shut down).
     Dropped(usize),
 }
@@ -54,7 +56,7 @@ impl Outcome {
                 .collect(),
             Outcome::Exists(Ok(n), of) => (0..*of).map(|i| py_bool(py, i < *n)).collect(),
             Outcome::Exists(Err(e), of) => (0..*of).map(|_| err(e)).collect(),
-            Outcome::Remove(r) => r
+            Outcome::Remove(r) | Outcome::Present(r) => r
                 .iter()
                 .map(|r| r.as_ref().map_or_else(err, |b| py_bool(py, *b)))
                 .collect(),
@@ -382,6 +384,29 @@ impl CompletionQueue {
                 None => hierarchy.exists(&keys).await,
             };
             ticket.finish(Outcome::Exists(n, keys.len()));
+        });
+        Ok(id)
+    }
+
+    /// Submits a presence check of each key on its own; its completion answers per key
+    /// whether that page is present, whatever the keys before it (LMCache reads a grid of keys,
+    /// a row per group and rank). With `timeout` (seconds), what is not known present by then
+    /// counts as absent.
+    #[pyo3(signature = (keys, *, timeout = None))]
+    fn submit_contains(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<u64> {
+        let keys = crate::store::keys(py, &crate::store::key_list(py, keys)?)?;
+        let deadline = crate::store::deadline(timeout)?;
+        let hierarchy = self.hierarchy.get(py)?;
+        let ticket = self.ticket(py, keys.len(), Lent::default())?;
+        let id = ticket.id;
+        runtime().spawn(async move {
+            let present = crate::store::each_present(&hierarchy, &keys, deadline).await;
+            ticket.finish(Outcome::Present(present));
         });
         Ok(id)
     }

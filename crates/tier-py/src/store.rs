@@ -186,6 +186,30 @@ impl Store {
     }
 }
 
+/// Presence checks a per-key answer runs at once.
+const PRESENCE_CHECKS_AT_ONCE: usize = 64;
+
+/// Whether each of `keys` is present, each asked on its own (at most
+/// [`PRESENCE_CHECKS_AT_ONCE`] at a time), by `deadline` if one is given.
+pub(crate) async fn each_present(
+    hierarchy: &Hierarchy,
+    keys: &[PageKey],
+    deadline: Option<Instant>,
+) -> Vec<Result<bool, TierError>> {
+    use futures::StreamExt;
+    futures::stream::iter(keys.iter().cloned().map(|key| async move {
+        let one = std::slice::from_ref(&key);
+        let found = match deadline {
+            Some(d) => hierarchy.exists_by(one, d).await,
+            None => hierarchy.exists(one).await,
+        };
+        found.map(|n| n == 1)
+    }))
+    .buffered(PRESENCE_CHECKS_AT_ONCE)
+    .collect()
+    .await
+}
+
 /// The deadline `timeout` seconds from now (`None`: no deadline). Not a finite number of
 /// seconds at least 0: a `ValueError` naming it; too far to represent: no deadline.
 pub(crate) fn deadline(timeout: Option<f64>) -> PyResult<Option<Instant>> {
@@ -369,6 +393,23 @@ impl Store {
             })
         })
         .map_err(|e| to_py(py, &e))
+    }
+
+    /// Per key, whether its page is present, each key asked on its own (whatever the keys
+    /// before it). With `timeout` (seconds), what is not known present by then counts as absent.
+    #[pyo3(signature = (keys, *, timeout = None))]
+    fn contains(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<Vec<PyObject>> {
+        let keys = self::keys(py, &key_list(py, keys)?)?;
+        let deadline = deadline(timeout)?;
+        let hierarchy = self.hierarchy.get(py)?;
+        let present =
+            py.allow_threads(|| runtime().block_on(each_present(&hierarchy, &keys, deadline)));
+        Ok(Outcome::Present(present).to_py(py))
     }
 
     /// Per level, fastest first, the estimated seconds to read `pages` pages of `page_bytes`

@@ -271,3 +271,24 @@ def test_a_closed_store_lets_a_new_one_open_its_folder_at_once(tmp_path):
     with pytest.raises(kvtier.Unavailable, match="closed"):
         queue.submit_exists(["p0"])
     first.close()  # closing again does nothing
+
+
+def test_contains_answers_each_key_on_its_own():
+    """``exists`` counts the leading run; ``contains`` (and the queue's ``submit_contains``)
+    answer each key, whatever the keys before it."""
+    with kvtier.Store({"tiers": [{"kind": "mem", "capacity": "1MiB"}]}) as s:
+        assert s.put(["a", "c"], [b"x" * 64, b"y" * 64]) == [None, None]
+        assert s.exists(["a", "b", "c"]) == 1
+        assert s.contains(["a", "b", "c"]) == [True, False, True]
+        assert s.contains(["c", "a"], timeout=5.0) == [True, True]
+        with pytest.raises(ValueError):
+            s.contains(["a"], timeout=-1.0)
+        q = s.completion_queue(4)
+        qid = q.submit_contains(["b", "c", "a"])
+        deadline = time.monotonic() + 10
+        done = {}
+        while qid not in done and time.monotonic() < deadline:
+            done.update(q.drain())
+            time.sleep(0.005)
+        assert done[qid] == [False, True, True]
+        q.close()

@@ -20,8 +20,10 @@ between LMCache's memory objects and storage. Failures are completions with ``ok
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -37,6 +39,9 @@ from ._engine import (
 )
 
 logger = logging.getLogger(__name__)
+
+# What a kvtier key holds: 1 to 200 printable ASCII characters.
+_PLAIN_KEY = re.compile(r"[!-~]{1,200}")
 
 Completion = tuple[int, bool, str, list[bool] | None]
 
@@ -74,6 +79,18 @@ class KvtierL2Connector:
         self._next_refused = -1
         self._closed = False
 
+    def _name(self, key: str) -> str:
+        """The kvtier key of an LMCache key: itself (with the tenant's prefix) where it is one,
+        else a digest of it. LMCache keys may end in a ``cache_salt`` of up to 128 characters
+        with spaces and any Unicode, past what a kvtier key holds (printable ASCII, 200
+        bytes). A digest name has no ``@``, which every LMCache key has, so it never equals a
+        key kept as is."""
+        name = self._prefix + key
+        if _PLAIN_KEY.fullmatch(name):
+            return name
+        digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=32)
+        return f"{self._prefix}lmc-digest-{digest.hexdigest()}"
+
     def event_fd(self) -> int:
         """Readable while completions wait; :meth:`drain_completions` resets it."""
         fd: int = self.queue.event_fd()
@@ -81,7 +98,7 @@ class KvtierL2Connector:
 
     def _submit(self, what: str, call: Any, keys: Sequence[str], *args: Any, **bound: Any) -> int:
         try:
-            submitted: int = call([self._prefix + k for k in keys], *args, **bound)
+            submitted: int = call([self._name(k) for k in keys], *args, **bound)
             return submitted
         except Exception as e:
             self.log.warn(what, e)
@@ -105,9 +122,11 @@ class KvtierL2Connector:
         )
 
     def submit_batch_exists(self, keys: list[str]) -> int:
-        """Per key ``True`` when it is in the leading run of present keys (LMCache reuses a
-        prefix)."""
-        return self._submit("exists", self.queue.submit_exists, keys, timeout=self._read_timeout)
+        """Per key ``True`` when its page is present, each key on its own: LMCache sends a grid
+        (a row per object group and KV rank, flattened) and reads each key's bit."""
+        return self._submit(
+            "exists", self.queue.submit_contains, keys, timeout=self._read_timeout
+        )
 
     def submit_batch_delete(self, keys: list[str]) -> int:
         """Removes pages; per key ``True`` when it was present."""

@@ -360,3 +360,85 @@ def test_reads_and_writes_end_by_the_adapters_bounds(silent_endpoint):
     for wrong in (0, -1, 0.5, "300"):
         with pytest.raises(kvtier.ConfigError, match="read_timeout_ms"):
             KvtierL2Connector(tiers=tiers, read_timeout_ms=wrong)
+
+
+def test_a_lookup_answers_each_key_of_lmcaches_grid(tmp):
+    """LMCache's own L2 adapter asks about a grid of keys (a row per object group and KV rank,
+    flattened) and reads each key's bit: a key missing in one row must not hide the keys after
+    it, nor the other rows' keys. Stored: ranks 0 and 1 of chunks 0..3, but for rank 0's chunk
+    1; every other key of the grid is found."""
+    from lmcache.v1.distributed.api import ObjectKey
+    from lmcache.v1.distributed.config import parse_args
+    from lmcache.v1.distributed.l2_adapters.native_connector_l2_adapter import _object_key_to_string
+    from lmcache.v1.distributed.storage_manager import StorageManager
+
+    spec = plugin_spec(tier_configs("mem", tmp))
+    sm = StorageManager(parse_args(["--l1-size-gb", "0.05", "--eviction-policy", "LRU",
+                                    "--l2-adapter", json.dumps(spec)]))
+    try:
+        (_, adapter), = sm.l2_adapters()
+        grid = [ObjectKey(chunk_hash=ObjectKey.IntHash2Bytes(9000 + chunk), model_name="org/model",
+                          kv_rank=rank)
+                for rank in (0, 1) for chunk in range(4)]
+        stored = [k for i, k in enumerate(grid) if i != 1]
+        names = [_object_key_to_string(k) for k in stored]
+        assert adapter._client.store.put(names, [b"\x07" * 4096] * len(names)) == [None] * len(names)
+        task = adapter.submit_lookup_and_lock_task(grid, {})
+        answers = []
+
+        def answered():
+            bits = adapter.query_lookup_and_lock_result(task)
+            if bits is not None:
+                answers.append(bits)
+            return bool(answers)
+
+        wait_until("the lookup", answered, timeout=30)
+        found = sorted(answers[0].get_indices_list())
+        assert found == [0, 2, 3, 4, 5, 6, 7], found
+        print(f"LMCache's lookup of a 2 x 4 grid with one key missing: bits {found}")
+    finally:
+        sm.close()
+
+
+
+def test_every_cache_salt_lmcache_accepts_is_a_namespace_of_its_own(tmp):
+    """LMCache takes ``cache_salt`` values of up to 128 characters with spaces and any Unicode
+    (a tenant's isolation); kvtier keys hold printable ASCII only. Every such key stores and
+    loads, and two salts never see each other's pages (nor the unsalted key's)."""
+    import select
+
+    from lmcache.v1.distributed.api import ObjectKey
+    from lmcache.v1.distributed.l2_adapters.native_connector_l2_adapter import _object_key_to_string
+    from kvtier.lmcache import KvtierL2Connector
+
+    salts = ["", "tenant a", "tenant b", ("Ünïcødé 租户 🙂 " * 10)[:128], "x" * 128]
+    assert len(salts[3]) == 128
+    keys = [_object_key_to_string(ObjectKey(chunk_hash=ObjectKey.IntHash2Bytes(42), model_name="org/model",
+                                            kv_rank=0, cache_salt=salt)) for salt in salts]
+    c = KvtierL2Connector(tiers=tier_configs("mem", tmp))
+
+    def run(submit):
+        fid = submit()
+        poller = select.poll()
+        poller.register(c.event_fd(), select.POLLIN)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            poller.poll(100)
+            for done, ok, error, per_key in c.drain_completions():
+                if done == fid:
+                    return ok, error, per_key
+        raise AssertionError("no completion")
+
+    try:
+        pages = [memoryview(bytes([i + 1]) * 4096) for i in range(len(keys))]
+        for i, key in enumerate(keys[:-1]):
+            assert run(lambda: c.submit_batch_set([key], [pages[i]])) == (True, "", [True]), key
+        ok, _, present = run(lambda: c.submit_batch_exists(keys))
+        assert ok and present == [True] * (len(keys) - 1) + [False], present
+        for i, key in enumerate(keys[:-1]):
+            buf = memoryview(bytearray(4096))
+            assert run(lambda: c.submit_batch_get([key], [buf]))[2] == [True]
+            assert bytes(buf) == bytes(pages[i]), f"salt {salts[i]!r} read another salt's page"
+        print(f"{len(salts)} salts (up to 128 characters, spaces, Unicode): each its own page")
+    finally:
+        c.close()
