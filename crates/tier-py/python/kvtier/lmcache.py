@@ -124,9 +124,7 @@ class KvtierL2Connector:
     def submit_batch_exists(self, keys: list[str]) -> int:
         """Per key ``True`` when its page is present, each key on its own: LMCache sends a grid
         (a row per object group and KV rank, flattened) and reads each key's bit."""
-        return self._submit(
-            "exists", self.queue.submit_contains, keys, timeout=self._read_timeout
-        )
+        return self._submit("exists", self.queue.submit_contains, keys, timeout=self._read_timeout)
 
     def submit_batch_delete(self, keys: list[str]) -> int:
         """Removes pages; per key ``True`` when it was present."""
