@@ -14,6 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBool;
 use tier_core::{Lookup, StorageTier, TierError};
 use tier_hierarchy::Hierarchy;
+use tokio::task::AbortHandle;
 
 use crate::buffers::{lent_pages, read_slots, Lent};
 use crate::errors::to_py;
@@ -62,7 +63,9 @@ impl Outcome {
                 .collect(),
             Outcome::Dropped(of) => {
                 let e = TierError::Unavailable(
-                    "kvtier's runtime stopped before the call finished".into(),
+                    "the call was cancelled (its queue closed, or kvtier's runtime stopped) \
+                     before it finished"
+                        .into(),
                 );
                 (0..*of).map(|_| err(&e)).collect()
             }
@@ -99,6 +102,8 @@ struct State {
     running: usize,
     done: Vec<Done>,
     closed: bool,
+    /// The calls' tasks, to cancel at close (finished ones are pruned as calls start).
+    tasks: Vec<AbortHandle>,
 }
 
 struct Shared {
@@ -158,6 +163,9 @@ impl Shared {
 
 /// The longest `close` waits, in seconds (a larger timeout waits this long).
 const MAX_WAIT_SECS: f64 = 1e9;
+
+/// How long `close` waits for calls it cancelled to let go of their buffers.
+const CANCEL_WAIT: Duration = Duration::from_secs(5);
 
 /// A call running in the runtime: finishes as `Dropped` if its task ends without finishing,
 /// so the queue always learns of it and the buffers it holds are released by a drain.
@@ -260,6 +268,13 @@ impl CompletionQueue {
         }
     }
 
+    /// Keeps a call's task, to cancel it if the queue closes before it ends.
+    fn track(&self, task: tokio::task::JoinHandle<()>) {
+        let mut state = self.shared.lock();
+        state.tasks.retain(|t| !t.is_finished());
+        state.tasks.push(task.abort_handle());
+    }
+
     /// Starts a read into the regions (`read`), or a put of them.
     fn submit_move(
         &self,
@@ -275,7 +290,7 @@ impl CompletionQueue {
         let hierarchy = self.hierarchy.get(py)?;
         let ticket = self.ticket(py, keys.len(), lent)?;
         let id = ticket.id;
-        runtime().spawn(async move {
+        self.track(runtime().spawn(async move {
             // The first local: were this task dropped at an await, the call's future and its
             // slices over the regions go first, the ticket (holding the buffers) last.
             let ticket = ticket;
@@ -297,7 +312,7 @@ impl CompletionQueue {
                 })
             };
             ticket.finish(outcome);
-        });
+        }));
         Ok(id)
     }
 }
@@ -378,13 +393,13 @@ impl CompletionQueue {
         let hierarchy = self.hierarchy.get(py)?;
         let ticket = self.ticket(py, keys.len(), Lent::default())?;
         let id = ticket.id;
-        runtime().spawn(async move {
+        self.track(runtime().spawn(async move {
             let n = match deadline {
                 Some(d) => hierarchy.exists_by(&keys, d).await,
                 None => hierarchy.exists(&keys).await,
             };
             ticket.finish(Outcome::Exists(n, keys.len()));
-        });
+        }));
         Ok(id)
     }
 
@@ -404,10 +419,10 @@ impl CompletionQueue {
         let hierarchy = self.hierarchy.get(py)?;
         let ticket = self.ticket(py, keys.len(), Lent::default())?;
         let id = ticket.id;
-        runtime().spawn(async move {
+        self.track(runtime().spawn(async move {
             let present = crate::store::each_present(&hierarchy, &keys, deadline).await;
             ticket.finish(Outcome::Present(present));
-        });
+        }));
         Ok(id)
     }
 
@@ -417,10 +432,10 @@ impl CompletionQueue {
         let hierarchy = self.hierarchy.get(py)?;
         let ticket = self.ticket(py, keys.len(), Lent::default())?;
         let id = ticket.id;
-        runtime().spawn(async move {
+        self.track(runtime().spawn(async move {
             let results = hierarchy.remove(&keys).await;
             ticket.finish(Outcome::Remove(results));
-        });
+        }));
         Ok(id)
     }
 
@@ -448,9 +463,11 @@ impl CompletionQueue {
         state.running + state.done.len()
     }
 
-    /// Refuses new calls, waits up to `timeout` seconds for the running ones and lets go of the
-    /// store's tiers (a running call keeps them until it ends); raises `Unavailable` naming how
-    /// many still run after that. Undrained completions stay drainable.
+    /// Refuses new calls, waits up to `timeout` seconds for the running ones, cancels those
+    /// still running (their completions say so; none touches its buffers after) and lets go of
+    /// the store's tiers. Raises `Unavailable` if a call still runs 5 s after it was
+    /// cancelled (a read stuck in the kernel: its buffers stay held). Undrained completions
+    /// stay drainable.
     #[pyo3(signature = (timeout = 60.0))]
     fn close(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
         if !timeout.is_finite() || timeout < 0.0 {
@@ -462,7 +479,15 @@ impl CompletionQueue {
         let shared = &self.shared;
         // Past about 30 years a wait is a wait for ever: bounded there, never an overflow.
         let wait = Duration::from_secs_f64(timeout.min(MAX_WAIT_SECS));
-        let running = py.allow_threads(|| shared.wait_idle(wait));
+        let mut running = py.allow_threads(|| shared.wait_idle(wait));
+        if running > 0 {
+            // Cancelled, a call stops at its next await and never touches its buffers after
+            // (the tiers' drop-safe contract); its completion says it was cancelled. Only a
+            // read in place stuck in the kernel outlasts this.
+            let tasks = std::mem::take(&mut shared.lock().tasks);
+            tasks.iter().for_each(AbortHandle::abort);
+            running = py.allow_threads(|| shared.wait_idle(CANCEL_WAIT));
+        }
         // Calls still running hold the hierarchy until they end; the queue lets go of it now.
         if let Some(hierarchy) = self.hierarchy.take() {
             py.allow_threads(move || drop(hierarchy));
@@ -470,7 +495,11 @@ impl CompletionQueue {
         if running > 0 {
             return Err(to_py(
                 py,
-                &TierError::Unavailable(format!("{running} calls still running after {timeout} s")),
+                &TierError::Unavailable(format!(
+                    "{running} calls still running {timeout} s after close, and {} s after \
+                     they were cancelled: their buffers stay held",
+                    CANCEL_WAIT.as_secs()
+                )),
             ));
         }
         Ok(())

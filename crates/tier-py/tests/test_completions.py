@@ -174,3 +174,24 @@ def test_a_call_on_storage_that_never_answers_returns_at_once_and_completes_fail
         (got,) = drain_until(q, [fid]).values()
         assert isinstance(got[0], kvtier.Unavailable), got
         q.close()
+
+
+def test_close_cancels_calls_still_running_and_none_writes_after_it(silent_endpoint):
+    """A read on storage that never answers (its own bound 30 s) still runs when ``close``'s
+    timeout passes: ``close`` cancels it and returns; its completion says it was cancelled,
+    and its buffer is never written after (LMCache frees or reuses its memory then)."""
+    import time
+
+    with kvtier.Store({"tiers": [silent_object_tier(silent_endpoint, timeout="30s")]}) as store:
+        q = store.completion_queue()
+        buf = bytearray(b"\xaa" * 4096)
+        fid = q.submit_get_into(["k"], [buf])
+        started = time.monotonic()
+        q.close(0.3)
+        took = time.monotonic() - started
+        assert took < 2.0, f"close took {took:.1f} s"
+        (got,) = q.drain()
+        assert got[0] == fid and isinstance(got[1][0], kvtier.Unavailable), got
+        assert "cancelled" in str(got[1][0])
+        time.sleep(0.5)
+        assert buf == b"\xaa" * 4096

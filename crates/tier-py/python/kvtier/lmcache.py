@@ -28,6 +28,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from . import Unavailable
 from ._engine import (
     RateLimitedLog,
     bound_ms,
@@ -39,6 +40,9 @@ from ._engine import (
 )
 
 logger = logging.getLogger(__name__)
+
+# Seconds `close` waits for running calls before it cancels them.
+_CLOSE_WAIT_S = 5.0
 
 # What a kvtier key holds: 1 to 200 printable ASCII characters.
 _PLAIN_KEY = re.compile(r"[!-~]{1,200}")
@@ -152,8 +156,18 @@ class KvtierL2Connector:
         return out
 
     def close(self) -> None:
-        """Waits for running calls, then drains the store's queued copies."""
+        """Waits (5 s: LMCache has waited for its own in-flight work first) for running calls,
+        cancels those still running, then drains the store's queued copies. LMCache frees or
+        reuses its memory once this returns, so it never returns while a call may still write
+        into that memory: a call the cancel could not stop (a read in place stuck in the
+        kernel) is waited for, with an error logged every few seconds."""
         if self._closed:
             return
         self._closed = True
-        close_all(self.log, "close", self.queue.close, self.store.close, self._instance.release)
+        while True:
+            try:
+                self.queue.close(_CLOSE_WAIT_S)
+                break
+            except Unavailable as e:
+                logger.error("kvtier: %s; LMCache's memory they use stays theirs: waiting", e)
+        close_all(self.log, "close", self.store.close, self._instance.release)

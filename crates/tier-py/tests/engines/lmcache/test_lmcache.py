@@ -442,3 +442,22 @@ def test_every_cache_salt_lmcache_accepts_is_a_namespace_of_its_own(tmp):
         print(f"{len(salts)} salts (up to 128 characters, spaces, Unicode): each its own page")
     finally:
         c.close()
+
+
+def test_close_never_returns_while_a_call_may_write_into_lmcaches_memory(silent_endpoint):
+    """A read into LMCache's memory still running at ``close`` (storage that never answers,
+    its own bound 30 s): ``close`` cancels it and returns in seconds, not after the read's 30
+    s, and nothing writes into the memory after it returned."""
+    from conftest import silent_object_tier
+    from kvtier.lmcache import KvtierL2Connector
+
+    c = KvtierL2Connector(tiers=[silent_object_tier(silent_endpoint, timeout="30s")])
+    memory = bytearray(b"\xaa" * 4096)
+    c.submit_batch_get(["m@00000000@0@aa"], [memoryview(memory)])
+    started = time.monotonic()
+    c.close()
+    took = time.monotonic() - started
+    assert took < 10.0, f"close took {took:.1f} s"
+    time.sleep(0.5)
+    assert memory == b"\xaa" * 4096
+    print(f"close cancelled the running read in {took:.1f} s")
