@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBool;
-use tier_core::{Lookup, StorageTier, TierError};
+use tier_core::{Lookup, PageKey, StorageTier, TierError};
 use tier_hierarchy::Hierarchy;
 use tokio::task::AbortHandle;
 
@@ -268,6 +268,30 @@ impl CompletionQueue {
         }
     }
 
+    /// Starts a lookup of `keys` by `timeout`: `lookup` answers with the call's outcome.
+    fn submit_lookup<F>(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+        lookup: impl FnOnce(Arc<Hierarchy>, Vec<PageKey>, Option<Instant>) -> F,
+    ) -> PyResult<u64>
+    where
+        F: std::future::Future<Output = Outcome> + Send + 'static,
+    {
+        let keys = crate::store::keys(py, &crate::store::key_list(py, keys)?)?;
+        let deadline = crate::store::deadline(timeout)?;
+        let hierarchy = self.hierarchy.get(py)?;
+        let ticket = self.ticket(py, keys.len(), Lent::default())?;
+        let id = ticket.id;
+        let call = lookup(hierarchy, keys, deadline);
+        self.track(runtime().spawn(async move {
+            let outcome = call.await;
+            ticket.finish(outcome);
+        }));
+        Ok(id)
+    }
+
     /// Keeps a call's task, to cancel it if the queue closes before it ends.
     fn track(&self, task: tokio::task::JoinHandle<()>) {
         let mut state = self.shared.lock();
@@ -388,19 +412,13 @@ impl CompletionQueue {
         keys: &Bound<'_, PyAny>,
         timeout: Option<f64>,
     ) -> PyResult<u64> {
-        let keys = crate::store::keys(py, &crate::store::key_list(py, keys)?)?;
-        let deadline = crate::store::deadline(timeout)?;
-        let hierarchy = self.hierarchy.get(py)?;
-        let ticket = self.ticket(py, keys.len(), Lent::default())?;
-        let id = ticket.id;
-        self.track(runtime().spawn(async move {
+        self.submit_lookup(py, keys, timeout, |hierarchy, keys, deadline| async move {
             let n = match deadline {
                 Some(d) => hierarchy.exists_by(&keys, d).await,
                 None => hierarchy.exists(&keys).await,
             };
-            ticket.finish(Outcome::Exists(n, keys.len()));
-        }));
-        Ok(id)
+            Outcome::Exists(n, keys.len())
+        })
     }
 
     /// Submits a presence check of each key on its own; its completion answers per key
@@ -414,16 +432,9 @@ impl CompletionQueue {
         keys: &Bound<'_, PyAny>,
         timeout: Option<f64>,
     ) -> PyResult<u64> {
-        let keys = crate::store::keys(py, &crate::store::key_list(py, keys)?)?;
-        let deadline = crate::store::deadline(timeout)?;
-        let hierarchy = self.hierarchy.get(py)?;
-        let ticket = self.ticket(py, keys.len(), Lent::default())?;
-        let id = ticket.id;
-        self.track(runtime().spawn(async move {
-            let present = crate::store::each_present(&hierarchy, &keys, deadline).await;
-            ticket.finish(Outcome::Present(present));
-        }));
-        Ok(id)
+        self.submit_lookup(py, keys, timeout, |hierarchy, keys, deadline| async move {
+            Outcome::Present(crate::store::each_present(&hierarchy, &keys, deadline).await)
+        })
     }
 
     /// Submits a removal; its completion answers per key whether the page was present.

@@ -183,20 +183,7 @@ pub async fn frozen_server(f: &dyn S3TierFactory, breaker: bool) -> Result<Froze
     if puts.iter().any(|t| *t > FAST) {
         return Err(format!("puts while the tier was down: {puts:?}"));
     }
-    let metrics: Vec<String> = h
-        .metrics_text()
-        .lines()
-        .filter(|l| {
-            [
-                "kvtier_tier_up{",
-                "kvtier_tier_state_transitions_total{",
-                "kvtier_tier_skipped_",
-            ]
-            .iter()
-            .any(|p| l.starts_with(p))
-        })
-        .map(str::to_owned)
-        .collect();
+    let metrics: Vec<String> = h.health_metrics();
     let down_line = metrics
         .iter()
         .find(|l| l.starts_with("kvtier_tier_up{") && !l.contains("tier=\"model\""));

@@ -324,20 +324,7 @@ pub async fn run(
             tokio::time::sleep(PACE).await;
         }
     }
-    let metrics = h
-        .metrics_text()
-        .lines()
-        .filter(|l| {
-            [
-                "kvtier_tier_up{",
-                "kvtier_tier_state_transitions_total{",
-                "kvtier_tier_skipped_",
-            ]
-            .iter()
-            .any(|p| l.starts_with(p))
-        })
-        .map(str::to_owned)
-        .collect();
+    let metrics = h.health_metrics();
     let tier = config.tiers[level]
         .name
         .clone()

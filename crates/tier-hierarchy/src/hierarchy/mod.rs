@@ -333,6 +333,21 @@ impl Hierarchy {
         crate::metrics::encode(&self.families, self.hierarchy_stats())
     }
 
+    /// The health lines of [`metrics_text`](Self::metrics_text): per tier, `kvtier_tier_up`,
+    /// its state transitions and the reads and writes skipped while it was down.
+    pub fn health_metrics(&self) -> Vec<String> {
+        const HEALTH: [&str; 3] = [
+            "kvtier_tier_up{",
+            "kvtier_tier_state_transitions_total{",
+            "kvtier_tier_skipped_",
+        ];
+        self.metrics_text()
+            .lines()
+            .filter(|l| HEALTH.iter().any(|p| l.starts_with(p)))
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// Waits until every queued page has been written below, then flushes each tier, at most
     /// `flush_timeout` in all.
     pub async fn flush(&self) -> Result<(), TierError> {
