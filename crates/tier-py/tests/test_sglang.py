@@ -143,6 +143,46 @@ def test_a_page_is_a_miss_under_every_other_namespace(variant, kind, tmp, s3):
     assert again.batch_exists(keys) == 4, "the pages are gone: the check above proved nothing"
 
 
+def test_fp8_formats_never_read_each_others_pages(tmp, monkeypatch):
+    """SGLang's host pool holds every fp8 KV format as ``uint8``: the pages are named by the KV
+    cache dtype the server runs with (``--kv-cache-dtype``, from SGLang's server args, or
+    ``extra_config["kv_cache_dtype"]``), so an e5m2 deployment never takes an e4m3 one's pages
+    as hits. (The server args are SGLang's own ``ServerArgs``; publishing them for real would
+    load the model's config from the Hub.)"""
+    import contextlib
+
+    from sglang.srt import runtime_context
+    from sglang.srt.server_args import ServerArgs
+
+    tiers = tier_configs("nixl-file-path", tmp)
+
+    @contextlib.contextmanager
+    def serving(kv_cache_dtype):
+        args = ServerArgs(model_path="test-model", kv_cache_dtype=kv_cache_dtype)
+        with monkeypatch.context() as m:
+            m.setattr(runtime_context, "get_server_args", lambda: args)
+            yield
+
+    pool = make_pool(pages=16, dtype=torch.uint8)
+    idx = torch.arange(0, 4 * pool.page_size, dtype=torch.int64)
+    pool.kv_buffer[:, idx] = torch.randint(0, 255, pool.kv_buffer[:, idx].shape, dtype=torch.uint8)
+    want = pool.kv_buffer[:, idx].clone()
+    keys = hexkeys("f8", 4)
+    with serving("fp8_e4m3"):
+        first = backend(tiers, pool)
+        assert first.batch_set_v1(keys, idx) == [True] * 4
+        first.close()
+    with serving("fp8_e5m2"):
+        other = backend(tiers, make_pool(pages=16, dtype=torch.uint8))
+        assert other.batch_exists(keys) == 0, "an e5m2 server sees the e4m3 pages"
+        other.close()
+    pool.kv_buffer[:, idx] = 0
+    again = backend(tiers, pool, {"kv_cache_dtype": "fp8_e4m3"})
+    assert again.batch_get_v1(keys, idx) == [True] * 4, "the e4m3 pages are gone: the check proved nothing"
+    assert torch.equal(pool.kv_buffer[:, idx], want)
+    again.close()
+
+
 def test_without_the_integrity_secret_no_one_names_probes_or_plants_a_tenants_pages(tmp, monkeypatch):
     """A shared folder with `integrity` on its tier: the namespace is keyed by the secret, so a
     backend holding another secret (or none) neither sees the pages nor can write them under

@@ -36,6 +36,23 @@ logger = logging.getLogger(__name__)
 ZERO_COPY_LAYOUTS = ("page_first", "page_first_direct")
 
 
+def kv_cache_dtype(extra: dict[str, Any]) -> str | None:
+    """The KV cache's format as the operator chose it (``--kv-cache-dtype``), which names the
+    pages: SGLang's host pool holds every fp8 format as ``uint8``, so its dtype cannot tell
+    e4m3 pages from e5m2 ones. From ``extra_config["kv_cache_dtype"]``, else from SGLang's
+    server args; ``None`` where neither says or it is ``auto`` (the pool's dtype is then the
+    model's, which names the pages)."""
+    value = extra.get("kv_cache_dtype")
+    if not value:
+        try:
+            from sglang.srt.runtime_context import get_server_args
+
+            value = get_server_args().kv_cache_dtype
+        except Exception:  # not in a server (no published args), or an older SGLang
+            return None
+    return None if value in (None, "", "auto") else str(value)
+
+
 class KvtierStorage(HiCacheStorage):
     """A kvtier hierarchy behind SGLang HiCache."""
 
@@ -51,6 +68,7 @@ class KvtierStorage(HiCacheStorage):
         # keyed by the tiers' integrity secret where there is one.
         self.tenant = str(extra["tenant"]) if extra.get("tenant") else None
         self.revision = str(extra.get("model_revision") or "")
+        self.kv_cache_dtype = kv_cache_dtype(extra)
         config = load_config(extra)
         self.secret = integrity_secret(config)
         self.store = Store(self._rank_config(config))
@@ -169,6 +187,14 @@ class KvtierStorage(HiCacheStorage):
             regions = str(mem_pool_host.get_dummy_flat_data_page().numel())
         dtype = str(getattr(mem_pool_host, "dtype", ""))
         geometry = f"{layout}/{page_size}/{regions}/{dtype}"
+        if self.kv_cache_dtype:
+            geometry += f"/kv={self.kv_cache_dtype}"
+        elif dtype == str(torch.uint8):
+            logger.warning(
+                "kvtier: the host pool holds bytes (uint8, as for every fp8 KV format) and the "
+                "KV cache dtype is unknown: set extra_config kv_cache_dtype, or deployments of "
+                "two fp8 formats on one storage read each other's pages"
+            )
         self.prefix = self._namespace(geometry)
         logger.info(
             "kvtier: host pool registered (layout %s, zero copy %s, tiers %s)",
