@@ -399,3 +399,56 @@ def test_get_stats_reports_storage_metrics(tmp):
     m = b.get_stats()
     assert m.backup_pgs == [4] and m.prefetch_pgs == [4]
     assert b.get_stats().backup_pgs == []  # drained on read, as SGLang's collector expects
+
+
+def test_extra_config_keys_nobody_reads_are_named_in_a_warning(tmp, caplog):
+    import logging
+
+    pool = make_pool(pages=16)
+    with caplog.at_level(logging.WARNING, logger="kvtier.sglang"):
+        known = backend(tier_configs("mem", tmp), pool, {"tenant": "t", "prefetch_threshold": 256})
+        assert "unknown extra_config" not in caplog.text
+        typo = backend(tier_configs("mem", tmp), pool, {"tenantt": "t"})
+    assert "unknown extra_config keys ['tenantt']" in caplog.text, caplog.text
+    known.close()
+    typo.close()
+
+
+def test_a_clear_that_fails_raises_for_sglang_to_report(silent_endpoint):
+    """SGLang's storage attachment catches what ``clear`` raises and reports the clear failed
+    (keeping what it believes storage holds); a clear that logged and returned would be
+    reported as done."""
+    from conftest import silent_object_tier
+
+    b = backend([silent_object_tier(silent_endpoint, timeout="1s")], make_pool(pages=16))
+    with pytest.raises(kvtier.KvtierError):
+        b.clear()
+    b.close()
+
+
+def test_each_pipeline_stage_serves_metrics_on_a_port_of_its_own(tmp):
+    """The metrics port is the one given plus the process's index: TP rank, then attention CP
+    rank, PP stage and DP group (two PP stages used to ask for the same port)."""
+    import socket
+
+    def free_pair():
+        for _ in range(50):
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            try:
+                with socket.socket() as a, socket.socket() as b:
+                    a.bind(("127.0.0.1", port))
+                    b.bind(("127.0.0.1", port + 1))
+                return port
+            except OSError:
+                continue
+        raise AssertionError("no two free ports in a row")
+
+    port = free_pair()
+    extra = {"metrics_addr": f"127.0.0.1:{port}"}
+    stages = [backend(tier_configs("mem", tmp), make_pool(pages=16), extra, pp_rank=r, pp_size=2)
+              for r in (0, 1)]
+    assert [s.metrics_addr[1] for s in stages] == [port, port + 1]
+    for s in stages:
+        s.close()

@@ -35,6 +35,35 @@ logger = logging.getLogger(__name__)
 
 ZERO_COPY_LAYOUTS = ("page_first", "page_first_direct")
 
+# The extra_config keys kvtier reads, and those SGLang reads itself for a dynamic backend.
+KVTIER_KEYS = frozenset(
+    {
+        "config",
+        "tiers",
+        "hierarchy",
+        "tenant",
+        "model_revision",
+        "metrics_addr",
+        "kv_cache_dtype",
+        "prefetch_timeout_base",
+        "prefetch_timeout_per_ki_token",
+    }
+)
+SGLANG_KEYS = frozenset(
+    {
+        "backend_name",
+        "module_path",
+        "class_name",
+        "interface_v1",
+        "tp_lcm_size",
+        "should_split_heads",
+        "prefetch_threshold",
+        "hicache_storage_pass_prefix_keys",
+        "enable_metadata_cache",
+        "metadata_ttl",
+    }
+)
+
 
 def kv_cache_dtype(extra: dict[str, Any]) -> str | None:
     """The KV cache's format as the operator chose it (``--kv-cache-dtype``), which names the
@@ -58,6 +87,13 @@ class KvtierStorage(HiCacheStorage):
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict[str, Any] | None = None):
         extra = dict(storage_config.extra_config or {})
+        unknown = sorted(set(extra) - KVTIER_KEYS - SGLANG_KEYS)
+        if unknown:
+            logger.warning(
+                "kvtier: ignoring unknown extra_config keys %s (kvtier reads %s)",
+                unknown,
+                sorted(KVTIER_KEYS),
+            )
         self.config = storage_config
         self.is_mla = bool(storage_config.is_mla_model)
         writer = getattr(storage_config, "is_storage_writer", None)
@@ -96,12 +132,20 @@ class KvtierStorage(HiCacheStorage):
         return self.timeout_base + pages * page_size / 1024 * self.timeout_per_ki_token
 
     def _serve_metrics(self, addr: str) -> tuple[Any, ...]:
-        """Serves this rank's metrics at the port given plus the rank's TP rank (plus
-        ``tp_size`` per DP group); a port taken by another process is logged and any free
-        port served instead, so metrics never stop a rank from starting."""
+        """Serves this rank's metrics at the port given plus the rank's index among the
+        processes (TP rank, then attention CP rank, PP stage and DP group); a port taken by
+        another process is logged and any free port served instead, so metrics never stop a
+        rank from starting."""
         c = self.config
+
+        def of(name: str, default: int) -> int:
+            return int(getattr(c, name, default) or default)
+
         host, _, port = addr.rpartition(":")
-        rank = int(c.tp_rank or 0) + int(c.tp_size or 1) * int(getattr(c, "dp_rank", 0) or 0)
+        # One port per process: TP rank within its CP rank, PP stage and DP group.
+        group = of("dp_rank", 0) * of("pp_size", 1) + of("pp_rank", 0)
+        group = group * of("attn_cp_size", 1) + of("attn_cp_rank", 0)
+        rank = of("tp_rank", 0) + of("tp_size", 1) * group
         port_number = int(port) + rank if int(port) else 0
         try:
             return self.store.serve_metrics(f"{host}:{port_number}")
@@ -182,7 +226,9 @@ class KvtierStorage(HiCacheStorage):
                 self.zero_copy = True
                 regions = "x".join(str(s) for s in sizes)
             except Exception as e:  # the pool cannot describe its pages: generic path
-                logger.info("kvtier: %s pool without zero-copy metadata (%s)", layout, e)
+                logger.warning(
+                    "kvtier: %s pool without zero-copy metadata (%s): pages are copied", layout, e
+                )
         if not self.zero_copy:
             regions = str(mem_pool_host.get_dummy_flat_data_page().numel())
         dtype = str(getattr(mem_pool_host, "dtype", ""))
@@ -339,13 +385,16 @@ class KvtierStorage(HiCacheStorage):
     def clear(self) -> None:
         """Removes this namespace's pages: a rank's own (MHA), or its attention group's
         (MLA, from the group's writer). Other ranks', groups' and models' pages stay; an MLA
-        reader rank owns no pages and removes nothing."""
+        reader rank owns no pages and removes nothing. A failure raises (SGLang then reports
+        the clear failed)."""
         if not self.is_writer:
             return
         try:
             self.store.clear()
         except Exception as e:
+            # SGLang reports the clear failed (and keeps what it believes storage holds).
             self.log.warn("clear", e)
+            raise
 
     def close(self) -> None:
         """Writes the pages still queued for the lower tiers (bounded by the hierarchy's
