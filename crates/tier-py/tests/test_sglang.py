@@ -289,21 +289,42 @@ def test_a_detached_backend_lets_the_next_attach_open_its_folder(tmp):
     del first
 
 
-def test_generic_layout_round_trip(tmp):
-    """layer_first has no zero-copy metadata in SGLang's backends: the generic page path."""
-    pool = make_pool(pages=16, layout="layer_first")
-    b = backend(tier_configs("nixl-file-path", tmp), pool)
-    assert not b.zero_copy
+@pytest.mark.parametrize("layout, mla, zero_copy", [
+    ("layer_first", False, True), ("page_head", False, True), ("layer_first", True, True),
+    ("layer_first", False, False),
+])
+def test_every_layout_round_trips_zero_copy_where_sglang_describes_its_pages(layout, mla, zero_copy, tmp):
+    """SGLang 0.5.23 gives zero-copy metadata (a page's regions, page by page) for layer_first
+    and page_head pools too: those move straight between the pool and storage. A pool that
+    cannot describe its pages (here one whose ``get_page_buffer_meta`` is taken away, as pool
+    classes without it behave) takes the generic flat-page path. Every byte comes back."""
+    pool = (make_mla_pool if mla else make_pool)(pages=16, layout=layout)
+    if not zero_copy:
+        def cannot(indices):
+            raise NotImplementedError("no zero-copy metadata")
+
+        pool.get_page_buffer_meta = cannot
+    b = backend(tier_configs("nixl-file-path", tmp), pool, mla=mla)
+    assert b.zero_copy is zero_copy
     P = pool.page_size
-    idx = torch.arange(0, 4 * P, dtype=torch.int64)
     g = torch.Generator().manual_seed(3)
-    pool.kv_buffer[:, :, idx] = torch.randn(pool.kv_buffer[:, :, idx].shape, generator=g).to(pool.dtype)
-    want = pool.kv_buffer[:, :, idx].clone()
+    want = []
+    for page in range(4):
+        flat = pool.get_dummy_flat_data_page()
+        flat.view(torch.int16).copy_(torch.randint(-30000, 30000, flat.view(torch.int16).shape, generator=g,
+                                                   dtype=torch.int16))
+        pool.set_from_flat_data_page(page * P, flat)
+        want.append(pool.get_data_page(page * P, flat=True).clone())
+    idx = torch.arange(0, 4 * P, dtype=torch.int64)
     keys = hexkeys("lf", 4)
     assert b.batch_set_v1(keys, idx) == [True] * 4
-    pool.kv_buffer[:, :, idx] = 0
+    zero = pool.get_dummy_flat_data_page().zero_()
+    for page in range(4):
+        pool.set_from_flat_data_page(page * P, zero)
     assert b.batch_get_v1(keys, idx) == [True] * 4
-    assert same(pool.kv_buffer[:, :, idx], want)
+    for page in range(4):
+        assert same(pool.get_data_page(page * P, flat=True), want[page]), f"{layout}: page {page} differs"
+    b.close()
 
 
 def test_generic_get_set(tmp):

@@ -33,7 +33,9 @@ from ._engine import RateLimitedLog, close_all, integrity_secret, load_config, n
 
 logger = logging.getLogger(__name__)
 
-ZERO_COPY_LAYOUTS = ("page_first", "page_first_direct")
+# Layouts whose pools SGLang can describe page by page (``get_page_buffer_meta``); a pool
+# that cannot (MLA page_head) takes the generic flat-page path.
+ZERO_COPY_LAYOUTS = ("page_first", "page_first_direct", "page_head", "layer_first")
 
 # The extra_config keys kvtier reads, and those SGLang reads itself for a dynamic backend.
 KVTIER_KEYS = frozenset(
