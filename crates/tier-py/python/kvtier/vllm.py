@@ -106,6 +106,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
         # held by this tier for its whole life, and no call runs past drain_jobs or shutdown.
         self._stride = self.block_size_bytes
         self._base = int(np.asarray(primary_kv_view).ctypes.data) if len(primary_kv_view) else 0
+        view_bytes = memoryview(primary_kv_view).nbytes
+        self._chunks = view_bytes // self._stride if self._stride else 0
         # queue id -> (job, is load, bytes)
         self._jobs: dict[int, tuple[TransferJob, bool, int]] = {}
         # queue id -> key, for presence checks in flight
@@ -136,7 +138,15 @@ class KvtierSecondaryTier(SecondaryTierManager):
         return f"{self.namespace}-{bytes(key).hex()}"
 
     def _regions(self, chunk_ids: np.ndarray) -> tuple[list[int], list[int]]:
+        """Each chunk's ``(address, length)`` in the primary view; a chunk id outside it is a
+        ``ValueError`` before any address is formed (kvtier would read or write past it)."""
         ids = np.asarray(chunk_ids, dtype=np.int64).reshape(-1)
+        outside = ids[(ids < 0) | (ids >= self._chunks)]
+        if outside.size:
+            raise ValueError(
+                f"chunk ids {outside[:8].tolist()} are outside the primary KV view's "
+                f"{self._chunks} chunks"
+            )
         addresses = (self._base + ids * self._stride).tolist()
         return addresses, [self._stride] * len(addresses)
 

@@ -438,3 +438,23 @@ def test_lookups_and_loads_on_storage_that_hangs_end_by_the_tiers_bounds(silent_
     for wrong in (0, -5, 1.5, "100"):
         with pytest.raises(kvtier.ConfigError, match="lookup_timeout_ms"):
             standalone_tier(tiers, lookup_timeout_ms=wrong)
+
+
+def test_a_chunk_id_outside_the_primary_view_fails_its_job_and_touches_nothing(tmp):
+    """vLLM names chunks by id in its primary region; an id outside it must fail the job before
+    any address is formed (kvtier would store bytes past the region, or load into them)."""
+    from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+
+    tier, primary = standalone_tier(tier_configs("mem", tmp), chunks=4)
+    try:
+        req = ReqContext(req_id="r")
+        keys = [make_offload_key(bytes([i + 1]) * 32, 0) for i in range(3)]
+        tier.submit_store(TransferJob(1, keys[:1], np.array([4]), False, req))
+        tier.submit_store(TransferJob(2, keys[1:2], np.array([-1]), False, req))
+        tier.submit_load(TransferJob(3, keys[2:], np.array([7]), True, req))
+        jobs = finished(tier, [1, 2, 3])
+        assert [jobs[i].success for i in (1, 2, 3)] == [False, False, False], jobs
+        assert tier.store.contains([tier._name(k) for k in keys]) == [False, False, False]
+    finally:
+        tier.shutdown()
