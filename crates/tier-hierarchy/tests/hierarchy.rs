@@ -175,6 +175,90 @@ async fn a_failing_lower_tier_never_fails_what_the_top_serves() {
     h.close().await.unwrap();
 }
 
+/// A lower tier made slow by the fault-injecting tier (every call 150 ms, `slow_after` 50 ms):
+/// the hierarchy marks it slow (not down), still asks it without a deadline (its pages are
+/// hits, byte-exact), and a get with a 30 ms deadline, which the tier's estimate cannot meet,
+/// skips it at once: the top's page a hit, the rest misses, counted as skipped; fast again,
+/// it is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_lower_tier_is_marked_slow_and_skipped_by_calls_it_cannot_serve_in_time() {
+    use std::time::Instant;
+    use tier_hierarchy::TierState;
+
+    let lower = Arc::new(FaultyTier::new(
+        Arc::new(MemTier::open(MemTierConfig::new(64 << 20)).unwrap()),
+        Faults::default(),
+    ));
+    let h = Hierarchy::builder("dram/slow")
+        .policy(HierarchyPolicy {
+            health: HealthPolicy {
+                slow_after: Some(Duration::from_millis(50)),
+                ..HealthPolicy::default()
+            },
+            ..HierarchyPolicy::default()
+        })
+        .tier(Arc::new(
+            MemTier::open(MemTierConfig::new(64 << 10)).unwrap(),
+        ))
+        .tier(lower.clone())
+        .build()
+        .unwrap();
+    // 64 pages of 4 KiB into 64 KiB of DRAM: the first ones live only below.
+    let pages: Vec<Page<'static>> = (0..64)
+        .map(|i| Page::new(key(i), content::page(&key(i), 5, 4096)))
+        .collect();
+    for r in h.put(&pages).await {
+        r.unwrap();
+    }
+    h.flush().await.unwrap();
+    lower.set_faults(Faults {
+        latency: Duration::from_millis(150),
+        ..Faults::default()
+    });
+    for i in 0..8 {
+        let mut buf = vec![0u8; 4096];
+        let r = h
+            .get(&mut [ReadSlot::new(key(i), &mut buf)])
+            .await
+            .pop()
+            .unwrap();
+        assert_eq!(r.unwrap(), Lookup::Hit, "page {i} from the slow tier");
+        content::verify(&key(i), 5, &buf).unwrap();
+    }
+    assert_eq!(h.health()[1].state, TierState::Slow, "{:?}", h.health()[1]);
+    let (mut top, mut below) = (vec![0u8; 4096], vec![0u8; 4096]);
+    let started = Instant::now();
+    let results = h
+        .get_by(
+            &mut [
+                ReadSlot::new(key(63), &mut top),
+                ReadSlot::new(key(20), &mut below),
+            ],
+            started + Duration::from_millis(30),
+        )
+        .await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(30) + Duration::from_millis(100),
+        "took {took:?}"
+    );
+    assert!(matches!(results[0], Ok(Lookup::Hit)), "{results:?}");
+    assert!(matches!(results[1], Ok(Lookup::Miss)), "{results:?}");
+    content::verify(&key(63), 5, &top).unwrap();
+    assert!(h.health()[1].reads_skipped >= 1, "{:?}", h.health()[1]);
+    lower.set_faults(Faults::default());
+    for i in 8..48 {
+        let mut buf = vec![0u8; 4096];
+        h.get(&mut [ReadSlot::new(key(i), &mut buf)])
+            .await
+            .pop()
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(h.health()[1].state, TierState::Up, "{:?}", h.health()[1]);
+    h.close().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_settings_that_cannot_work_are_config_errors() {
     let zero = Duration::ZERO;
