@@ -1,7 +1,7 @@
 //! [`Guarded`]: a tier behind its [`Health`]: calls skip it while it is down, every call's
 //! outcome feeds its health, and a probe task finds a down tier back up.
 
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -18,6 +18,18 @@ pub(crate) struct Guarded {
     inner: Arc<dyn StorageTier>,
     health: Arc<Health>,
     breaker: bool,
+    /// The probe at open, cancelled when the tier is dropped: a hierarchy closed at once
+    /// releases its tiers (their folders and locks) without waiting for it.
+    open_probe: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        let probe = self.open_probe.get_mut().map(Option::take);
+        if let Ok(Some(probe)) = probe {
+            probe.abort();
+        }
+    }
 }
 
 /// A call in progress: dropped unfinished (the caller gave up), it teaches nothing.
@@ -91,6 +103,7 @@ impl Guarded {
             inner,
             health,
             breaker,
+            open_probe: Mutex::new(None),
         }
     }
 
@@ -151,59 +164,69 @@ impl Guarded {
     }
 
     /// Probes the tier at open, in the background: a tier that does not answer is down
-    /// before the first request waits for it.
-    pub(crate) fn probe_at_open(self: &Arc<Self>) {
+    /// before the first request waits for it. The probe ends when the tier is dropped.
+    pub(crate) fn probe_at_open(&self) {
         if !self.breaker || tokio::runtime::Handle::try_current().is_err() {
             return;
         }
-        let me = Arc::clone(self);
-        tokio::spawn(async move {
-            let ticket = me.begin();
-            let timeout = me.health.policy().probe_timeout;
-            match probe(me.inner.as_ref(), timeout).await {
-                Ok(()) => ticket.end(Outcome::Answered { read_bytes: None }),
+        let tier = Arc::clone(&self.inner);
+        let health = Arc::clone(&self.health);
+        let task = tokio::spawn(async move {
+            let (id, started) = health.begin();
+            let timeout = health.policy().probe_timeout;
+            match probe(tier.as_ref(), timeout).await {
+                Ok(()) => {
+                    health.end(id, started, Outcome::Answered { read_bytes: None });
+                }
                 Err(why) => {
-                    ticket.end(Outcome::Neutral);
-                    if me.health.trip(format!("the probe at open failed: {why}")) {
-                        me.start_probing();
+                    health.end(id, started, Outcome::Neutral);
+                    if health.trip(format!("the probe at open failed: {why}")) {
+                        spawn_probing(Arc::downgrade(&tier), Arc::downgrade(&health));
                     }
                 }
             }
         });
+        if let Ok(mut slot) = self.open_probe.lock() {
+            *slot = Some(task.abort_handle());
+        }
     }
 
     /// Starts the one probe task of a tier that just went down.
     fn start_probing(&self) {
-        if tokio::runtime::Handle::try_current().is_err() {
-            return;
-        }
-        let tier: Weak<dyn StorageTier> = Arc::downgrade(&self.inner);
-        let health = Arc::downgrade(&self.health);
-        tokio::spawn(async move {
-            loop {
-                let wait = match health.upgrade() {
-                    Some(h) => h.next_backoff(),
-                    None => return,
-                };
-                tokio::time::sleep(wait).await;
-                let (Some(tier), Some(health)) = (tier.upgrade(), health.upgrade()) else {
-                    return;
-                };
-                if health.state() != TierState::Down {
+        spawn_probing(Arc::downgrade(&self.inner), Arc::downgrade(&self.health));
+    }
+}
+
+/// The probe task of a down tier: probes with backoff until the tier answers, and ends when
+/// the tier is dropped (it holds neither the tier nor its health between probes).
+fn spawn_probing(tier: Weak<dyn StorageTier>, health: Weak<Health>) {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return;
+    }
+    tokio::spawn(async move {
+        loop {
+            let wait = match health.upgrade() {
+                Some(h) => h.next_backoff(),
+                None => return,
+            };
+            tokio::time::sleep(wait).await;
+            let (Some(tier), Some(health)) = (tier.upgrade(), health.upgrade()) else {
+                return;
+            };
+            if health.state() != TierState::Down {
+                return;
+            }
+            match probe(tier.as_ref(), health.policy().probe_timeout).await {
+                Ok(()) => {
+                    health.recovered();
                     return;
                 }
-                match probe(tier.as_ref(), health.policy().probe_timeout).await {
-                    Ok(()) => {
-                        health.recovered();
-                        return;
-                    }
-                    Err(why) => {
-                        tracing::debug!(tier = %tier.info().name, error = %why, "probe failed");
-                    }
+                Err(why) => {
+                    tracing::debug!(tier = %tier.info().name, error = %why, "probe failed");
                 }
             }
-        });
-    }
+        }
+    });
 }
 
 /// Runs `call` to its end, or until `deadline`: `None` when the deadline came first (the call

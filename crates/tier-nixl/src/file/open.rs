@@ -218,7 +218,8 @@ fn lock_folder(
         {
             return Ok(file);
         }
-        // Held: by sharers if a shared lock can be had beside them (an owner's excludes it).
+        // Held: by sharers if a shared lock can be had beside them (an owner's excludes it),
+        // unless the lock is free once that probe lets go (the holder left in between).
         let held_by_sharers = access == FileAccess::Owner && {
             let probe = fs::OpenOptions::new()
                 .read(true)
@@ -227,6 +228,13 @@ fn lock_folder(
                 .ok();
             probe.is_some_and(|p| try_flock(&p, libc::LOCK_SH).unwrap_or(false))
         };
+        if held_by_sharers
+            && try_flock(&file, op).map_err(|e| {
+                TierError::io("lock storage folder", None, Some(path.to_path_buf()), e)
+            })?
+        {
+            return Ok(file);
+        }
         if held_by_sharers {
             return Err(TierError::config(
                 "access",
