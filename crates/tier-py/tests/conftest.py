@@ -115,6 +115,36 @@ def run_instances(code, sync, n=2, open_within=10.0):
     return opened
 
 
+class Gluster:
+    """The test GlusterFS volume through its two FUSE mounts: two clients with caches of their
+    own, as two nodes see one shared filesystem (the Rust tests' volume, started by
+    ``tier_tests::gluster`` if it is not up)."""
+
+    def __init__(self):
+        root = Path(__file__).resolve().parents[3]
+        cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
+        out = subprocess.run([cargo, "run", "--quiet", "-p", "tier-tests", "--bin", "gluster-mounts"],
+                             cwd=root, capture_output=True, text=True, timeout=900)
+        if out.returncode != 0:
+            raise RuntimeError(f"the GlusterFS test volume did not start: {out.stderr[-2000:]}")
+        self.a, self.b = (Path(line) for line in out.stdout.split())
+
+    def folder(self, name):
+        """A fresh folder of the volume: its path through each mount."""
+        unique = f"{name}-{os.getpid()}-{time.time_ns()}"
+        (self.a / unique).mkdir()
+        deadline = time.monotonic() + 30
+        while not (self.b / unique).is_dir():
+            assert time.monotonic() < deadline, f"{unique} never showed through the second mount"
+            time.sleep(0.05)
+        return self.a / unique, self.b / unique
+
+
+@pytest.fixture(scope="session")
+def gluster():
+    return Gluster()
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -8,7 +8,9 @@ SPEC: ``name`` (this rank's label), ``world`` (processes at each barrier), ``syn
 fields: tp_rank, tp_size, dp_rank, pp_rank, pp_size, ...).
 
 Steps: write:SEED, read:SEED (every byte), read_any:SEED,SEED... (each page whole, as one of the
-seeds wrote it), present, absent, clear, flush (the store's background writes landed),
+seeds wrote it), present, absent, gone (absent within 10 s, as another client of a network
+filesystem sees a removal, and never read), clear; each of the first five on the N keys of a key set
+given after an ``@`` (``write:SEED@SET``, ``absent:@SET``: a hex prefix; none: the default set), flush (the store's background writes landed),
 barrier:NAME (waits, bounded, until every rank reached it), write_forever:SEED (seeds SEED and
 SEED+1 in turn, counting each acknowledged write in SYNC/NAME.writes, until killed). On start
 it records how long opening the backend took in SYNC/NAME.opened. Exits 0 when every step
@@ -28,8 +30,9 @@ from conftest import backend, make_mla_pool, make_pool
 N = 8
 
 
-def keys():
-    return [f"{i:064x}" for i in range(N)]
+def keys(keyset=""):
+    """The N keys of a key set (a hex prefix; the default set is ``""``)."""
+    return [f"{keyset}{i:0{64 - len(keyset)}x}" for i in range(N)]
 
 
 class Pages:
@@ -77,23 +80,32 @@ def main():
     (sync / f"{name}.opened").write_text(f"{time.monotonic() - started:.3f}")
     for step in sys.argv[2:]:
         op, _, arg = step.partition(":")
+        arg, _, keyset = arg.partition("@")
         if op == "write":
             pages.set(pages.content(int(arg)))
-            assert b.batch_set_v1(keys(), pages.idx) == [True] * N, f"{name}: write failed"
+            assert b.batch_set_v1(keys(keyset), pages.idx) == [True] * N, f"{name}: write failed"
         elif op in ("read", "read_any"):
             seeds = [int(s) for s in arg.split(",")]
             wants = [pages.content(s) for s in seeds]
             pages.set(0)
-            got = b.batch_get_v1(keys(), pages.idx)
+            got = b.batch_get_v1(keys(keyset), pages.idx)
             assert got == [True] * N, f"{name}: read {got}"
             data = pages.get()
             for i in range(N):
                 matches = [s for s, w in zip(seeds, wants) if same(pages.page(data, i), pages.page(w, i))]
                 assert matches, f"{name}: page {i} is none of seeds {seeds} (torn or foreign bytes)"
         elif op == "present":
-            assert b.batch_exists(keys()) == N, f"{name}: its pages are gone"
+            assert b.batch_exists(keys(keyset)) == N, f"{name}: its pages are gone"
         elif op == "absent":
-            assert b.batch_exists(keys()) == 0, f"{name}: sees pages it should not"
+            assert b.batch_exists(keys(keyset)) == 0, f"{name}: sees pages it should not"
+        elif op == "gone":
+            # Removed through another client of a network filesystem: its caches may list the
+            # files for a moment (GlusterFS: about a second), never serve them.
+            deadline = time.monotonic() + 10
+            while b.batch_exists(keys(keyset)) != 0:
+                assert time.monotonic() < deadline, f"{name}: removed pages still listed after 10 s"
+                time.sleep(0.1)
+            assert b.batch_get_v1(keys(keyset), pages.idx) == [False] * N, f"{name}: read removed pages"
         elif op == "clear":
             b.clear()
         elif op == "flush":
@@ -109,7 +121,7 @@ def main():
             seed, writes = int(arg), 0
             while True:
                 pages.set(pages.content(seed + writes % 2))
-                assert b.batch_set_v1(keys(), pages.idx) == [True] * N, f"{name}: write failed"
+                assert b.batch_set_v1(keys(keyset), pages.idx) == [True] * N, f"{name}: write failed"
                 writes += 1
                 (sync / f"{name}.writes").write_text(str(writes))
         else:

@@ -30,9 +30,10 @@ class Ranks:
         self.sync.mkdir()
         self.procs = {}
 
-    def start(self, name, cfg, *steps, world=None):
-        spec = {"name": name, "world": world, "sync": str(self.sync), "tiers": self.tiers, "mla": self.mla,
-                "cfg": cfg}
+    def start(self, name, cfg, *steps, world=None, tiers=None):
+        """Starts rank `name` (`tiers`: its own config, where it differs from the others')."""
+        spec = {"name": name, "world": world, "sync": str(self.sync), "tiers": tiers or self.tiers,
+                "mla": self.mla, "cfg": cfg}
         self.procs[name] = subprocess.Popen(
             [sys.executable, str(HERE / "rank_worker.py"), json.dumps(spec), *steps],
             cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -62,43 +63,110 @@ def dp_tp(dp=2, tp=2):
     return {f"dp{d}tp{t}": {"dp_rank": d, "tp_rank": t, "tp_size": tp} for d in range(dp) for t in range(tp)}
 
 
-@pytest.mark.parametrize("kind", ["nixl-file-path", "object"])
-def test_mla_dp_attention_groups_each_write_once_and_every_rank_reads(kind, tmp, s3):
+SHARED_KINDS = ["nixl-file-path", "object", "gluster"]
+
+
+def shared_tiers(kind, tmp, s3, gluster):
+    """The config of every process (``gluster``: a NIXL FILE folder on the GlusterFS volume,
+    through mount a) and, for ``gluster``, the same through mount b (another node)."""
+    if kind != "gluster":
+        tiers = tier_configs(kind, tmp, s3)
+        return tiers, tiers
+    a, b = gluster.folder("ranks")
+    return ([{"kind": "nixl-file", "dirs": [str(a)], "path_mode": "on"}],
+            [{"kind": "nixl-file", "dirs": [str(b)], "path_mode": "on"}])
+
+
+def stored_pages(kind, tmp, s3, tiers):
+    """The page files or objects stored (hidden files and kvtier's own objects aside)."""
+    if kind == "object":
+        root = s3.data / tiers[0]["bucket"]
+    elif kind == "gluster":
+        root = Path(tiers[0]["dirs"][0])
+    else:
+        root = tmp / "disk"
+    return sorted(f for _, _, fs in os.walk(root) for f in fs if not f.startswith(".") and "kvtier" not in f)
+
+
+@pytest.mark.parametrize("kind", SHARED_KINDS)
+def test_mla_dp_attention_groups_share_one_copy(kind, tmp, s3, gluster):
     """DeepSeek-style serving: MLA, 2 DP groups x 2 attention-TP ranks, four processes from
-    one config at once. Each group's writer (tp_rank 0) stores its pages, every rank of the
-    group reads them byte-exact (the other rank as a reader of the writer's folder); a clear
-    from group 0 removes group 0's pages, group 1's stay."""
-    ranks = Ranks(tmp, tier_configs(kind, tmp, s3), mla=True)
+    one config at once (on GlusterFS each group through a mount of its own: two nodes). MLA
+    pages are the same on every rank of every group: each group's writer (tp_rank 0) stores
+    its prefixes, every rank of both groups reads both groups' pages byte-exact, and storage
+    holds one copy of each page. A clear removes the model's pages for every group."""
+    on_a, on_b = shared_tiers(kind, tmp, s3, gluster)
+    ranks = Ranks(tmp, on_a, mla=True)
 
     def steps(name, cfg):
-        seed = str(10 + cfg["dp_rank"])
         writer = cfg["tp_rank"] == 0
-        out = ["absent", "barrier:open"]
-        out += ["write:" + seed] if writer else ["write:99"]  # SGLang skips the reader's backup; so does kvtier
-        out += ["barrier:written", "read:" + seed, "barrier:read"]
+        mine = f"{10 + cfg['dp_rank']}@d{cfg['dp_rank']}"
+        out = ["absent:@d0", "absent:@d1", "barrier:open"]
+        # SGLang skips a non-writer's backup; so does kvtier (its write is reported stored).
+        out += ["write:" + mine] if writer else ["write:99@d9", "absent:@d9"]
+        out += ["barrier:written", "read:10@d0", "read:11@d1", "barrier:read"]
         if name == "dp0tp0":
             out += ["clear"]
-        out += ["barrier:cleared"]
-        out += ["absent"] if cfg["dp_rank"] == 0 else ["read:" + seed]
+        out += ["barrier:cleared", "gone:@d0", "gone:@d1"]
         return out
 
-    ranks.start_all(dp_tp(), steps)
+    for name, cfg in dp_tp().items():
+        ranks.start(name, cfg, *steps(name, cfg), world=4,
+                    tiers=on_a if cfg["dp_rank"] == 0 else on_b)
     opened = ranks.finish()
     print(f"{kind}: MLA 2 DP x 2 TP, 4 processes opened in {max(opened.values()):.1f} s at most; "
-          "each group's readers read its writer's pages; group 0's clear left group 1's pages")
+          "every rank read both groups' pages; one copy of each")
 
 
-@pytest.mark.parametrize("kind", ["nixl-file-path", "object"])
-def test_mha_dp_attention_ranks_each_keep_their_own(kind, tmp, s3):
-    """MHA with DP attention, 2 x 2: every rank writes its own pages under the same keys
-    (SGLang's hashes do not depend on the rank) and reads back only its own bytes."""
-    ranks = Ranks(tmp, tier_configs(kind, tmp, s3))
+@pytest.mark.parametrize("kind", SHARED_KINDS)
+def test_mla_dp_attention_stores_one_copy_of_each_page(kind, tmp, s3, gluster):
+    """Both DP groups' writers store the same prefix (the same keys, the same bytes, as two
+    groups serving one prompt do) at the same moment: storage holds one copy of each page,
+    which every rank reads byte-exact."""
+    on_a, on_b = shared_tiers(kind, tmp, s3, gluster)
+    ranks = Ranks(tmp, on_a, mla=True)
+    for name, cfg in dp_tp().items():
+        steps = ["barrier:open"] + (["write:12@cc"] if cfg["tp_rank"] == 0 else [])
+        steps += ["barrier:written", "read:12@cc"]
+        ranks.start(name, cfg, *steps, world=4, tiers=on_a if cfg["dp_rank"] == 0 else on_b)
+    ranks.finish()
+    pages = stored_pages(kind, tmp, s3, on_a)
+    assert len(pages) == 8, f"8 pages stored by two groups take {len(pages)} files or objects: {pages}"
 
-    def steps(name, cfg):
-        seed = str(20 + 2 * cfg["dp_rank"] + cfg["tp_rank"])
-        return ["barrier:open", "write:" + seed, "barrier:written", "read:" + seed]
 
-    ranks.start_all(dp_tp(), steps)
+@pytest.mark.parametrize("kind", SHARED_KINDS)
+def test_mha_dp_attention_groups_share_each_tp_ranks_pages(kind, tmp, s3, gluster):
+    """MHA with DP attention, 2 x 2: a TP rank holds the same heads in every group. Group 0's
+    ranks store; group 1's ranks, which store nothing, read their own TP rank's pages
+    byte-exact (never the other rank's heads): one copy per TP rank for both groups."""
+    on_a, on_b = shared_tiers(kind, tmp, s3, gluster)
+    ranks = Ranks(tmp, on_a)
+    for name, cfg in dp_tp().items():
+        mine = str(20 + cfg["tp_rank"])
+        steps = ["barrier:open"] + (["write:" + mine] if cfg["dp_rank"] == 0 else [])
+        steps += ["barrier:written", "read:" + mine]
+        ranks.start(name, cfg, *steps, world=4, tiers=on_a if cfg["dp_rank"] == 0 else on_b)
+    ranks.finish()
+    pages = stored_pages(kind, tmp, s3, on_a)
+    assert len(pages) == 16, f"2 TP ranks x 8 pages take {len(pages)} files or objects"
+
+
+@pytest.mark.parametrize("kind", ["nixl-file-path", "gluster"])
+def test_two_servers_on_one_config_start_at_once_and_share(kind, tmp, s3, gluster):
+    """Two SGLang servers (replicas, TP 2 each, no DP attention: every rank's ``dp_rank`` is
+    0) on one config, four processes started at the same moment: every rank opens at once
+    (an owned folder made the second server wait 5 s and fail), and each server hits the
+    pages the other stored, byte-exact."""
+    on_a, on_b = shared_tiers(kind, tmp, s3, gluster)
+    ranks = Ranks(tmp, on_a)
+    for server in ("a", "b"):
+        other = "b" if server == "a" else "a"
+        for tp in range(2):
+            seed = lambda s: str(40 + 2 * (s == "b") + tp)  # noqa: E731
+            ranks.start(f"{server}tp{tp}", {"tp_rank": tp, "tp_size": 2},
+                        "barrier:open", f"write:{seed(server)}@{server}a", "barrier:written",
+                        f"read:{seed(other)}@{other}a", f"read:{seed(server)}@{server}a",
+                        world=4, tiers=on_a if server == "a" else on_b)
     ranks.finish()
 
 

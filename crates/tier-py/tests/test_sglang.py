@@ -110,7 +110,6 @@ NAMESPACES = {
     "page geometry": {"pool": {"page": 32, "heads": 1}},
     "layout": {"pool": {"layout": "layer_first"}},
     "tp rank": {"cfg": {"tp_rank": 1, "tp_size": 2}},
-    "dp group": {"cfg": {"dp_rank": 1}},
     "pp stage": {"cfg": {"pp_rank": 1, "pp_size": 2}},
     "attention cp rank": {"cfg": {"attn_cp_rank": 1, "attn_cp_size": 2}},
     "tenant": {"extra": {"tenant": "another-tenant"}},
@@ -141,6 +140,41 @@ def test_a_page_is_a_miss_under_every_other_namespace(variant, kind, tmp, s3):
     gc.collect()
     again = backend(tiers, make_pool(pages=16))
     assert again.batch_exists(keys) == 4, "the pages are gone: the check above proved nothing"
+
+
+@pytest.mark.parametrize("mla", [False, True])
+def test_dp_groups_share_one_copy_unless_their_folders_are_owned(mla, tmp):
+    """DP attention: a rank's pages are the same in every DP group (MLA pages on every rank,
+    MHA pages on the same attention TP rank), so a page one group stored is a hit in another,
+    from one copy on disk. With ``access = "owner"`` named, each group's writer owns folders of
+    its own: there the other group's pages are a miss."""
+    make = make_mla_pool if mla else make_pool
+    for access, shared in ((None, True), ("owner", False)):
+        tiers = tier_configs("nixl-file-path", tmp / f"{access}")
+        if access:
+            tiers[0]["access"] = access
+        pool = make(pages=16)
+        first = backend(tiers, pool, dp_rank=0, tp_rank=0, tp_size=2, mla=mla)
+        if mla:
+            idx, want = fill_mla(pool, 4, 3)
+        else:
+            idx = fill_pages(pool, 0, 4, 3)
+            want = pool.kv_buffer[:, idx].clone()
+        keys = hexkeys("dd", 4)
+        assert first.batch_set_v1(keys, idx) == [True] * 4
+        other_pool = make(pages=16)
+        other = backend(tiers, other_pool, dp_rank=1, tp_rank=0, tp_size=2, mla=mla)
+        if not shared:
+            assert other.batch_exists(keys) == 0, "an owned group's folder is another group's"
+            continue
+        assert other.batch_exists(keys) == 4, "DP group 1 misses group 0's pages"
+        assert other.batch_get_v1(keys, idx) == [True] * 4
+        got = other_pool.kv_buffer[idx] if mla else other_pool.kv_buffer[:, idx]
+        assert same(got, want), "group 1 read other bytes than group 0 stored"
+        files = [f for _, _, fs in os.walk(tmp / f"{access}" / "disk") for f in fs if not f.startswith(".")]
+        assert len(files) == 4, f"one copy of each page, not {len(files)} files"
+        first.close()
+        other.close()
 
 
 def test_fp8_formats_never_read_each_others_pages(tmp, monkeypatch):
@@ -211,11 +245,13 @@ def test_without_the_integrity_secret_no_one_names_probes_or_plants_a_tenants_pa
     assert same(second.mem_pool_host.kv_buffer[:, idx], pool.kv_buffer[:, idx])
 
 
-def test_mla_only_the_writer_stores_and_a_reader_rank_reads_its_pages(tmp):
+@pytest.mark.parametrize("access", ["owner", "shared"])
+def test_mla_only_the_writer_stores_and_a_reader_rank_reads_its_pages(access, tmp):
     """MLA: rank 1's backup is skipped (reported stored, as SGLang's controller expects);
-    rank 0 stores; rank 1, a reader of rank 0's folder, reads every byte."""
+    rank 0 stores; rank 1 (with owned folders, a reader of rank 0's folder) reads every
+    byte."""
     pool = make_mla_pool(pages=16)
-    tiers = tier_configs("nixl-file-path", tmp)
+    tiers = [{**tier_configs("nixl-file-path", tmp)[0], "access": access}]
     r1 = backend(tiers, pool, tp_rank=1, tp_size=2, mla=True)
     r0 = backend(tiers, pool, tp_rank=0, tp_size=2, mla=True)
     assert r0.prefix == r1.prefix, "MLA pages are shared by the attention group's ranks"

@@ -176,6 +176,11 @@ pub fn check_folder(dir: &Path, mark: bool, mode: FolderMode) -> Result<FolderFo
                 )))
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+            // Another client of a network filesystem renamed its marker in over the one this
+            // client had cached: read it again by its path.
+            Err(e) if e.raw_os_error() == Some(libc::ESTALE) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
             Err(e) => {
                 return Err(TierError::io(
                     "read the folder's format",

@@ -115,6 +115,35 @@ def close_all(log: RateLimitedLog, what: str, *closers: Callable[[], object]) ->
             log.warn(what, e)
 
 
+def shared_by_default(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` as engine instances open it: one cache for every instance, replica and node
+    on it (1x the capacity, not 1/N). A NIXL FILE tier that names no ``access`` opens its
+    folders with ``access = "shared"``, and a bounded object or NIXL OBJ tier that names none
+    bounds its prefix as ``"shared"``. A tier that names its ``access`` keeps it; one that names
+    a ``policy`` (which shared access refuses: it evicts by last use across processes) keeps the
+    owner or private default, with a warning."""
+    tiers = []
+    for tier in config.get("tiers", []):
+        if not isinstance(tier, dict) or "access" in tier:
+            tiers.append(tier)
+            continue
+        kind = tier.get("kind")
+        sharable = kind == "nixl-file" or (
+            kind in ("object", "nixl-obj") and tier.get("capacity") is not None
+        )
+        if sharable and tier.get("policy") is not None:
+            logger.warning(
+                "kvtier: the %s tier names a policy, so it is not shared across engine "
+                'instances; set access = "shared" (without policy) to share it, or '
+                'access = "owner"/"private" to silence this',
+                kind,
+            )
+        elif sharable:
+            tier = {**tier, "access": "shared"}
+        tiers.append(tier)
+    return {**config, "tiers": tiers}
+
+
 def owned_file_tiers(config: dict[str, Any]) -> list[Any]:
     """The NIXL FILE tiers of ``config`` that own their folders (one process each)."""
     return [
@@ -164,7 +193,9 @@ def open_instance(
     tiers, which one process owns at a time: each instance takes the lowest free index ``k``
     and its own folders ``<dir>/instance-<k>`` under each configured folder (the first
     instance of a restarted set finds its pages again). Configs without owned folders open
-    as they are: folders in ``access = "shared"`` are one cache for every instance."""
+    as they are: folders in ``access = "shared"`` (the default, see
+    :func:`shared_by_default`) are one cache for every instance."""
+    config = shared_by_default(config)
     tiers = owned_file_tiers(config)
     if not tiers:
         return opener(config), InstanceClaim(0, None)

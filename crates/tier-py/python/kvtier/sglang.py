@@ -29,7 +29,15 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 from . import Store
-from ._engine import RateLimitedLog, close_all, integrity_secret, load_config, namespace
+from ._engine import (
+    RateLimitedLog,
+    close_all,
+    integrity_secret,
+    load_config,
+    namespace,
+    owned_file_tiers,
+    shared_by_default,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +115,11 @@ class KvtierStorage(HiCacheStorage):
         self.tenant = str(extra["tenant"]) if extra.get("tenant") else None
         self.revision = str(extra.get("model_revision") or "")
         self.kv_cache_dtype = kv_cache_dtype(extra)
-        config = load_config(extra)
+        config = shared_by_default(load_config(extra))
+        # Folders one process owns (access = "owner" named in the config): each DP group's
+        # writer owns folders of its own. Shared folders (the default) are one cache for
+        # every replica, DP group and node.
+        self.owned_folders = bool(owned_file_tiers(config))
         self.secret = integrity_secret(config)
         self.store = Store(self._rank_config(config))
         # Prometheus metrics of this rank's store, at the port given plus the rank.
@@ -164,11 +176,12 @@ class KvtierStorage(HiCacheStorage):
         """SGLang runs one process per rank, each with this same config. Each namespace (see
         :meth:`_namespace`) gets a folder (NIXL FILE) or prefix (object tiers) of its own
         under the configured ones, so ranks never contend for a folder's ownership and one
-        rank's ``clear`` or crash touches only its own pages. The ranks of an MLA attention
-        group share one: its writer (SGLang's ``is_storage_writer``) owns it, the others
-        open its NIXL FILE folders as readers. Folders in ``access = "shared"`` stay shared:
-        the same rank of every engine instance (and node) stores into and reads from one
-        folder."""
+        rank's ``clear`` or crash touches only its own pages. NIXL FILE folders are shared
+        (``access = "shared"``, the default): the ranks whose pages hold the same bytes in
+        every replica, DP group and node store into and read from one folder. Where the
+        config names ``access = "owner"``, an MLA attention group's writer (SGLang's
+        ``is_storage_writer``) owns its folders and the group's other ranks open them as
+        readers."""
         ns = self._namespace(None)
         tiers = []
         for tier in config.get("tiers", []):
@@ -191,13 +204,16 @@ class KvtierStorage(HiCacheStorage):
 
         - MHA: every (attention) TP rank holds its own heads: ``tp_rank`` of ``tp_size``.
         - MLA: the latent is replicated over the attention TP group: no TP rank.
-        - DP attention: ``tp_rank`` is local to the DP group; the group (``dp_rank``) is named,
-          so each group's writer owns its own folders (MLA groups keep a copy each).
+        - DP attention: ``tp_rank`` is local to the DP group, and its pages are the same in
+          every group (MLA: one copy for all groups; MHA: one per attention TP rank). Only
+          where folders are owned (``access = "owner"``) is the group (``dp_rank``) named, so
+          that each group's writer owns folders of its own.
         - Attention context parallel and DCP: each rank holds a disjoint slice of a page.
         - PP: each stage holds its own layers."""
         c = self.config
         ranks = "mla" if self.is_mla else f"tp{c.tp_rank}of{c.tp_size}"
-        ranks += f"-dp{int(getattr(c, 'dp_rank', 0) or 0)}"
+        if self.owned_folders:
+            ranks += f"-dp{int(getattr(c, 'dp_rank', 0) or 0)}"
         if int(getattr(c, "attn_cp_size", 1) or 1) > 1:
             ranks += f"-cp{c.attn_cp_rank}of{c.attn_cp_size}"
         if int(getattr(c, "dcp_size", 1) or 1) > 1:
