@@ -63,6 +63,20 @@ def make_mla_pool(layers=2, kv_lora_rank=64, rope_dim=16, page=16, pages=64, lay
     return pool
 
 
+def make_mamba_pool(layers=2, slots=16, layout="page_first"):
+    """SGLang's MambaPoolHost on CPU: a hybrid model's state pool (one slot per page: a
+    temporal state and a conv state per layer, of two dtypes)."""
+    from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo
+    from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
+
+    temporal = torch.zeros(layers, slots, 4, 8, dtype=torch.float32)
+    conv = (torch.zeros(layers, slots, 3, 16, dtype=torch.float16),)
+    info = MambaStateBufferInfo(temporal=temporal, conv=conv)
+    pool = MambaPoolHost(info, 2.0, 0, device_capacity=slots, pin_memory=False, device="cpu", layout=layout)
+    pool._keep = (temporal, conv)
+    return pool
+
+
 def storage_config(extra, tp_rank=0, tp_size=1, mla=False, model="test-model", page_first=True, metrics=False,
                    dp_rank=0, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1):
     """SGLang's storage config of one rank (with DP attention, `tp_rank` is the rank in its DP

@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from conftest import KINDS, backend, fill_pages, make_mla_pool, make_pool, tier_configs
+from conftest import KINDS, backend, fill_pages, make_mamba_pool, make_mla_pool, make_pool, tier_configs
 
 import kvtier
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
@@ -175,6 +175,114 @@ def test_dp_groups_share_one_copy_unless_their_folders_are_owned(mla, tmp):
         assert len(files) == 4, f"one copy of each page, not {len(files)} files"
         first.close()
         other.close()
+
+
+def fill_side(pool, rows, seed):
+    """Distinct bytes in the given page rows of a side pool; their flat pages."""
+    g = torch.Generator().manual_seed(seed)
+    for row in rows:
+        flat = pool.get_dummy_flat_data_page()
+        flat.copy_(torch.randint(0, 256, flat.shape, generator=g, dtype=torch.uint8).view(flat.dtype))
+        pool.set_from_flat_data_page(row, flat)
+    return [pool.get_data_page(row, flat=True).clone() for row in rows]
+
+
+def side_bytes(pool, rows):
+    return [pool.get_data_page(row, flat=True).view(torch.uint8).clone() for row in rows]
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+@pytest.mark.parametrize("kind", ["nixl-file-path", "object"])
+def test_hybrid_models_side_pools_round_trip_and_gate_the_prefix(kind, zero_copy, tmp, s3):
+    """A hybrid model (KV pages plus Mamba states and SWA pages), through SGLang's v2 storage
+    calls as its hybrid controller makes them, on SGLang's own host pools: the side pools'
+    pages are stored beside the KV pages and read back byte-exact; ``batch_exists_v2`` answers
+    the longest prefix whose trailing state pages (TRAILING_PAGES) or every page (ALL_PAGES)
+    are present, and the prefix lengths a state restores. (Without v2, SGLang's hybrid
+    controller logs a traceback per request and gets no L3 at all.)"""
+    from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer
+
+    pool = make_pool(pages=16)
+    b = backend(tier_configs(kind, tmp, s3), pool)
+    mamba, swa = make_mamba_pool(), make_pool(pages=16)
+    if not zero_copy:
+        def cannot(indices):
+            raise NotImplementedError("no zero-copy metadata")
+
+        mamba.get_page_buffer_meta = cannot
+    b.register_mem_host_pool_v2(mamba, PoolName.MAMBA)
+    b.register_mem_host_pool_v2(swa, PoolName.SWA)
+    keys = hexkeys("ab", 6)
+    idx = fill_pages(pool, 0, 6, 41)
+    assert b.batch_set_v1(keys, idx) == [True] * 6
+    # The state of the prefix's last page (slot 3) and the SWA window of its last two pages.
+    m_rows = [3]
+    want_m = fill_side(mamba, m_rows, 42)
+    s_idx = fill_pages(swa, 4, 2, 43)
+    want_s = swa.kv_buffer[:, s_idx].clone()
+    transfers = [
+        PoolTransfer(name=PoolName.MAMBA, host_indices=torch.tensor(m_rows), keys=keys[5:],
+                     hit_policy=PoolHitPolicy.TRAILING_PAGES),
+        PoolTransfer(name=PoolName.SWA, host_indices=s_idx, keys=keys[4:],
+                     hit_policy=PoolHitPolicy.TRAILING_PAGES),
+    ]
+    assert b.batch_set_v2(transfers) == {PoolName.MAMBA: [True], PoolName.SWA: [True, True]}
+
+    hit = b.batch_exists_v2(keys + hexkeys("ff", 2), transfers)
+    assert hit.kv_hit_pages == 6, hit
+    assert hit.extra_pool_hit_pages == {"kv": 6, PoolName.MAMBA: 6, PoolName.SWA: 6}, hit
+    assert hit.restorable_prefix_pages == [6], hit
+    # A state pool whose pages are missing leaves nothing restorable; an ALL_PAGES pool cuts
+    # the prefix at its first missing page.
+    missing = PoolTransfer(name=PoolName.MAMBA, keys=hexkeys("ee", 1), hit_policy=PoolHitPolicy.TRAILING_PAGES)
+    assert b.batch_exists_v2(hexkeys("ee", 1), [missing]).kv_hit_pages == 0
+    every = PoolTransfer(name=PoolName.SWA, keys=keys, hit_policy=PoolHitPolicy.ALL_PAGES)
+    assert b.batch_exists_v2(keys, [every]).kv_hit_pages == 0, "SWA page 0 was never stored"
+    head = PoolTransfer(name=PoolName.SWA, host_indices=fill_pages(swa, 8, 3, 44), keys=keys[:3])
+    assert b.batch_set_v2([head]) == {PoolName.SWA: [True] * 3}
+    assert b.batch_exists_v2(keys, [every]).kv_hit_pages == 3, "SWA page 3 was never stored"
+
+    for row in m_rows:
+        mamba.set_from_flat_data_page(row, mamba.get_dummy_flat_data_page())
+    swa.kv_buffer[:, s_idx] = 0
+    assert b.batch_get_v2(transfers) == {PoolName.MAMBA: [True], PoolName.SWA: [True, True]}
+    got = [mamba.get_data_page(row, flat=True) for row in m_rows]
+    assert all(torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got, want_m)), \
+        "Mamba state differs after the round trip"
+    assert same(swa.kv_buffer[:, s_idx], want_s), "SWA pages differ after the round trip"
+    # Indices that do not cover a transfer's pages move nothing (as SGLang's own backends).
+    short = PoolTransfer(name=PoolName.SWA, host_indices=s_idx[:3], keys=keys[4:])
+    assert b.batch_get_v2([short]) == {PoolName.SWA: [False, False]}
+    assert b.side_pools["mamba"].zero_copy is zero_copy
+    b.close()
+
+
+def test_side_pools_are_namespaced_by_pool_and_mamba_by_tp_rank_under_mla(tmp):
+    """MLA KV pages are one copy for the attention group, but each TP rank holds its own shard
+    of the Mamba state: rank 1 misses rank 0's state pages and stores its own; two pools under
+    one key never read each other's pages."""
+    from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer
+
+    tiers = tier_configs("nixl-file-path", tmp)
+    kv = make_mla_pool(pages=16)
+    r0 = backend(tiers, kv, tp_rank=0, tp_size=2, mla=True)
+    r1 = backend(tiers, kv, tp_rank=1, tp_size=2, mla=True)
+    states = make_mamba_pool()
+    for b in (r0, r1):
+        b.register_mem_host_pool_v2(states, PoolName.MAMBA)
+        b.register_mem_host_pool_v2(make_mamba_pool(), PoolName.DRAFT)
+    keys = hexkeys("cd", 2)
+    idx, _ = fill_mla(kv, 2, 7)
+    assert r0.batch_set_v1(keys, idx) == [True] * 2
+    rows = torch.tensor([1])
+    fill_side(states, [1], 8)
+    t = PoolTransfer(name=PoolName.MAMBA, host_indices=rows, keys=keys[1:], hit_policy=PoolHitPolicy.TRAILING_PAGES)
+    assert r0.batch_set_v2([t]) == {PoolName.MAMBA: [True]}
+    assert r0.batch_exists_v2(keys, [t]).kv_hit_pages == 2
+    assert r1.batch_exists(keys) == 2, "MLA KV pages are the group's"
+    assert r1.batch_exists_v2(keys, [t]).kv_hit_pages == 0, "rank 1 took rank 0's Mamba shard"
+    draft = PoolTransfer(name=PoolName.DRAFT, host_indices=rows, keys=keys[1:], hit_policy=PoolHitPolicy.TRAILING_PAGES)
+    assert r0.batch_exists_v2(keys, [draft]).kv_hit_pages == 0, "another pool's page under the key"
 
 
 def test_fp8_formats_never_read_each_others_pages(tmp, monkeypatch):

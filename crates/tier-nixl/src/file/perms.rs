@@ -52,7 +52,21 @@ impl FolderMode {
             .recursive(true)
             .mode(self.dir_mode())
             .create(dir)
-            .map_err(|e| TierError::io("create storage folder", None, Some(dir.into()), e))?;
+            .map_err(|e| {
+                let not_a_folder = e.raw_os_error() == Some(libc::ENOTDIR)
+                    || fs::symlink_metadata(dir).is_ok_and(|m| !m.is_dir());
+                if not_a_folder {
+                    TierError::config(
+                        "dirs",
+                        format!(
+                            "{} is not a folder (it, or a folder above it, is a file)",
+                            dir.display()
+                        ),
+                    )
+                } else {
+                    TierError::io("create storage folder", None, Some(dir.into()), e)
+                }
+            })?;
         self.claim(dir, true)
     }
 
@@ -248,4 +262,24 @@ pub fn nonce() -> u64 {
         return t ^ (&bytes as *const _ as u64).rotate_left(32);
     }
     u64::from_ne_bytes(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_storage_folder_that_is_a_file_is_a_config_error_naming_it() {
+        let root = tempfile::tempdir().unwrap();
+        let file = root.path().join("plain-file");
+        fs::write(&file, b"x").unwrap();
+        for dir in [file.clone(), file.join("below")] {
+            let err = FolderMode::Owner.create_storage_dir(&dir).unwrap_err();
+            assert!(
+                matches!(&err, TierError::Config { field, message }
+                    if field == "dirs" && message.contains("plain-file")),
+                "{err:?}"
+            );
+        }
+    }
 }

@@ -72,7 +72,7 @@ class KvtierL2Connector:
         # secret) adds a namespace of its own, so tenants sharing storage never meet.
         secret = integrity_secret(loaded)
         self._prefix = f"{namespace('lmc', [], tenant, secret)}-" if tenant or secret else ""
-        # Two LMCache servers on one config each get folders of their own (`open_instance`).
+        # LMCache servers on one config share its folders by default (`open_instance`).
         self.store, self._instance = open_instance(loaded)
         self.queue = self.store.completion_queue(max_pending)
         self.log = RateLimitedLog(logger)

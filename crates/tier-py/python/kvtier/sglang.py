@@ -92,6 +92,72 @@ def kv_cache_dtype(extra: dict[str, Any]) -> str | None:
     return None if value in (None, "", "auto") else str(value)
 
 
+# Side pools SGLang's controller backs up on every TP rank even where the KV pool is replicated
+# (MLA): each rank holds a shard of their state.
+RANK_SHARDED_POOLS = frozenset({"mamba"})
+
+
+class SidePool:
+    """A hybrid model's side pool (SGLang's host pool of Mamba states, SWA or indexer pages)
+    and how its pages move: straight between the pool and storage where the pool describes
+    its pages (``get_page_buffer_meta``), else through its flat pages."""
+
+    def __init__(self, name: str, pool: Any, zero_copy: bool, geometry: str):
+        self.name, self.pool, self.zero_copy, self.geometry = name, pool, zero_copy, geometry
+        self.page_size = int(getattr(pool, "page_size", 1) or 1)
+        self.prefix = ""
+
+    @classmethod
+    def of(cls, name: str, pool: Any) -> SidePool:
+        page_size = int(getattr(pool, "page_size", 1) or 1)
+        probe = torch.arange(0, page_size, dtype=torch.int64)
+        zero_copy, regions = False, ""
+        if hasattr(pool, "get_page_buffer_meta"):
+            try:
+                _, sizes = pool.get_page_buffer_meta(probe)
+                zero_copy, regions = True, "x".join(str(s) for s in sizes)
+            except Exception as e:  # the pool cannot describe its pages: flat pages
+                logger.info("kvtier: side pool %s is copied (%s)", name, e)
+        if not zero_copy:
+            regions = str(pool.get_dummy_flat_data_page().numel())
+        layout = getattr(pool, "layout", "unknown")
+        dtype = str(getattr(pool, "dtype", ""))
+        return cls(name, pool, zero_copy, f"pool={name}/{layout}/{page_size}/{regions}/{dtype}")
+
+    def names(self, keys: list[str]) -> list[str]:
+        return [f"{self.prefix}-{k}" for k in keys]
+
+    def rows(self, host_indices: Any, pages: int) -> Any:
+        """The host indices of ``pages`` pages, checked to cover them."""
+        n = 0 if host_indices is None else int(host_indices.numel())
+        if n != pages * self.page_size:
+            raise ValueError(
+                f"side pool {self.name}: {n} host indices for {pages} pages of {self.page_size}"
+            )
+        return host_indices
+
+    def store(self, store: Store, names: list[str], rows: Any) -> list[Any]:
+        if self.zero_copy:
+            ptrs, sizes = self.pool.get_page_buffer_meta(rows)
+            return list(store.put_regions(names, ptrs, sizes))
+        pages = [
+            self.pool.get_data_page(rows[i * self.page_size], flat=True).contiguous()
+            for i in range(len(names))
+        ]
+        return list(store.put(names, pages))
+
+    def load(self, store: Store, names: list[str], rows: Any, timeout: float) -> list[Any]:
+        if self.zero_copy:
+            ptrs, sizes = self.pool.get_page_buffer_meta(rows)
+            return list(store.get_into_regions(names, ptrs, sizes, timeout=timeout))
+        bufs = [self.pool.get_dummy_flat_data_page() for _ in names]
+        results = list(store.get_into(names, bufs, timeout=timeout))
+        for i, r in enumerate(results):
+            if r is True:
+                self.pool.set_from_flat_data_page(rows[i * self.page_size], bufs[i])
+        return results
+
+
 class KvtierStorage(HiCacheStorage):
     """A kvtier hierarchy behind SGLang HiCache."""
 
@@ -128,6 +194,8 @@ class KvtierStorage(HiCacheStorage):
             self.metrics_addr = self._serve_metrics(str(extra["metrics_addr"]))
         self.mem_pool_host: Any = None
         self.zero_copy = False
+        # Side pools of hybrid models (Mamba, SWA, indexers), by SGLang's pool name.
+        self.side_pools: dict[str, SidePool] = {}
         self.prefix = self._namespace(None)
         self.log = RateLimitedLog(logger)
         self._lock = threading.Lock()
@@ -198,7 +266,7 @@ class KvtierStorage(HiCacheStorage):
 
     # ------------------------------------------------------------------ keys
 
-    def _namespace(self, geometry: str | None) -> str:
+    def _namespace(self, geometry: str | None, rank_sharded: bool = False) -> str:
         """The pages' namespace: the model, the ranks whose pages hold the same bytes, and
         (once the host pool is known) the page geometry, layout and dtype.
 
@@ -209,9 +277,11 @@ class KvtierStorage(HiCacheStorage):
           where folders are owned (``access = "owner"``) is the group (``dp_rank``) named, so
           that each group's writer owns folders of its own.
         - Attention context parallel and DCP: each rank holds a disjoint slice of a page.
-        - PP: each stage holds its own layers."""
+        - PP: each stage holds its own layers.
+        - ``rank_sharded``: a side pool whose state each TP rank holds a shard of even where
+          the KV pool is replicated (Mamba): named by TP rank."""
         c = self.config
-        ranks = "mla" if self.is_mla else f"tp{c.tp_rank}of{c.tp_size}"
+        ranks = "mla" if self.is_mla and not rank_sharded else f"tp{c.tp_rank}of{c.tp_size}"
         if self.owned_folders:
             ranks += f"-dp{int(getattr(c, 'dp_rank', 0) or 0)}"
         if int(getattr(c, "attn_cp_size", 1) or 1) > 1:
@@ -340,6 +410,102 @@ class KvtierStorage(HiCacheStorage):
         except Exception as e:
             self.log.warn("batch_exists", e)
             return 0
+
+    # ------------------------------------------------------------------ v2 (hybrid models)
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """A side pool of a hybrid model (Mamba states, SWA, an indexer): its pages are stored
+        beside the KV pages, each under its KV page's key in a namespace of the pool's own."""
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        name = str(host_pool_name)
+        pool = SidePool.of(name, host_pool)
+        pool.prefix = self._namespace(pool.geometry, rank_sharded=name in RANK_SHARDED_POOLS)
+        self.side_pools[name] = pool
+        logger.info("kvtier: side pool %s registered (zero copy %s)", name, pool.zero_copy)
+
+    def batch_exists_v2(
+        self, keys: list[str], pool_transfers: Any = None, extra_info: Any = None
+    ) -> Any:
+        """The longest KV prefix whose side pools' pages are present by each pool's hit
+        policy (every page, or the trailing pages a state pool restores from), and every
+        prefix length that is restorable: SGLang's own backends' semantics."""
+        from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolTransferResult
+
+        transfers = list(pool_transfers or [])
+        if not keys:
+            return PoolTransferResult(0, {}, [])
+        try:
+            names = self._keys(keys)
+            for t in transfers:
+                names += self._side(str(t.name)).names(keys)
+            found = self.store.contains(names, timeout=self.timeout_base)
+        except Exception as e:
+            self.log.warn("batch_exists_v2", e)
+            return PoolTransferResult(0, {}, [])
+        present = [r is True for r in found]
+        kv_pages = present.index(False) if False in present[: len(keys)] else len(keys)
+        hits: dict[Any, int] = {"kv": kv_pages} if kv_pages else {}
+        restorable = set(range(1, kv_pages + 1))
+        for i, t in enumerate(transfers):
+            has = present[len(keys) * (i + 1) : len(keys) * (i + 2)]
+            if t.hit_policy == PoolHitPolicy.ALL_PAGES:
+                boundary = has.index(False) if False in has[:kv_pages] else kv_pages
+                pool_restorable = set(range(1, boundary + 1))
+            elif t.hit_policy == PoolHitPolicy.TRAILING_PAGES:
+                trailing = max(1, len(t.keys) if t.keys else 1)
+                pool_restorable = {
+                    n for n in range(1, kv_pages + 1) if all(has[max(0, n - trailing) : n])
+                }
+                boundary = max(pool_restorable, default=0)
+            else:
+                self.log.warn("batch_exists_v2", ValueError(f"hit policy {t.hit_policy}"))
+                pool_restorable, boundary = set(), 0
+            if boundary:
+                hits[t.name] = boundary
+            restorable &= pool_restorable
+        ordered = sorted(restorable)
+        return PoolTransferResult(ordered[-1] if ordered else 0, hits, ordered)
+
+    def batch_get_v2(self, transfers: Any, extra_info: Any = None) -> dict[str, list[bool]]:
+        return self._side_io(transfers, load=True)
+
+    def batch_set_v2(self, transfers: Any, extra_info: Any = None) -> dict[str, list[bool]]:
+        # SGLang's controller picks the pools each rank backs up (a replicated pool's
+        # writer only; a TP-sharded one on every rank): what it hands over is written.
+        return self._side_io(transfers, load=False)
+
+    def _side(self, name: str) -> SidePool:
+        pool = self.side_pools.get(name)
+        if pool is None:
+            raise KeyError(f"side pool {name} was never registered (register_mem_host_pool_v2)")
+        return pool
+
+    def _side_io(self, transfers: Any, load: bool) -> dict[str, list[bool]]:
+        """Each transfer's pages between its side pool and storage: per page whether it
+        moved. A transfer whose indices do not cover its keys moves nothing."""
+        what = "batch_get_v2" if load else "batch_set_v2"
+        results: dict[str, list[bool]] = {}
+        for t in transfers or []:
+            name, keys = str(t.name), list(t.keys or [])
+            results[t.name] = [False] * len(keys)
+            if not keys:
+                continue
+            try:
+                pool = self._side(name)
+                rows = pool.rows(t.host_indices, len(keys))
+                names = pool.names(keys)
+                if load:
+                    got = pool.load(self.store, names, rows, self._read_timeout(len(keys)))
+                else:
+                    got = pool.store(self.store, names, rows)
+            except Exception as e:
+                self.log.warn(what, e)
+                continue
+            for r in got:
+                if r is not True and r is not False and r is not None:
+                    self.log.warn(what, r)
+            results[t.name] = [r is True for r in got] if load else [r is None for r in got]
+        return results
 
     # ------------------------------------------------------------------ generic API
 

@@ -10,14 +10,16 @@ vLLM loads it by module path from ``kv_connector_extra_config``::
 
 The tier's entry holds ``config`` (a TOML or JSON path) or inline ``tiers`` (and optional
 ``hierarchy``); optional ``namespace`` (default: derived from the model, dtype, chunk geometry
-and parallelism, so engines sharing a folder or bucket never read each other's chunks),
+and parallelism, which chunks in vLLM's parallelism-agnostic layouts leave out, so engines
+sharing a folder or bucket never read each other's chunks and share what they can),
 ``max_pending`` (calls in flight, default 4096), ``drain_timeout`` (seconds after which
 :meth:`KvtierSecondaryTier.drain_jobs` logs an error while it goes on waiting, default 120),
 ``lookup_timeout_ms`` (bound on each presence check, default 1000, as vLLM's KVCR tier's
 ``operation_timeout_ms``: a lookup is a ``MISS`` past it, never ``RETRY`` for longer) and
 ``transfer_timeout_ms`` (bound on each load and store, default: the hierarchy's own bounds; a
 load past it fails with the chunks that did load). vLLM gives its tiers no deadline of its own.
-Two engines on one config each get NIXL FILE folders of their own (``instance-<k>``).
+Engines on one config share its NIXL FILE folders by default (``access = "shared"``); with
+``access = "owner"`` named, each gets folders of its own (``instance-<k>``).
 
 Every method returns at once: stores, loads and lookups run in kvtier's runtime, straight
 between vLLM's primary CPU chunks and storage, and finish through
@@ -37,15 +39,17 @@ from typing import Any, ClassVar
 
 import numpy as np
 from vllm.v1.kv_offload.base import (
+    Locality,
     LookupResult,
     Medium,
+    OffloadingEvent,
     OffloadKey,
     ReqContext,
     RequestOffloadingContext,
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
-from . import Store
+from . import ConfigError, Store
 from ._engine import (
     RateLimitedLog,
     bound_ms,
@@ -62,6 +66,8 @@ logger = logging.getLogger(__name__)
 # of a step agree without a new check, and a chunk another engine stored is seen soon.
 _ANSWERS_KEPT = 65536
 _ANSWER_TTL_S = 2.0
+# Keys asked about in one presence check.
+_CHECK_BATCH = 4096
 
 
 class KvtierSecondaryTier(SecondaryTierManager):
@@ -84,15 +90,35 @@ class KvtierSecondaryTier(SecondaryTierManager):
         drain_timeout: float = 120.0,
         lookup_timeout_ms: int | None = 1000,
         transfer_timeout_ms: int | None = None,
+        enable_kv_events: bool = False,
+        locality: str | None = None,
         **unused: Any,
     ):
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         if unused:
             logger.warning("kvtier: ignoring unknown secondary tier options %s", sorted(unused))
+        try:
+            self.locality = Locality(locality) if locality is not None else None
+        except ValueError:
+            raise ConfigError(
+                f"locality must be one of {[m.value for m in Locality]}, not {locality!r}"
+            ) from None
+        # KV events (chunks this tier stored), for KV-aware routers: as vLLM's own tiers, only
+        # where the engine publishes KV events at all.
+        self._events: list[OffloadingEvent] | None = None
+        if enable_kv_events:
+            events_config = getattr(offloading_spec, "kv_events_config", None)
+            if getattr(events_config, "enable_kv_cache_events", False):
+                self._events = []
+            else:
+                logger.warning(
+                    "kvtier: enable_kv_events is set but the engine's KV cache events are "
+                    "off; the tier emits none"
+                )
         self._lookup_timeout = bound_ms("lookup_timeout_ms", lookup_timeout_ms)
         self._transfer_timeout = bound_ms("transfer_timeout_ms", transfer_timeout_ms)
         params = {"config": config, "tiers": tiers, "hierarchy": hierarchy or {}}
-        # Two vLLM engines on one config each get folders of their own (`open_instance`).
+        # vLLM engines on one config share its folders by default (`open_instance`).
         self.store: Store | None
         loaded = load_config(params, "the secondary tier's entry")
         self.store, self._instance = open_instance(loaded)
@@ -100,7 +126,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self.log = RateLimitedLog(logger)
         self.drain_timeout = float(drain_timeout)
         self.namespace = namespace or self._default_namespace(
-            offloading_spec, tenant, integrity_secret(loaded)
+            offloading_spec, self.block_size_bytes, tenant, integrity_secret(loaded)
         )
         # The primary tier's chunks: chunk i is `stride` bytes at base + i * stride. The view is
         # held by this tier for its whole life, and no call runs past drain_jobs or shutdown.
@@ -110,25 +136,39 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._chunks = view_bytes // self._stride if self._stride else 0
         # queue id -> (job, is load, bytes)
         self._jobs: dict[int, tuple[TransferJob, bool, int]] = {}
-        # queue id -> key, for presence checks in flight
-        self._checks: dict[int, OffloadKey] = {}
+        # Keys looked up and not yet asked about: one presence check per scheduler step asks
+        # about all of them (at the step's end).
+        self._unasked: dict[OffloadKey, None] = {}
+        # queue id -> keys, for presence checks in flight
+        self._checks: dict[int, list[OffloadKey]] = {}
         self._checking: set[Any] = set()
         self._answers: OrderedDict[OffloadKey, tuple[bool, float]] = OrderedDict()
         self._finished: list[JobResult] = []
 
     @staticmethod
-    def _default_namespace(spec: Any, tenant: str | None, secret: bytes | None) -> str:
+    def _default_namespace(spec: Any, stride: int, tenant: str | None, secret: bytes | None) -> str:
         c = getattr(spec, "config", None)
         parts = ["vllm"]
         if c is not None:
             p = c.parallel
+            replicated = bool(getattr(c, "replicated_layout", False))
+            # Chunks whose bytes do not depend on the parallelism (vLLM's certified canonical
+            # layout, or a replicated one) are named without it, as vLLM's own fs and obj
+            # tiers do, so engines of other TP/PP sizes share them; their size is then the
+            # chunk's (every worker's bytes together), not one worker's.
+            chunk_bytes = c.worker_kv_bytes_per_block
+            if getattr(p, "is_parallelism_agnostic", False) or replicated:
+                layout = "parallel-agnostic" + ("/replicated" if replicated else "")
+                chunk_bytes = stride
+            else:
+                layout = f"tp{p.tp_size}pp{p.pp_size}pcp{p.pcp_size}dcp{p.dcp_size}"
             parts += [
                 c.model.name,
                 f"revision={getattr(c.model, 'revision', None) or ''}",
                 c.model.dtype,
-                str(c.worker_kv_bytes_per_block),
+                str(chunk_bytes),
                 f"{c.cache.tokens_per_hash}x{c.cache.blocks_per_chunk}",
-                f"tp{p.tp_size}pp{p.pp_size}pcp{p.pcp_size}dcp{p.dcp_size}",
+                layout,
                 str(c.kv_cache_layout),
                 str(c.canonical_layout),
             ]
@@ -154,13 +194,13 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
     def _take_completions(self) -> None:
         for qid, results in self.queue.drain():
-            key = self._checks.pop(qid, None)
-            if key is not None:
-                self._checking.discard(key)
-                present = results[0] is True
-                if isinstance(results[0], BaseException):
-                    self.log.warn("lookup", results[0])
-                self._answer(key, present)
+            checked = self._checks.pop(qid, None)
+            if checked is not None:
+                for key, r in zip(checked, results, strict=True):
+                    self._checking.discard(key)
+                    if isinstance(r, BaseException):
+                        self.log.warn("lookup", r)
+                    self._answer(key, r is True)
                 continue
             entry = self._jobs.pop(qid, None)
             if entry is None:
@@ -177,6 +217,12 @@ class KvtierSecondaryTier(SecondaryTierManager):
                     if r is not True:
                         self._answer(k, False)
             success = len(ok_keys) == len(results)
+            if self._events is not None and not is_load and ok_keys:
+                self._events.append(
+                    OffloadingEvent(
+                        keys=ok_keys, medium=self.medium, removed=False, locality=self.locality
+                    )
+                )
             self._finished.append(
                 JobResult(
                     job_id=job.job_id,
@@ -196,7 +242,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
     # ------------------------------------------------------------ vLLM's interface
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        """``HIT`` or ``MISS`` once a presence check answered, ``RETRY`` while it runs."""
+        """``HIT`` or ``MISS`` once a presence check answered, ``RETRY`` until then. The keys
+        a step looks up are checked together, in one call at the step's end."""
         self._take_completions()
         answer = self._answers.get(key)
         if answer is not None:
@@ -205,14 +252,29 @@ class KvtierSecondaryTier(SecondaryTierManager):
                 return LookupResult.HIT if present else LookupResult.MISS
             del self._answers[key]
         if key not in self._checking:
-            try:
-                qid = self.queue.submit_exists([self._name(key)], timeout=self._lookup_timeout)
-                self._checks[qid] = key
-                self._checking.add(key)
-            except Exception as e:
-                self.log.warn("lookup", e)
-                return LookupResult.MISS
+            self._unasked[key] = None
         return LookupResult.RETRY
+
+    def on_schedule_end(self, context: Any) -> None:
+        """Asks about every key looked up this step, in batches of at most
+        ``_CHECK_BATCH`` keys: a long prompt takes one call, not one per chunk."""
+        keys, self._unasked = list(self._unasked), {}
+        for first in range(0, len(keys), _CHECK_BATCH):
+            batch = [k for k in keys[first : first + _CHECK_BATCH] if k not in self._checking]
+            if not batch:
+                continue
+            try:
+                qid = self.queue.submit_contains(
+                    [self._name(k) for k in batch], timeout=self._lookup_timeout
+                )
+            except Exception as e:
+                # Not asked (the queue is full or closed): a miss, asked again next time.
+                self.log.warn("lookup", e)
+                for k in batch:
+                    self._answer(k, False)
+                continue
+            self._checks[qid] = batch
+            self._checking.update(batch)
 
     def _submit(self, job: TransferJob, is_load: bool) -> None:
         keys = list(job.keys)
@@ -251,8 +313,16 @@ class KvtierSecondaryTier(SecondaryTierManager):
         finished, self._finished = self._finished, []
         return finished
 
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        """The chunks stored since the last call (``enable_kv_events``), as vLLM's KV events."""
+        self._take_completions()
+        if not self._events:
+            return []
+        events, self._events = self._events, []
+        return events
+
     def has_pending_work(self) -> bool:
-        return bool(self._jobs or self._checks)
+        return bool(self._jobs or self._checks or self._unasked)
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return RequestOffloadingContext()

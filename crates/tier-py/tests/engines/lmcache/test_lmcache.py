@@ -228,14 +228,19 @@ import select, sys, time
 from pathlib import Path
 from kvtier.lmcache import KvtierL2Connector
 
-sync = Path(SYNC)
+sync, shared = Path(SYNC), SHARED
 started = time.monotonic()
-c = KvtierL2Connector(tiers=TIERS)
+c = KvtierL2Connector(tiers=TIERS_BY[ME - 1])
 (sync / f"opened.{ME}").write_text(f"{time.monotonic() - started:.3f}")
-deadline = time.monotonic() + 120
-while len(list(sync.glob("opened.*"))) < 2:  # both servers are up at once
-    assert time.monotonic() < deadline, "the other server never opened"
-    time.sleep(0.02)
+
+def barrier(name):
+    (sync / f"{name}.{ME}").touch()
+    deadline = time.monotonic() + 120
+    while len(list(sync.glob(f"{name}.*"))) < 2:  # both servers are up at once
+        assert time.monotonic() < deadline, f"the other server never reached {name}"
+        time.sleep(0.02)
+
+barrier("open")
 poller = select.poll()
 poller.register(c.event_fd(), select.POLLIN)
 
@@ -248,30 +253,60 @@ def wait(fid):
         assert time.monotonic() < deadline, "no completion"
         poller.poll(1000)
 
-keys = [f"m@{k:08x}@0@{k:x}" for k in range(16)]  # the same keys in both servers
-pages = [bytes([(ME * 31 + k) % 256]) * 65536 for k in range(16)]
-ok, error, _ = wait(c.submit_batch_set(keys, [memoryview(bytearray(p)) for p in pages]))
+def keys_of(server):
+    return [f"m@{server:08x}@0@{k:x}" for k in range(16)]
+
+def pages_of(server):
+    return [bytes([(server * 31 + k) % 256]) * 65536 for k in range(16)]
+
+ok, error, _ = wait(c.submit_batch_set(keys_of(ME), [memoryview(bytearray(p)) for p in pages_of(ME)]))
 assert ok, error
-bufs = [bytearray(65536) for _ in keys]
-ok, error, per_key = wait(c.submit_batch_get(keys, [memoryview(b) for b in bufs]))
-assert ok and all(per_key), (error, per_key)
-assert [bytes(b) for b in bufs] == pages, "another server's bytes"
+barrier("written")
+other = 3 - ME
+for server in (ME, other):
+    deadline = time.monotonic() + 30
+    while True:  # a DRAM tier above writes the shared folder in the background
+        bufs = [bytearray(65536) for _ in range(16)]
+        ok, error, per_key = wait(c.submit_batch_get(keys_of(server), [memoryview(b) for b in bufs]))
+        if all(per_key) or server != other or not shared or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    if server == other and not shared:
+        assert not any(per_key), f"an owned folder showed the other server's pages: {per_key}"
+        continue
+    assert ok and all(per_key), (server, error, per_key)
+    assert [bytes(b) for b in bufs] == pages_of(server), f"not server {server}'s bytes"
+barrier("read")
 c.close()
 print("server", ME, "ok")
 """
 
 
-@pytest.mark.parametrize("kind", ["nixl-file-path", "mem-over-nixl-file"])
-def test_two_servers_on_one_config_both_start_and_keep_their_pages(kind, tmp):
-    """Two LMCache servers (two processes) started from one config at once, both up together:
-    neither fails to start (each gets folders of its own), each reads back its own bytes."""
+@pytest.mark.parametrize("kind, access", [
+    ("nixl-file-path", None), ("mem-over-nixl-file", None), ("gluster", None), ("nixl-file-path", "owner"),
+])
+def test_two_servers_on_one_config_start_at_once_and_share_their_pages(kind, access, tmp, gluster):
+    """Two LMCache servers (two processes) started from one config at the same moment (on
+    GlusterFS, each through a mount of its own: two nodes): both open at once, and each reads
+    the pages the other stored, byte-exact (NIXL FILE folders are shared by default). With
+    ``access = "owner"`` named, each gets folders of its own and the other's pages are misses."""
     from conftest import run_instances
 
+    if kind == "gluster":
+        folders = gluster.folder("lmcache")
+        tiers_by = [[{"kind": "nixl-file", "dirs": [str(f)], "path_mode": "on"}] for f in folders]
+    else:
+        tiers_by = [tier_configs(kind, tmp)] * 2
+    if access:
+        tiers_by = [[{**t, "access": access} if t["kind"] == "nixl-file" else t for t in tiers]
+                    for tiers in tiers_by]
     sync = tmp / "sync"
     sync.mkdir()
-    code = TWO_SERVERS.replace("SYNC", repr(str(sync))).replace("TIERS", repr(tier_configs(kind, tmp)))
+    code = (TWO_SERVERS.replace("SYNC", repr(str(sync))).replace("TIERS_BY", repr(tiers_by))
+            .replace("SHARED", repr(access is None)))
     opened = run_instances(code, sync)
-    print(f"{kind}: two LMCache servers on one config opened in {opened} s, each read its own pages")
+    print(f"{kind} (access {access or 'default'}): two LMCache servers opened in {opened} s; "
+          f"{'each read the other' + chr(39) + 's pages' if access is None else 'each kept its own'}")
 
 
 def test_a_folder_that_cannot_be_one_is_a_config_error(tmp):

@@ -19,7 +19,10 @@ KINDS = ["mem", "nixl-file-path", "object"]
 BLOCK_BYTES = 16384
 
 
-def make_manager(secondary_tiers, chunks=64, engine_id="kvtier-test"):
+def make_manager(secondary_tiers, chunks=64, engine_id="kvtier-test", tp_size=1, agnostic=False,
+                 kv_events=False):
+    """vLLM's tiering manager on CPU; with ``tp_size`` workers each holding its share of a
+    block's ``BLOCK_BYTES``."""
     from vllm.v1.kv_offload.config import (
         OffloadingCacheConfig,
         OffloadingConfig,
@@ -31,16 +34,17 @@ def make_manager(secondary_tiers, chunks=64, engine_id="kvtier-test"):
 
     config = OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("model.layers.0.attn",), group_id=0),),
-        worker_kv_bytes_per_block=BLOCK_BYTES,
-        enable_kv_cache_events=False,
+        worker_kv_bytes_per_block=BLOCK_BYTES // tp_size,
+        enable_kv_cache_events=kv_events,
         extra_config={"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": chunks * BLOCK_BYTES,
                       "secondary_tiers": secondary_tiers},
         engine_id=engine_id,
         model=OffloadingModelConfig(name="org/model", dtype="float16"),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
         parallel=OffloadingParallelConfig(
-            rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1, data_parallel_index=0,
-            data_parallel_size=1, data_parallel_rank_local=None, is_parallelism_agnostic=False),
+            rank=0, world_size=tp_size, tp_size=tp_size, pp_size=1, pcp_size=1, dcp_size=1,
+            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+            is_parallelism_agnostic=agnostic),
     )
     spec = OffloadingSpecFactory.create_spec(config)
     return spec, spec.get_manager()
@@ -311,35 +315,57 @@ from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
 # What the engine imports is loaded first: the time measured is opening, not importing.
 import kvtier.vllm, vllm.v1.kv_offload.config, vllm.v1.kv_offload.factory, vllm.v1.kv_offload.tiering.spec
 
-sync = Path(SYNC)
+sync, shared = Path(SYNC), SHARED
 started = time.monotonic()
 # Engines have ids of their own (vLLM names the primary tier's shared memory after it).
-_, manager = make_manager([kvtier_entry(TIERS)], engine_id=f"kvtier-engine-{ME}")
+_, manager = make_manager([kvtier_entry(TIERS_BY[ME - 1])], engine_id=f"kvtier-engine-{ME}")
 (sync / f"opened.{ME}").write_text(f"{time.monotonic() - started:.3f}")
-deadline = time.monotonic() + 120
-while len(list(sync.glob("opened.*"))) < 2:  # both engines are up at once
-    assert time.monotonic() < deadline, "the other engine never opened"
-    time.sleep(0.02)
+
+def barrier(name):
+    (sync / f"{name}.{ME}").touch()
+    deadline = time.monotonic() + 120
+    while len(list(sync.glob(f"{name}.*"))) < 2:  # both engines are up at once
+        assert time.monotonic() < deadline, f"the other engine never reached {name}"
+        time.sleep(0.02)
+
+def chunks_of(engine):
+    rng = np.random.default_rng(engine)
+    keys = [make_offload_key(bytes([engine * 16 + i]) * 32, 0) for i in range(8)]
+    return {k: rng.integers(-128, 128, BLOCK_BYTES, dtype=np.int8) for k in keys}
+
+barrier("open")
 try:
     primary = primary_view(manager)
-    rng = np.random.default_rng(ME)
-    keys = [make_offload_key(bytes([i]) * 32, 0) for i in range(8)]  # the same keys in both engines
-    want = {k: rng.integers(-128, 128, BLOCK_BYTES, dtype=np.int8) for k in keys}
-    store_chunks(manager, primary, want)
+    store_chunks(manager, primary, chunks_of(ME))
     with manager.lock:  # drains kvtier's jobs and empties the primary tier
         manager.reset_cache()
         manager.on_reset_flushed()
     primary[:] = 0
-    reader = ReqContext(req_id="reader")
-    with manager.lock:
-        manager.on_new_request(reader)
-
-    def hits():
+    barrier("written")
+    other = 3 - ME
+    for engine in (other, ME):
+        want = chunks_of(engine)
+        reader = ReqContext(req_id=f"reader-{engine}")
         with manager.lock:
-            return all(manager.lookup(k, reader) is LookupResult.HIT for k in keys)
+            manager.on_new_request(reader)
+        if engine == other and not shared:
+            def settled():
+                with manager.lock:
+                    results = [manager.lookup(k, reader) for k in want]
+                return all(r is not LookupResult.RETRY for r in results) and results
+            results = step_until(manager, "the other engine's chunks looked up", settled)
+            assert all(r is LookupResult.MISS for r in results), f"an owned folder showed them: {results}"
+            with manager.lock:
+                manager.on_request_finished(reader)
+            continue
 
-    step_until(manager, "every chunk back from kvtier", hits)
-    load_and_compare(manager, primary, want, reader)
+        def hits():
+            with manager.lock:
+                return all(manager.lookup(k, reader) is LookupResult.HIT for k in want)
+
+        step_until(manager, f"every chunk of engine {engine} from kvtier", hits)
+        load_and_compare(manager, primary, want, reader)
+    barrier("read")
 finally:
     primary = None
     manager.shutdown()
@@ -347,21 +373,154 @@ print("engine", ME, "ok")
 """
 
 
-@pytest.mark.parametrize("kind", ["nixl-file-path", "mem-over-nixl-file"])
-def test_two_engines_on_one_config_both_start_and_keep_their_chunks(kind, tmp):
-    """Two vLLM engines (two processes) started from one config at once, both up together:
-    neither fails to start (each gets folders of its own), each loads back its own chunks."""
+@pytest.mark.parametrize("kind, access", [
+    ("nixl-file-path", None), ("mem-over-nixl-file", None), ("gluster", None), ("nixl-file-path", "owner"),
+])
+def test_two_engines_on_one_config_start_at_once_and_share_their_chunks(kind, access, tmp, gluster):
+    """Two vLLM engines (two processes) started from one config at the same moment (on
+    GlusterFS, each through a mount of its own: two nodes): both open at once, and each loads
+    the chunks the other stored, byte-exact (NIXL FILE folders are shared by default, as
+    vLLM's own ``fs`` tier shares its root). With ``access = "owner"`` named, each gets folders
+    of its own and the other's chunks are misses."""
     import json
     from pathlib import Path
 
     from conftest import run_instances
 
+    if kind == "gluster":
+        folders = gluster.folder("vllm")
+        tiers_by = [[{"kind": "nixl-file", "dirs": [str(f)], "path_mode": "on"}] for f in folders]
+    else:
+        tiers_by = [tier_configs(kind, tmp)] * 2
+    if access:
+        tiers_by = [[{**t, "access": access} if t["kind"] == "nixl-file" else t for t in tiers]
+                    for tiers in tiers_by]
     tests = Path(__file__).resolve().parents[2]
     sync = tmp / "sync"
     sync.mkdir()
-    code = TWO_ENGINES.replace("TESTS", repr(str(tests))).replace("SYNC", repr(str(sync)))
-    opened = run_instances(code.replace("TIERS", json.dumps(tier_configs(kind, tmp))), sync)
-    print(f"{kind}: two vLLM engines on one config opened in {opened} s, each loaded its own chunks")
+    code = (TWO_ENGINES.replace("TESTS", repr(str(tests))).replace("SYNC", repr(str(sync)))
+            .replace("TIERS_BY", json.dumps(tiers_by)).replace("SHARED", repr(access is None)))
+    opened = run_instances(code, sync)
+    print(f"{kind} (access {access or 'default'}): two vLLM engines opened in {opened} s; "
+          f"{'each loaded the other' + chr(39) + 's chunks' if access is None else 'each kept its own'}")
+
+
+@pytest.mark.parametrize("agnostic", [True, False])
+def test_parallelism_agnostic_chunks_are_shared_across_tp_sizes(agnostic, tmp):
+    """vLLM certifies a layout parallelism-agnostic: a chunk (every worker's share of its blocks,
+    in rank order) holds the same bytes whatever the TP size, and kvtier names it without the
+    parallelism, as vLLM's own fs and obj tiers do, so a TP-2 engine loads what a TP-1 engine
+    stored, byte-exact. Otherwise the TP size is in the name and the chunks are misses."""
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
+
+    tiers = tier_configs("nixl-file-path", tmp)
+    keys = [make_offload_key(bytes([200 + i]) * 32, 0) for i in range(4)]
+    rng = np.random.default_rng(17)
+    want = {k: rng.integers(-128, 128, BLOCK_BYTES, dtype=np.int8) for k in keys}
+    _, first = make_manager([kvtier_entry(tiers)], agnostic=agnostic)
+    try:
+        primary = primary_view(first)
+        store_chunks(first, primary, want)
+        with first.lock:
+            first.reset_cache()
+    finally:
+        primary = None
+        first.shutdown()
+    _, second = make_manager([kvtier_entry(tiers)], tp_size=2, agnostic=agnostic, engine_id="kvtier-tp2")
+    try:
+        primary = primary_view(second)
+        reader = ReqContext(req_id="tp2")
+        with second.lock:
+            second.on_new_request(reader)
+
+        def settled():
+            with second.lock:
+                results = [second.lookup(k, reader) for k in keys]
+            if agnostic:
+                return all(r is LookupResult.HIT for r in results) and results
+            return all(r is not LookupResult.RETRY for r in results) and results
+
+        results = step_until(second, "the TP-1 engine's chunks looked up", settled)
+        if agnostic:
+            load_and_compare(second, primary, want, reader)
+        else:
+            assert all(r is LookupResult.MISS for r in results), results
+    finally:
+        primary = None
+        second.shutdown()
+
+
+def test_a_long_prompts_lookups_take_one_check_per_step_and_never_exhaust_the_queue(tmp):
+    """A prompt of 300 chunks looked up on a tier whose queue holds 4 calls: the lookups of a
+    step are checked together in one call at the step's end, so every stored chunk is a HIT
+    and none is ever answered MISS for want of room (one check per chunk filled the queue
+    after 4 and answered the rest MISS)."""
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
+
+    tiers = tier_configs("nixl-file-path", tmp)
+    stored = [make_offload_key(bytes([250]) * 28 + i.to_bytes(4, "big"), 0) for i in range(6)]
+    rng = np.random.default_rng(23)
+    want = {k: rng.integers(-128, 128, BLOCK_BYTES, dtype=np.int8) for k in stored}
+    _, first = make_manager([kvtier_entry(tiers)])
+    try:
+        primary = primary_view(first)
+        store_chunks(first, primary, want)
+        with first.lock:
+            first.reset_cache()
+    finally:
+        primary = None
+        first.shutdown()
+    absent = [make_offload_key(bytes([251]) * 28 + i.to_bytes(4, "big"), 0) for i in range(294)]
+    keys = absent + stored  # the stored chunks last, past the queue's room
+    _, second = make_manager([{**kvtier_entry(tiers), "max_pending": 4}])
+    try:
+        (tier,) = second.secondary_tiers
+        req = ReqContext(req_id="long")
+        with second.lock:
+            second.on_new_request(req)
+        answers = []
+
+        def settled():
+            with second.lock:
+                results = [tier.lookup(k, req) for k in keys]
+            answers.append(results)
+            return all(r is not LookupResult.RETRY for r in results) and results
+
+        results = step_until(second, "every chunk of the prompt answered", settled)
+        assert results[-6:] == [LookupResult.HIT] * 6, results[-6:]
+        assert results[:-6] == [LookupResult.MISS] * 294
+        assert not any(LookupResult.MISS in a[-6:] for a in answers), "a stored chunk answered MISS"
+        assert len(answers) <= 4, f"{len(answers)} steps to answer one prompt"
+    finally:
+        second.shutdown()
+
+
+def test_kv_events_say_which_chunks_storage_holds(tmp):
+    """With ``enable_kv_events`` (and the engine's KV events on), the chunks kvtier stored come
+    out of vLLM's ``take_events`` as STORAGE events with the tier's ``locality``, so KV-aware
+    routers see what storage holds; a ``locality`` vLLM does not know is a ConfigError."""
+    import kvtier
+    from vllm.v1.kv_offload.base import Locality, Medium, make_offload_key
+
+    entry = {**kvtier_entry(tier_configs("nixl-file-path", tmp)), "enable_kv_events": True,
+             "locality": "REMOTE"}
+    keys = [make_offload_key(bytes([180 + i]) * 32, 0) for i in range(5)]
+    rng = np.random.default_rng(29)
+    want = {k: rng.integers(-128, 128, BLOCK_BYTES, dtype=np.int8) for k in keys}
+    _, manager = make_manager([entry], kv_events=True)
+    try:
+        primary = primary_view(manager)
+        store_chunks(manager, primary, want)
+        with manager.lock:
+            manager.reset_cache()  # drains kvtier's jobs
+            events = [e for e in manager.take_events() if e.medium is Medium.STORAGE]
+        assert [k for e in events for k in e.keys] == keys, events
+        assert all(e.removed is False and e.locality is Locality.REMOTE for e in events), events
+    finally:
+        primary = None
+        manager.shutdown()
+    with pytest.raises(kvtier.ConfigError, match="locality"):
+        make_manager([{**entry, "locality": "nearby"}])
 
 
 def test_another_tenant_on_the_same_storage_finds_nothing(tmp, s3):
@@ -414,6 +573,7 @@ def test_lookups_and_loads_on_storage_that_hangs_end_by_the_tiers_bounds(silent_
         started = time.monotonic()
         while (answer := tier.lookup(key, req)) is LookupResult.RETRY:
             assert time.monotonic() - started < 20, "a lookup still RETRY after 20 s"
+            tier.on_schedule_end(None)  # the step's end, as vLLM's tiering manager calls it
             time.sleep(0.005)
         return answer, time.monotonic() - started
 
