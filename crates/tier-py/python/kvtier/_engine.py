@@ -86,6 +86,21 @@ def integrity_secret(config: dict[str, Any]) -> bytes | None:
     return None
 
 
+def serve_metrics(store: Any, host: str, port: int) -> tuple[Any, ...]:
+    """Serves ``store``'s Prometheus metrics at ``host:port``; a port another process holds is
+    logged and any free port served instead, so metrics never stop an engine from starting.
+    Returns the address served."""
+    try:
+        bound: tuple[Any, ...] = store.serve_metrics(f"{host}:{port}")
+        return bound
+    except Exception as e:
+        bound = store.serve_metrics(f"{host}:0")
+        logger.warning(
+            "kvtier: metrics port %d unavailable (%s); serving on %s:%d", port, e, *bound
+        )
+        return bound
+
+
 class RateLimitedLog:
     """Logs the first few failures of each kind, then one in a while with a count."""
 

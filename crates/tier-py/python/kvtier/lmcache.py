@@ -10,7 +10,8 @@ LMCache loads it by module path::
 ``hierarchy``), and optionally ``max_pending`` (calls running or undrained at once, default
 4096), ``tenant`` (a namespace of its own for the keys, for tenants sharing storage), and
 ``read_timeout_ms`` / ``write_timeout_ms``: bounds on each get and exists / each set, as
-LMCache's own L2 adapters take (LMCache gives its adapters no deadline of its own). A read
+LMCache's own L2 adapters take (LMCache gives its adapters no deadline of its own), and
+``metrics_addr`` (``host:port``: serves kvtier's Prometheus metrics there). A read
 past its bound completes with what arrived, the rest misses; kvtier stops working on it.
 Submits never block: each starts a call in kvtier's runtime and returns its id; its
 completion makes :meth:`KvtierL2Connector.event_fd` readable. Page bytes move straight
@@ -28,7 +29,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from . import Unavailable
+from . import ConfigError, Unavailable
 from ._engine import (
     RateLimitedLog,
     bound_ms,
@@ -37,6 +38,7 @@ from ._engine import (
     load_config,
     namespace,
     open_instance,
+    serve_metrics,
 )
 
 logger = logging.getLogger(__name__)
@@ -63,6 +65,7 @@ class KvtierL2Connector:
         tenant: str | None = None,
         read_timeout_ms: int | None = None,
         write_timeout_ms: int | None = None,
+        metrics_addr: str | None = None,
     ):
         self._read_timeout = bound_ms("read_timeout_ms", read_timeout_ms)
         self._write_timeout = bound_ms("write_timeout_ms", write_timeout_ms)
@@ -75,6 +78,14 @@ class KvtierL2Connector:
         # LMCache servers on one config share its folders by default (`open_instance`).
         self.store, self._instance = open_instance(loaded)
         self.queue = self.store.completion_queue(max_pending)
+        # kvtier's Prometheus metrics (per tier and level), as the SGLang adapter serves them:
+        # `host:port`; a port another server on the node holds is logged and a free one used.
+        self.metrics_addr: tuple[Any, ...] | None = None
+        if metrics_addr:
+            host, _, port = str(metrics_addr).rpartition(":")
+            if not port.isdigit():
+                raise ConfigError(f"metrics_addr must be host:port, not {metrics_addr!r}")
+            self.metrics_addr = serve_metrics(self.store, host or "127.0.0.1", int(port))
         self.log = RateLimitedLog(logger)
         self._lock = threading.Lock()
         # Submits refused at once complete as failures with ids of their own (negative, so

@@ -36,6 +36,7 @@ from ._engine import (
     load_config,
     namespace,
     owned_file_tiers,
+    serve_metrics,
     shared_by_default,
 )
 
@@ -228,15 +229,7 @@ class KvtierStorage(HiCacheStorage):
         group = of("dp_rank", 0) * of("pp_size", 1) + of("pp_rank", 0)
         group = group * of("attn_cp_size", 1) + of("attn_cp_rank", 0)
         rank = of("tp_rank", 0) + of("tp_size", 1) * group
-        port_number = int(port) + rank if int(port) else 0
-        try:
-            return self.store.serve_metrics(f"{host}:{port_number}")
-        except Exception as e:
-            bound = self.store.serve_metrics(f"{host}:0")
-            logger.warning(
-                "kvtier: metrics port %d unavailable (%s); serving on %s:%d", port_number, e, *bound
-            )
-            return bound
+        return serve_metrics(self.store, host, int(port) + rank if int(port) else 0)
 
     # ------------------------------------------------------------------ ranks
 

@@ -309,6 +309,35 @@ def test_two_servers_on_one_config_start_at_once_and_share_their_pages(kind, acc
           f"{'each read the other' + chr(39) + 's pages' if access is None else 'each kept its own'}")
 
 
+def test_metrics_addr_serves_kvtiers_metrics_and_a_taken_port_never_stops_the_server(tmp):
+    """``metrics_addr`` serves kvtier's Prometheus metrics (per tier and level) over HTTP; a
+    second server on the node asking for the same port gets a free one, and starts."""
+    import socket
+    import urllib.request
+
+    import kvtier
+    from kvtier.lmcache import KvtierL2Connector
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    tiers = tier_configs("nixl-file-path", tmp)
+    first = KvtierL2Connector(tiers=tiers, metrics_addr=f"127.0.0.1:{port}")
+    second = KvtierL2Connector(tiers=tiers, metrics_addr=f"127.0.0.1:{port}")
+    try:
+        assert first.metrics_addr[1] == port
+        assert second.metrics_addr[1] not in (0, port)
+        for c in (first, second):
+            host, bound = c.metrics_addr[:2]
+            text = urllib.request.urlopen(f"http://{host}:{bound}/metrics", timeout=10).read().decode()
+            assert "kvtier_" in text and "nixl-file" in text, text[:500]
+    finally:
+        first.close()
+        second.close()
+    with pytest.raises(kvtier.ConfigError, match="metrics_addr"):
+        KvtierL2Connector(tiers=tiers, metrics_addr="no-port")
+
+
 def test_a_folder_that_cannot_be_one_is_a_config_error(tmp):
     """A configured folder that is a file: opening says which path and why, as kvtier's
     ConfigError, before any engine instance is claimed."""
