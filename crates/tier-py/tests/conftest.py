@@ -78,7 +78,8 @@ def make_mamba_pool(layers=2, slots=16, layout="page_first"):
 
 
 def storage_config(extra, tp_rank=0, tp_size=1, mla=False, model="test-model", page_first=True, metrics=False,
-                   dp_rank=0, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1):
+                   dp_rank=0, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, tp_lcm_size=None,
+                   should_split_heads=False):
     """SGLang's storage config of one rank (with DP attention, `tp_rank` is the rank in its DP
     group, as SGLang's cache controller gives it)."""
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
@@ -87,6 +88,7 @@ def storage_config(extra, tp_rank=0, tp_size=1, mla=False, model="test-model", p
         tp_rank=tp_rank, tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size, attn_cp_rank=attn_cp_rank,
         attn_cp_size=attn_cp_size, is_mla_model=mla, enable_storage_metrics=metrics,
         is_page_first_layout=page_first, model_name=model, dp_rank=dp_rank, extra_config=extra,
+        tp_lcm_size=tp_lcm_size, should_split_heads=should_split_heads,
     )
 
 

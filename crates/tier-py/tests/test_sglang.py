@@ -285,6 +285,53 @@ def test_side_pools_are_namespaced_by_pool_and_mamba_by_tp_rank_under_mla(tmp):
     assert r0.batch_exists_v2(keys, [draft]).kv_hit_pages == 0, "another pool's page under the key"
 
 
+def test_instances_of_different_tp_sizes_share_pages_by_head_group(tmp):
+    """SGLang's ``tp_lcm_size`` (MHA, ``page_head`` pools): a TP-1 instance (4 heads per rank)
+    and a TP-2 instance (2 heads per rank) with ``tp_lcm_size = 2`` store pages split into the
+    two head groups, so each TP-2 rank reads its heads of the pages the TP-1 instance stored,
+    byte-exact, and the TP-1 instance reads whole pages the TP-2 ranks stored."""
+    def fill(pool, seed):
+        """Random bytes in pages 0-3 of a page_head pool (indexed by page); their token indices."""
+        g = torch.Generator().manual_seed(seed)
+        shape = pool.kv_buffer[:, pages].shape
+        pool.kv_buffer[:, pages] = torch.randint(-30000, 30000, shape, generator=g, dtype=torch.int16).view(pool.dtype)
+        return torch.arange(0, 4 * pool.page_size, dtype=torch.int64)
+
+    pages = torch.arange(0, 4)
+    tiers = tier_configs("nixl-file-path", tmp)
+    lcm = {"tp_lcm_size": 2}
+    whole = make_pool(pages=16, heads=4, layout="page_head")
+    tp1 = backend(tiers, whole, tp_rank=0, tp_size=1, should_split_heads=True, **lcm)
+    halves = [make_pool(pages=16, heads=2, layout="page_head") for _ in range(2)]
+    tp2 = [backend(tiers, halves[r], tp_rank=r, tp_size=2, **lcm) for r in range(2)]
+
+    keys = hexkeys("a1", 4)
+    idx = fill(whole, 51)
+    want = whole.kv_buffer[:, pages].clone()  # [K/V, page, head, token, layer, dim]
+    assert tp1.batch_set_v1(keys, idx) == [True] * 4
+    for r, b in enumerate(tp2):
+        assert b.batch_exists(keys) == 4, f"TP-2 rank {r} misses the TP-1 pages"
+        assert b.batch_get_v1(keys, idx) == [True] * 4
+        assert same(halves[r].kv_buffer[:, pages], want[:, :, 2 * r:2 * r + 2]), f"rank {r}: other heads"
+
+    # The other way: the TP-2 ranks store, the TP-1 instance reads whole pages.
+    others = hexkeys("b2", 4)
+    for r, b in enumerate(tp2):
+        fill(halves[r], 60 + r)
+        assert b.batch_set_v1(others, idx) == [True] * 4
+    whole.kv_buffer[:, pages] = 0
+    assert tp1.batch_exists(others) == 4
+    assert tp1.batch_get_v1(others, idx) == [True] * 4
+    for r in range(2):
+        assert same(whole.kv_buffer[:, pages, 2 * r:2 * r + 2], halves[r].kv_buffer[:, pages]), f"heads of rank {r}"
+    # A page one rank has not stored yet is no hit for the TP-1 instance.
+    assert tp2[0].batch_set_v1(hexkeys("c3", 1), idx[: whole.page_size]) == [True]
+    assert tp1.batch_exists(hexkeys("c3", 1)) == 0, "half a page counted as a hit"
+    assert len(tp1.head_groups) == 2 and all(len(b.head_groups) == 1 for b in tp2)
+    for b in (tp1, *tp2):
+        b.close()
+
+
 def test_fp8_formats_never_read_each_others_pages(tmp, monkeypatch):
     """SGLang's host pool holds every fp8 KV format as ``uint8``: the pages are named by the KV
     cache dtype the server runs with (``--kv-cache-dtype``, from SGLang's server args, or

@@ -187,6 +187,19 @@ class KvtierStorage(HiCacheStorage):
         # writer owns folders of its own. Shared folders (the default) are one cache for
         # every replica, DP group and node.
         self.owned_folders = bool(owned_file_tiers(config))
+        # SGLang's `tp_lcm_size`: MHA instances of different TP sizes share pages split into
+        # head groups of the least common multiple of their TP sizes (`page_head` pools), in
+        # one folder for all TP ranks (so only where folders are shared).
+        lcm, tp_size = int(storage_config.tp_lcm_size or 0), int(storage_config.tp_size or 1)
+        self.tp_lcm = lcm if lcm and not self.is_mla and lcm % tp_size == 0 else 0
+        if self.tp_lcm and self.owned_folders:
+            logger.warning(
+                'kvtier: tp_lcm_size needs shared folders (access = "shared", the default); '
+                "with owned folders each TP rank keeps its own pages"
+            )
+            self.tp_lcm = 0
+        # The namespaces of this rank's head groups, once its pool splits pages into them.
+        self.head_groups: list[str] = []
         self.secret = integrity_secret(config)
         self.store = Store(self._rank_config(config))
         # Prometheus metrics of this rank's store, at the port given plus the rank.
@@ -243,7 +256,7 @@ class KvtierStorage(HiCacheStorage):
         config names ``access = "owner"``, an MLA attention group's writer (SGLang's
         ``is_storage_writer``) owns its folders and the group's other ranks open them as
         readers."""
-        ns = self._namespace(None)
+        ns = self._namespace(None, heads=f"heads-of{self.tp_lcm}" if self.tp_lcm else None)
         tiers = []
         for tier in config.get("tiers", []):
             tier = dict(tier)
@@ -259,7 +272,9 @@ class KvtierStorage(HiCacheStorage):
 
     # ------------------------------------------------------------------ keys
 
-    def _namespace(self, geometry: str | None, rank_sharded: bool = False) -> str:
+    def _namespace(
+        self, geometry: str | None, rank_sharded: bool = False, heads: str | None = None
+    ) -> str:
         """The pages' namespace: the model, the ranks whose pages hold the same bytes, and
         (once the host pool is known) the page geometry, layout and dtype.
 
@@ -272,9 +287,13 @@ class KvtierStorage(HiCacheStorage):
         - Attention context parallel and DCP: each rank holds a disjoint slice of a page.
         - PP: each stage holds its own layers.
         - ``rank_sharded``: a side pool whose state each TP rank holds a shard of even where
-          the KV pool is replicated (Mamba): named by TP rank."""
+          the KV pool is replicated (Mamba): named by TP rank.
+        - ``heads``: a head group of ``tp_lcm_size`` (MHA pages split by heads), whatever the
+          TP size that stored it."""
         c = self.config
         ranks = "mla" if self.is_mla and not rank_sharded else f"tp{c.tp_rank}of{c.tp_size}"
+        if heads is not None:
+            ranks = heads
         if self.owned_folders:
             ranks += f"-dp{int(getattr(c, 'dp_rank', 0) or 0)}"
         if int(getattr(c, "attn_cp_size", 1) or 1) > 1:
@@ -323,12 +342,51 @@ class KvtierStorage(HiCacheStorage):
                 "two fp8 formats on one storage read each other's pages"
             )
         self.prefix = self._namespace(geometry)
+        self.head_groups = self._head_groups(mem_pool_host, page_size)
         logger.info(
             "kvtier: host pool registered (layout %s, zero copy %s, tiers %s)",
             layout,
             self.zero_copy,
             self.store.kinds,
         )
+
+    def _head_groups(self, pool: Any, page_size: int) -> list[str]:
+        """With ``tp_lcm_size``, the namespaces of the head groups this rank's pages split into
+        (``tp_lcm_size / tp_size`` of them, numbered among ``tp_lcm_size``), each stored as a
+        page of its own (its K and V); none where the pool cannot split its pages."""
+        if not self.tp_lcm:
+            return []
+        if getattr(pool, "layout", None) != "page_head" or not hasattr(
+            pool, "get_split_heads_page_buffer_meta"
+        ):
+            logger.warning("kvtier: tp_lcm_size needs a page_head pool; pages are kept per TP rank")
+            return []
+        c = self.config
+        split = self.tp_lcm // int(c.tp_size)
+        probe = torch.arange(0, page_size, dtype=torch.int64)
+        _, sizes = pool.get_split_heads_page_buffer_meta(probe, split)
+        dtype = str(getattr(pool, "dtype", ""))
+        geometry = f"page_head/{page_size}/{sizes[0]}x{sizes[1]}/{dtype}"
+        if self.kv_cache_dtype:
+            geometry += f"/kv={self.kv_cache_dtype}"
+        first = int(c.tp_rank) * split
+        return [
+            self._namespace(geometry, heads=f"heads{g}of{self.tp_lcm}")
+            for g in range(first, first + split)
+        ]
+
+    def _split_names(self, keys: list[str]) -> list[str]:
+        """Each page's head-group names, page by page (as SGLang lists the regions)."""
+        return [f"{group}-{k}" for k in keys for group in self.head_groups]
+
+    def _per_page(self, results: list[Any], ok: Any) -> list[Any]:
+        """Per page: the first head group's result that is not ``ok``, else ``ok``'s."""
+        n = len(self.head_groups)
+        pages = []
+        for i in range(0, len(results), n):
+            group = results[i : i + n]
+            pages.append(next((r for r in group if not ok(r)), group[0]))
+        return pages
 
     # ------------------------------------------------------------------ v1 (zero copy)
 
@@ -341,7 +399,13 @@ class KvtierStorage(HiCacheStorage):
             return [True] * len(keys)
         start = time.perf_counter()
         try:
-            if self.zero_copy:
+            if self.head_groups:
+                ptrs, sizes = self.mem_pool_host.get_split_heads_page_buffer_meta(
+                    host_indices, len(self.head_groups)
+                )
+                split = self.store.put_regions(self._split_names(keys), ptrs, sizes)
+                results = self._per_page(split, lambda r: r is None)
+            elif self.zero_copy:
                 ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
                 results = self.store.put_regions(self._keys(keys), ptrs, sizes)
             else:
@@ -368,7 +432,15 @@ class KvtierStorage(HiCacheStorage):
             return []
         start = time.perf_counter()
         try:
-            if self.zero_copy:
+            if self.head_groups:
+                ptrs, sizes = self.mem_pool_host.get_split_heads_page_buffer_meta(
+                    host_indices, len(self.head_groups)
+                )
+                split = self.store.get_into_regions(
+                    self._split_names(keys), ptrs, sizes, timeout=self._read_timeout(len(keys))
+                )
+                results = self._per_page(split, lambda r: r is True)
+            elif self.zero_copy:
                 ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
                 results = self.store.get_into_regions(
                     self._keys(keys), ptrs, sizes, timeout=self._read_timeout(len(keys))
@@ -399,6 +471,9 @@ class KvtierStorage(HiCacheStorage):
         if not keys:
             return 0
         try:
+            if self.head_groups:
+                found = self.store.exists(self._split_names(keys), timeout=self.timeout_base)
+                return int(found) // len(self.head_groups)
             return self.store.exists(self._keys(keys), timeout=self.timeout_base)
         except Exception as e:
             self.log.warn("batch_exists", e)
