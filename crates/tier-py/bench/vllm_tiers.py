@@ -7,6 +7,7 @@ the disk). Rounds are interleaved (each backend in turn, fresh chunks each round
 medians are quoted, with the ratio kvtier / vLLM.
 
     python crates/tier-py/bench/vllm_tiers.py [--chunks 32] [--chunk-mib 2] [--rounds 7]
+        [--second-instance [--owner]]
 """
 
 from __future__ import annotations
@@ -49,10 +50,13 @@ def make_manager(secondary, chunk_bytes, chunks):
     return OffloadingSpecFactory.create_spec(config).get_manager()
 
 
-def store(secondary, keys, data, chunk_bytes):
+def store(secondary, keys, data, chunk_bytes, keep_open=None):
+    """Times a store; with `keep_open` (a list), the engine stays up (appended to it) for a
+    second engine to load from while it runs."""
     from vllm.v1.kv_offload.base import ReqContext
 
     m = make_manager(secondary, chunk_bytes, len(keys))
+    kept = False
     try:
         primary = np.asarray(m.primary_tier.get_kv_memoryview())
         req = ReqContext(req_id="w")
@@ -67,13 +71,19 @@ def store(secondary, keys, data, chunk_bytes):
             m.on_request_finished(req)
             m.reset_cache()  # waits for the tier's jobs
             elapsed = time.perf_counter() - t0
+        if keep_open is not None:
+            keep_open.append(m)
+            kept = True
         return elapsed
     finally:
         primary = None
-        m.shutdown()
+        if not kept:
+            m.shutdown()
 
 
-def load(secondary, keys, data, chunk_bytes):
+def load(secondary, keys, data, chunk_bytes, give_up_s=120.0):
+    """Times a new engine's lookups until every chunk is a HIT in its primary tier (bytes
+    compared); ``None`` if not every chunk is one by ``give_up_s``."""
     from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext
 
     m = make_manager(secondary, chunk_bytes, len(keys))
@@ -84,7 +94,7 @@ def load(secondary, keys, data, chunk_bytes):
         t0 = time.perf_counter()
         with m.lock:
             m.on_new_request(req)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + give_up_s
         while True:
             with m.lock:
                 results = [m.lookup(k, req) for k in keys]
@@ -92,7 +102,7 @@ def load(secondary, keys, data, chunk_bytes):
                     break
                 m.on_schedule_end(end)
             if time.monotonic() > deadline:
-                raise RuntimeError(f"not loaded: {[r.name for r in results]}")
+                return None
             time.sleep(0.0005)
         elapsed = time.perf_counter() - t0
         with m.lock:
@@ -110,6 +120,10 @@ def load(secondary, keys, data, chunk_bytes):
 
 def main():
     ap = engine_bench.parser(__doc__)
+    ap.add_argument("--second-instance", action="store_true",
+                    help="the engine that loads runs beside the one that stored (two instances on one "
+                         "config at once), not after it")
+    ap.add_argument("--owner", action="store_true", help="kvtier's folder with access = \"owner\"")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     from vllm.v1.kv_offload.base import make_offload_key
@@ -123,23 +137,44 @@ def main():
                              "tiers": [{"kind": "nixl-file", "dirs": [str(root / "kvtier")], "capacity": "16GiB",
                                         **tuning}]},
     }
+    if args.owner:
+        backends["kvtier nixl-file"]["tiers"][0]["access"] = "owner"
     rng = np.random.default_rng(1)
     times = {name: ([], []) for name in backends}
+    missed = {name: 0 for name in backends}
     try:
         for r in range(-1, args.rounds):  # round -1 warms up
             for name, secondary in backends.items():
                 keys = [make_offload_key(rng.bytes(32), 0) for _ in range(args.chunks)]
                 data = {k: rng.integers(-128, 128, chunk_bytes, dtype=np.int8) for k in keys}
-                s = store(secondary, keys, data, chunk_bytes)
-                lo = load(secondary, keys, data, chunk_bytes)
+                running = [] if args.second_instance else None
+                try:
+                    s = store(secondary, keys, data, chunk_bytes, keep_open=running)
+                    lo = load(secondary, keys, data, chunk_bytes, give_up_s=10.0 if running is not None else 120.0)
+                finally:
+                    for m in running or []:
+                        m.shutdown()
+                if lo is None:
+                    missed[name] += 1
+                    if running is None:
+                        raise RuntimeError(f"{name}: a restarted engine did not load every chunk")
+                    continue
                 if r >= 0:
                     times[name][0].append(s)
                     times[name][1].append(lo)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    if args.second_instance:
+        print(f"\nsecond engine, running beside the one that stored (kvtier access "
+              f"{'owner' if args.owner else 'default'}): rounds in which it did not hit every chunk "
+              "within 10 s: " + ", ".join(f"{n} {m} of {args.rounds + 1}" for n, m in missed.items()))
+        times = {n: t for n, t in times.items() if t[0]}
+        if "kvtier nixl-file" not in times:
+            return
     mib = args.chunks * chunk_bytes / (1 << 20)
     print(f"\n{args.chunks} chunks of {args.chunk_mib:g} MiB, {args.rounds} interleaved rounds, median MiB/s "
-          "(store: cascade until drained; load: a restarted engine's lookups until all HIT; bytes compared)\n")
+          "(store: cascade until drained; load: a restarted engine's lookups until all HIT, or with "
+          "--second-instance another engine's while the first runs; bytes compared)\n")
     print("| backend | store MiB/s | load MiB/s |")
     print("|---|---:|---:|")
     med = {n: (mib / statistics.median(s), mib / statistics.median(l)) for n, (s, l) in times.items()}
