@@ -210,14 +210,31 @@ impl FolderMode {
     /// Opens (creating if needed) a fixed-name file of the folder for reading and writing:
     /// never through a link, and only a regular file.
     pub fn open_fixed(self, path: &Path) -> io::Result<File> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(self.file_mode())
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)?;
+        let open = || {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(self.file_mode())
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(path)
+        };
+        // On a distributed filesystem another client's create can make this one's fail with
+        // `EEXIST` while this client's cache still says the file is not there (GlusterFS
+        // does): it is opened again, for a bounded while.
+        let deadline = std::time::Instant::now() + SETTLE;
+        let file = loop {
+            match open() {
+                Err(e)
+                    if e.kind() == io::ErrorKind::AlreadyExists
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => break other?,
+            }
+        };
         let meta = file.metadata()?;
         if !meta.is_file() {
             return Err(io::Error::other("not a regular file"));
