@@ -156,6 +156,19 @@ class Gluster:
         return self.a / unique, self.b / unique
 
 
+def two_instances(kind, tmp, gluster, access=None):
+    """The tiers of two engine instances on one config: `kind`'s, or (``gluster``) a NIXL FILE
+    folder of the GlusterFS volume, each instance through a mount of its own (two nodes);
+    with `access`, its NIXL FILE tiers name it."""
+    if kind == "gluster":
+        tiers_by = [[{"kind": "nixl-file", "dirs": [str(f)], "path_mode": "on"}] for f in gluster.folder(kind)]
+    else:
+        tiers_by = [tier_configs(kind, tmp)] * 2
+    if access:
+        tiers_by = [[{**t, "access": access} if t["kind"] == "nixl-file" else t for t in tiers] for tiers in tiers_by]
+    return tiers_by
+
+
 @pytest.fixture(scope="session")
 def gluster():
     return Gluster()

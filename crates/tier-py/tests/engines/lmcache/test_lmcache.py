@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from conftest import tier_configs
+from conftest import tier_configs, two_instances
 
 KINDS = ["mem", "nixl-file-path", "object"]
 
@@ -292,14 +292,7 @@ def test_two_servers_on_one_config_start_at_once_and_share_their_pages(kind, acc
     ``access = "owner"`` named, each gets folders of its own and the other's pages are misses."""
     from conftest import run_instances
 
-    if kind == "gluster":
-        folders = gluster.folder("lmcache")
-        tiers_by = [[{"kind": "nixl-file", "dirs": [str(f)], "path_mode": "on"}] for f in folders]
-    else:
-        tiers_by = [tier_configs(kind, tmp)] * 2
-    if access:
-        tiers_by = [[{**t, "access": access} if t["kind"] == "nixl-file" else t for t in tiers]
-                    for tiers in tiers_by]
+    tiers_by = two_instances(kind, tmp, gluster, access)
     sync = tmp / "sync"
     sync.mkdir()
     code = (TWO_SERVERS.replace("SYNC", repr(str(sync))).replace("TIERS_BY", repr(tiers_by))

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import tier_configs
+from conftest import tier_configs, two_instances
 
 KINDS = ["mem", "nixl-file-path", "object"]
 BLOCK_BYTES = 16384
@@ -107,6 +107,19 @@ def store_chunks(manager, primary, want):
         manager.on_request_finished(req)
 
 
+def stored_by_an_engine(tiers, want, **engine):
+    """An engine on `tiers` stores the chunks of `want` into kvtier, drains and shuts down."""
+    _, manager = make_manager([kvtier_entry(tiers)], **engine)
+    try:
+        primary = primary_view(manager)
+        store_chunks(manager, primary, want)
+        with manager.lock:
+            manager.reset_cache()
+    finally:
+        primary = None
+        manager.shutdown()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_store_cascade_reset_and_promotion_through_vllms_tiering_manager(kind, tmp, s3):
     from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
@@ -167,15 +180,7 @@ def test_a_restarted_engine_finds_what_the_last_one_stored(kind, tmp, s3):
     rng = np.random.default_rng(9)
     want = {k: rng.integers(-128, 128, BLOCK_BYTES, dtype=np.int8) for k in keys}
 
-    _, first = make_manager([kvtier_entry(tiers)])
-    try:
-        primary = primary_view(first)
-        store_chunks(first, primary, want)
-        with first.lock:
-            first.reset_cache()
-    finally:
-        primary = None
-        first.shutdown()
+    stored_by_an_engine(tiers, want)
 
     _, second = make_manager([kvtier_entry(tiers)])
     try:
@@ -387,14 +392,7 @@ def test_two_engines_on_one_config_start_at_once_and_share_their_chunks(kind, ac
 
     from conftest import run_instances
 
-    if kind == "gluster":
-        folders = gluster.folder("vllm")
-        tiers_by = [[{"kind": "nixl-file", "dirs": [str(f)], "path_mode": "on"}] for f in folders]
-    else:
-        tiers_by = [tier_configs(kind, tmp)] * 2
-    if access:
-        tiers_by = [[{**t, "access": access} if t["kind"] == "nixl-file" else t for t in tiers]
-                    for tiers in tiers_by]
+    tiers_by = two_instances(kind, tmp, gluster, access)
     tests = Path(__file__).resolve().parents[2]
     sync = tmp / "sync"
     sync.mkdir()
@@ -417,15 +415,7 @@ def test_parallelism_agnostic_chunks_are_shared_across_tp_sizes(agnostic, tmp):
     keys = [make_offload_key(bytes([200 + i]) * 32, 0) for i in range(4)]
     rng = np.random.default_rng(17)
     want = {k: rng.integers(-128, 128, BLOCK_BYTES, dtype=np.int8) for k in keys}
-    _, first = make_manager([kvtier_entry(tiers)], agnostic=agnostic)
-    try:
-        primary = primary_view(first)
-        store_chunks(first, primary, want)
-        with first.lock:
-            first.reset_cache()
-    finally:
-        primary = None
-        first.shutdown()
+    stored_by_an_engine(tiers, want, agnostic=agnostic)
     _, second = make_manager([kvtier_entry(tiers)], tp_size=2, agnostic=agnostic, engine_id="kvtier-tp2")
     try:
         primary = primary_view(second)
@@ -461,15 +451,7 @@ def test_a_long_prompts_lookups_take_one_check_per_step_and_never_exhaust_the_qu
     stored = [make_offload_key(bytes([250]) * 28 + i.to_bytes(4, "big"), 0) for i in range(6)]
     rng = np.random.default_rng(23)
     want = {k: rng.integers(-128, 128, BLOCK_BYTES, dtype=np.int8) for k in stored}
-    _, first = make_manager([kvtier_entry(tiers)])
-    try:
-        primary = primary_view(first)
-        store_chunks(first, primary, want)
-        with first.lock:
-            first.reset_cache()
-    finally:
-        primary = None
-        first.shutdown()
+    stored_by_an_engine(tiers, want)
     absent = [make_offload_key(bytes([251]) * 28 + i.to_bytes(4, "big"), 0) for i in range(294)]
     keys = absent + stored  # the stored chunks last, past the queue's room
     _, second = make_manager([{**kvtier_entry(tiers), "max_pending": 4}])
