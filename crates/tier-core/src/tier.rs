@@ -43,6 +43,14 @@ pub trait StorageTier: Send + Sync {
     /// Removes every page this tier holds, and nothing it does not own.
     async fn clear(&self) -> Result<(), TierError>;
 
+    /// Marks the pages of `keys` it holds as just used, as reading them would, without reading
+    /// them: its eviction keeps them longer. Keys it does not hold are ignored. A tier without
+    /// a use order (or one it cannot refresh cheaply) does nothing.
+    async fn touch(&self, keys: &[PageKey]) -> Result<(), TierError> {
+        let _ = keys;
+        Ok(())
+    }
+
     /// Waits until every page whose put returned is where [`TierInfo::persistent`] promises
     /// (a hierarchy: written to its lower tiers). Tiers that store before answering have
     /// nothing to wait for.

@@ -287,6 +287,22 @@ impl StorageTier for MemTier {
         results
     }
 
+    /// Moka counts a touch as a read (its `get`, a reference count and no copy); a policy's
+    /// map moves each held key to where a read would.
+    async fn touch(&self, keys: &[PageKey]) -> Result<(), TierError> {
+        let mut after: Option<&PageKey> = None;
+        for key in keys {
+            match &self.engine {
+                Engine::Moka { cache, .. } => {
+                    cache.get(key).await;
+                }
+                Engine::Map(map) => map.touch(key, after),
+            }
+            after = Some(key);
+        }
+        Ok(())
+    }
+
     async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
         let run = match &self.engine {
             Engine::Moka { cache, .. } => keys

@@ -87,6 +87,14 @@ impl PolicyMap {
         page
     }
 
+    /// Marks `key` as just read (after `after` in its batch), if held.
+    pub(crate) fn touch(&self, key: &PageKey, after: Option<&PageKey>) {
+        let mut held = self.lock();
+        if held.pages.contains_key(key) {
+            held.policy.touch(key, after);
+        }
+    }
+
     /// How many of `keys`, from the first, are held.
     pub(crate) fn leading_run(&self, keys: &[PageKey]) -> usize {
         let held = self.lock();

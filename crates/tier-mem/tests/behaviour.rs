@@ -92,6 +92,37 @@ async fn lru_keeps_the_recently_read_page() {
     );
 }
 
+#[rstest]
+#[case::lru(Some(PolicyKind::Lru))]
+#[case::moka(None)]
+#[tokio::test]
+async fn a_touched_page_is_kept_as_a_read_one_is(#[case] policy: Option<PolicyKind>) {
+    let tier = MemTier::open(MemTierConfig {
+        policy,
+        ..MemTierConfig::new(4 * ((64 << 10) + 64))
+    })
+    .unwrap();
+    for i in 0..4 {
+        tier.put(&[page(i, 64 << 10)]).await;
+    }
+    tier.touch(&[key(0), key(9)]).await.unwrap();
+    for i in 4..8 {
+        tier.put(&[page(i, 64 << 10)]).await;
+        // Moka counts uses: a page kept must keep being used, as a read one must.
+        tier.touch(&[key(0)]).await.unwrap();
+    }
+    assert_eq!(
+        tier.exists(&[key(0)]).await.unwrap(),
+        1,
+        "touched page kept"
+    );
+    assert_eq!(
+        tier.exists(&[key(9)]).await.unwrap(),
+        0,
+        "a touch stores nothing"
+    );
+}
+
 #[tokio::test]
 async fn removal_and_overwrite_are_not_evictions() {
     let (seen, listener) = collector();

@@ -298,6 +298,13 @@ impl StorageTier for ObjectTier {
         self.objects.exists(keys).await
     }
 
+    /// As reads of them would: first in the catalog's use order, or most recent in the
+    /// fleet's eviction of a shared prefix. No request is sent.
+    async fn touch(&self, keys: &[PageKey]) -> Result<(), TierError> {
+        self.record_read(keys);
+        Ok(())
+    }
+
     async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
         let owned = keys.to_vec();
         self.in_turn(keys.to_vec(), keys.len(), move |objects| async move {

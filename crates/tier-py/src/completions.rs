@@ -34,6 +34,8 @@ pub(crate) enum Outcome {
     Remove(Vec<Result<bool, TierError>>),
     /// Each key's own presence.
     Present(Vec<Result<bool, TierError>>),
+    /// A touch of `of` keys.
+    Touch(Result<(), TierError>, usize),
     /// The call's task ended before it finished (the runtime shut down).
     Dropped(usize),
 }
@@ -61,6 +63,8 @@ impl Outcome {
                 .iter()
                 .map(|r| r.as_ref().map_or_else(err, |b| py_bool(py, *b)))
                 .collect(),
+            Outcome::Touch(Ok(()), of) => (0..*of).map(|_| py.None()).collect(),
+            Outcome::Touch(Err(e), of) => (0..*of).map(|_| err(e)).collect(),
             Outcome::Dropped(of) => {
                 let e = TierError::Unavailable(
                     "the call was cancelled (its queue closed, or kvtier's runtime stopped) \
@@ -435,6 +439,20 @@ impl CompletionQueue {
         self.submit_lookup(py, keys, timeout, |hierarchy, keys, deadline| async move {
             Outcome::Present(crate::store::each_present(&hierarchy, &keys, deadline).await)
         })
+    }
+
+    /// Submits a touch (see `Store.touch`); its completion answers `None` per key, or the
+    /// error for all of them.
+    fn submit_touch(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let keys = crate::store::keys(py, &crate::store::key_list(py, keys)?)?;
+        let hierarchy = self.hierarchy.get(py)?;
+        let ticket = self.ticket(py, keys.len(), Lent::default())?;
+        let id = ticket.id;
+        self.track(runtime().spawn(async move {
+            let result = hierarchy.touch(&keys).await;
+            ticket.finish(Outcome::Touch(result, keys.len()));
+        }));
+        Ok(id)
     }
 
     /// Submits a removal; its completion answers per key whether the page was present.

@@ -412,6 +412,15 @@ impl Store {
         Ok(Outcome::Present(present).to_py(py))
     }
 
+    /// Marks the pages of `keys` as just used, as reading them would, without reading them:
+    /// each tier's eviction keeps them longer. Keys not stored are ignored.
+    fn touch(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        let keys = self::keys(py, &key_list(py, keys)?)?;
+        let hierarchy = self.hierarchy.get(py)?;
+        py.allow_threads(|| runtime().block_on(hierarchy.touch(&keys)))
+            .map_err(|e| to_py(py, &e))
+    }
+
     /// Per level, fastest first, the estimated seconds to read `pages` pages of `page_bytes`
     /// each in one call (`None` until the level has served reads to fit from), with its name
     /// and state (`up`, `slow`, `down`): what loading a prefix would cost, to weigh against

@@ -165,6 +165,10 @@ impl StorageTier for FaultyTier {
         self.inner.exists(keys).await
     }
 
+    async fn touch(&self, keys: &[PageKey]) -> Result<(), TierError> {
+        self.inner.touch(keys).await
+    }
+
     async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
         match self.enter("remove").await {
             Ok(_) => self.inner.remove(keys).await,

@@ -154,6 +154,10 @@ impl StorageTier for Freezable {
         }
     }
 
+    async fn touch(&self, keys: &[PageKey]) -> Result<(), TierError> {
+        self.inner.touch(keys).await
+    }
+
     async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
         match self.answers().await {
             true => self.inner.remove(keys).await,

@@ -341,6 +341,17 @@ impl StorageTier for Guarded {
         self.exists_within(keys, None).await
     }
 
+    /// Skipped while the tier is skipped (a touch is a hint; nothing is lost).
+    async fn touch(&self, keys: &[PageKey]) -> Result<(), TierError> {
+        if self.skip().is_some() {
+            return Ok(());
+        }
+        let ticket = self.begin();
+        let result = self.inner.touch(keys).await;
+        ticket.end(judge_one(&result));
+        result
+    }
+
     async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
         if let Some(why) = self.skip() {
             self.health.skipped_writes(keys.len());

@@ -495,6 +495,21 @@ impl StorageTier for Hierarchy {
             .await
     }
 
+    /// Every tier is told (a page may be held in any): a lower tier's failure is counted, not
+    /// returned, as for reads.
+    async fn touch(&self, keys: &[PageKey]) -> Result<(), TierError> {
+        for (depth, level) in self.inner.levels.iter().enumerate() {
+            match level.tier.touch(keys).await {
+                Ok(()) => {}
+                Err(e) if depth == 0 => return Err(e),
+                Err(_) => {
+                    self.inner.counters.lower_errors.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        Ok(())
+    }
+
     async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
         self.meter.remove(keys, self.remove_unmetered(keys)).await
     }

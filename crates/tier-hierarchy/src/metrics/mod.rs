@@ -381,6 +381,10 @@ impl StorageTier for Metered {
         self.meter.exists(keys, self.inner.exists(keys)).await
     }
 
+    async fn touch(&self, keys: &[PageKey]) -> Result<(), TierError> {
+        self.inner.touch(keys).await
+    }
+
     async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
         self.meter.remove(keys, self.inner.remove(keys)).await
     }

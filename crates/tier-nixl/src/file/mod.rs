@@ -261,6 +261,17 @@ impl StorageTier for NixlFileTier {
         Ok(shared.catalog.leading(keys))
     }
 
+    async fn touch(&self, keys: &[PageKey]) -> Result<(), TierError> {
+        let shared = &self.shared;
+        if shared.config.access == FileAccess::Shared {
+            let keys = keys.to_vec();
+            let touch = shared.off_thread(move |s| s.catalog.touch(&keys));
+            return shared.bound("file touch", touch).await;
+        }
+        shared.catalog.touch(keys);
+        Ok(())
+    }
+
     async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
         let shared = Arc::clone(&self.shared);
         let keys = keys.to_vec();

@@ -313,6 +313,10 @@ impl StorageTier for NixlObjTier {
         self.shared.control.exists(keys).await
     }
 
+    async fn touch(&self, keys: &[PageKey]) -> Result<(), TierError> {
+        self.shared.control.touch(keys).await
+    }
+
     async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
         let results = self.shared.control.remove(keys).await;
         for r in &results {

@@ -38,11 +38,17 @@ from collections.abc import Collection, Iterable
 from typing import Any, ClassVar
 
 import numpy as np
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+    OffloadingConnectorStats,
+)
 from vllm.v1.kv_offload.base import (
     Locality,
     LookupResult,
     Medium,
+    OffloadingCounterMetadata,
     OffloadingEvent,
+    OffloadingGaugeMetadata,
+    OffloadingMetricMetadata,
     OffloadKey,
     ReqContext,
     RequestOffloadingContext,
@@ -68,6 +74,23 @@ _ANSWERS_KEPT = 65536
 _ANSWER_TTL_S = 2.0
 # Keys asked about in one presence check.
 _CHECK_BATCH = 4096
+
+# kvtier's own metrics in vLLM's (Prometheus) metrics, per kvtier level (`level`, its name):
+# counters (what `Store.stats()` counts per level) and gauges.
+_METRIC = "vllm:kv_offload_kvtier_"
+_COUNTERS = {
+    "hits": "Pages read from this kvtier level.",
+    "misses": "Pages asked of this kvtier level and not found there.",
+    "bytes_read": "Bytes read from this kvtier level.",
+    "bytes_written": "Bytes written to this kvtier level.",
+    "evictions": "Pages this kvtier level evicted.",
+    "errors": "Failed calls of this kvtier level.",
+}
+_GAUGES = {
+    "resident_bytes": "Bytes this kvtier level holds (where it counts them).",
+    "up": "1 while this kvtier level is used, 0 while it is down and skipped.",
+}
+_LEVEL = "level"
 
 
 class KvtierSecondaryTier(SecondaryTierManager):
@@ -142,8 +165,14 @@ class KvtierSecondaryTier(SecondaryTierManager):
         # queue id -> keys, for presence checks in flight
         self._checks: dict[int, list[OffloadKey]] = {}
         self._checking: set[Any] = set()
+        # Keys vLLM touched and not yet passed on (at the step's end, in one call), and the
+        # queue ids of touches in flight.
+        self._untouched: dict[OffloadKey, None] = {}
+        self._touches: set[int] = set()
         self._answers: OrderedDict[OffloadKey, tuple[bool, float]] = OrderedDict()
         self._finished: list[JobResult] = []
+        # (level, counter) -> its value at the last get_stats
+        self._counted: dict[tuple[tuple[str], str], int] = {}
 
     @staticmethod
     def _default_namespace(spec: Any, stride: int, tenant: str | None, secret: bytes | None) -> str:
@@ -194,6 +223,11 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
     def _take_completions(self) -> None:
         for qid, results in self.queue.drain():
+            if qid in self._touches:
+                self._touches.discard(qid)
+                if results and isinstance(results[0], BaseException):
+                    self.log.warn("touch", results[0])
+                continue
             checked = self._checks.pop(qid, None)
             if checked is not None:
                 for key, r in zip(checked, results, strict=True):
@@ -241,6 +275,39 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
     # ------------------------------------------------------------ vLLM's interface
 
+    @classmethod
+    def build_metric_definitions(
+        cls, extra_config: dict[str, Any]
+    ) -> dict[str, OffloadingMetricMetadata]:
+        """kvtier's per-level counters and gauges, labelled by level (see :meth:`get_stats`)."""
+        metrics: dict[str, OffloadingMetricMetadata] = {
+            _METRIC + name: OffloadingCounterMetadata(documentation=doc, labelnames=(_LEVEL,))
+            for name, doc in _COUNTERS.items()
+        }
+        for name, doc in _GAUGES.items():
+            metrics[_METRIC + name] = OffloadingGaugeMetadata(
+                documentation=doc, labelnames=(_LEVEL,)
+            )
+        return metrics
+
+    def get_stats(self) -> OffloadingConnectorStats | None:
+        """What each kvtier level counted since the last call, and its bytes held and state
+        now (the metrics :meth:`build_metric_definitions` declares)."""
+        if self.store is None:
+            return None
+        stats = OffloadingConnectorStats()
+        for level in self.store.stats()["levels"]:
+            label = (level["name"],)
+            for name in _COUNTERS:
+                last = self._counted.get((label, name), 0)
+                self._counted[(label, name)] = level[name]
+                if level[name] > last:
+                    stats.increase_counter(_METRIC + name, level[name] - last, label)
+            if level["resident_bytes"] is not None:
+                stats.set_gauge(_METRIC + "resident_bytes", level["resident_bytes"], label)
+            stats.set_gauge(_METRIC + "up", int(level["health"]["state"] != "down"), label)
+        return stats
+
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """``HIT`` or ``MISS`` once a presence check answered, ``RETRY`` until then. The keys
         a step looks up are checked together, in one call at the step's end."""
@@ -257,7 +324,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
     def on_schedule_end(self, context: Any) -> None:
         """Asks about every key looked up this step, in batches of at most
-        ``_CHECK_BATCH`` keys: a long prompt takes one call, not one per chunk."""
+        ``_CHECK_BATCH`` keys: a long prompt takes one call, not one per chunk; and passes
+        the step's touches on to the tiers in one call."""
+        self._pass_touches_on()
         keys, self._unasked = list(self._unasked), {}
         for first in range(0, len(keys), _CHECK_BATCH):
             batch = [k for k in keys[first : first + _CHECK_BATCH] if k not in self._checking]
@@ -275,6 +344,16 @@ class KvtierSecondaryTier(SecondaryTierManager):
                 continue
             self._checks[qid] = batch
             self._checking.update(batch)
+
+    def _pass_touches_on(self) -> None:
+        if not self._untouched:
+            return
+        keys, self._untouched = list(self._untouched), {}
+        try:
+            self._touches.add(self.queue.submit_touch([self._name(k) for k in keys]))
+        except Exception as e:
+            # A hint only: a touch that cannot be queued is dropped.
+            self.log.warn("touch", e)
 
     def _submit(self, job: TransferJob, is_load: bool) -> None:
         keys = list(job.keys)
@@ -322,13 +401,16 @@ class KvtierSecondaryTier(SecondaryTierManager):
         return events
 
     def has_pending_work(self) -> bool:
-        return bool(self._jobs or self._checks or self._unasked)
+        return bool(self._jobs or self._checks or self._unasked or self._untouched or self._touches)
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return RequestOffloadingContext()
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        return
+        """Marks the chunks as just used in kvtier's tiers (each tier's eviction keeps them
+        longer), as vLLM's own tiers do: passed on at the step's end, with no I/O now."""
+        for k in keys:
+            self._untouched[k] = None
 
     def drain_jobs(self) -> None:
         """Waits until every submitted job finished. Past ``drain_timeout`` seconds it logs an

@@ -79,6 +79,10 @@ impl StorageTier for FlawedHierarchy {
         self.inner.exists(keys).await
     }
 
+    async fn touch(&self, keys: &[PageKey]) -> Result<(), TierError> {
+        self.inner.touch(keys).await
+    }
+
     async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
         self.inner.remove(keys).await
     }

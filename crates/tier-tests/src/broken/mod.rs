@@ -327,6 +327,10 @@ impl StorageTier for BrokenTier {
         Ok(present)
     }
 
+    async fn touch(&self, keys: &[PageKey]) -> Result<(), TierError> {
+        self.inner.touch(keys).await
+    }
+
     async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
         if self.failing() {
             return keys.iter().map(|_| Err(broken_storage())).collect();

@@ -107,6 +107,10 @@ impl StorageTier for GatedTier {
         self.inner.exists(keys).await
     }
 
+    async fn touch(&self, keys: &[PageKey]) -> Result<(), TierError> {
+        self.inner.touch(keys).await
+    }
+
     async fn remove(&self, keys: &[PageKey]) -> Vec<RemoveResult> {
         let label = self.label("remove", keys.iter().cloned());
         self.gates.pass(label).await;

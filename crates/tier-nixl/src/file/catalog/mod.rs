@@ -290,6 +290,38 @@ impl Catalog {
         }
     }
 
+    /// Marks the stored pages of `keys` as just used, as hits on them would (see
+    /// [`settle_reads`](Self::settle_reads)); keys not stored are left. In shared folders each
+    /// is a `stat` and, for a page not used for a while, a use-time update.
+    pub fn touch(&self, keys: &[PageKey]) {
+        match &self.keeper {
+            Keeper::Owner(_) => {
+                let Some(mut index) = self.index() else {
+                    return;
+                };
+                let mut after = None;
+                for key in keys {
+                    index.touch(key, after);
+                    after = Some(key);
+                }
+            }
+            Keeper::Reader => {}
+            Keeper::Sharer(fleet) => {
+                for key in keys {
+                    let Ok(path) = self.layout.page_path(key) else {
+                        continue;
+                    };
+                    let due = fs::metadata(&path).is_ok_and(|m| {
+                        m.is_file() && fleet.due_for_touch(FileStamp::of(&m).mtime_ns)
+                    });
+                    if due {
+                        touch(&path);
+                    }
+                }
+            }
+        }
+    }
+
     /// Makes room in shared folders for `bytes` about to be written (see
     /// [`Fleet::make_room`]); nothing to do for an owner, which evicts after it writes.
     pub fn make_room(&self, bytes: u64) -> Result<(), TierError> {

@@ -600,3 +600,98 @@ def test_a_chunk_id_outside_the_primary_view_fails_its_job_and_touches_nothing(t
         assert tier.store.contains([tier._name(k) for k in keys]) == [False, False, False]
     finally:
         tier.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["mem", "nixl-file-owner", "nixl-file-shared"])
+def test_chunks_vllm_touches_outlive_older_untouched_ones_in_kvtiers_eviction(kind, tmp):
+    """vLLM touches the chunks a request reuses; kvtier's tiers must see it: four chunks fill a
+    tier that holds four, the oldest is touched, and a fifth evicts the second (least recently
+    used), not the touched one (a touch that did nothing lost the hot chunk)."""
+    from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+
+    capacity = 4 * BLOCK_BYTES + BLOCK_BYTES // 2
+    disk = {"kind": "nixl-file", "dirs": [str(tmp / "disk")], "capacity": capacity}
+    tiers = {
+        "mem": [{"kind": "mem", "capacity": capacity, "policy": "lru"}],
+        "nixl-file-owner": [{**disk, "access": "owner", "policy": "lru"}],
+        "nixl-file-shared": [{**disk, "access": "shared", "touch_interval": "1ms"}],
+    }[kind]
+    tier, primary = standalone_tier(tiers, chunks=1)
+    try:
+        req = ReqContext(req_id="r")
+        keys = [make_offload_key(bytes([60 + i]) * 32, 0) for i in range(5)]
+        for i, k in enumerate(keys[:4]):
+            primary[0] = i
+            tier.submit_store(TransferJob(i, [k], np.array([0]), False, req))
+            assert finished(tier, [i])[i].success
+            time.sleep(0.01)  # distinct use times, for the shared folder's mtime order
+        tier.touch([keys[0]], req)
+        tier.on_schedule_end(None)
+        deadline = time.monotonic() + 30
+        while tier.has_pending_work():
+            assert time.monotonic() < deadline, "the touch never finished"
+            tier.get_finished_jobs()
+            time.sleep(0.005)
+        time.sleep(0.01)
+        tier.submit_store(TransferJob(4, [keys[4]], np.array([0]), False, req))
+        assert finished(tier, [4])[4].success
+        present = tier.store.contains([tier._name(k) for k in keys])
+        assert present[0] is True, f"the touched chunk was evicted: {present}"
+        assert present[1] is False and present[4] is True, present
+    finally:
+        primary = None
+        tier.shutdown()
+
+
+def test_kvtiers_metrics_reach_vllms_stats_per_level(tmp):
+    """vLLM collects each tier's ``get_stats`` into its Prometheus metrics, declared by
+    ``build_metric_definitions``: kvtier reports per level what it counted since the last call
+    (bytes written and read, hits) and its bytes held and state, every series declared with its
+    labels (vLLM's Prometheus layer asserts that)."""
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+    tiers = tier_configs("mem-over-nixl-file", tmp)
+    entry = kvtier_entry(tiers)
+    spec, manager = make_manager([entry])
+    keys = [make_offload_key(bytes([90 + i]) * 32, 0) for i in range(4)]
+    rng = np.random.default_rng(31)
+    want = {k: rng.integers(-128, 128, BLOCK_BYTES, dtype=np.int8) for k in keys}
+    try:
+        defined = TieringOffloadingSpec.build_metric_definitions(
+            {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [entry]})
+        primary = primary_view(manager)
+        store_chunks(manager, primary, want)
+        with manager.lock:
+            manager.reset_cache()
+            manager.on_reset_flushed()
+        (tier,) = manager.secondary_tiers
+        tier.store.flush()  # the lower level written too
+        req = ReqContext(req_id="reader")
+        with manager.lock:
+            manager.on_new_request(req)
+
+        def all_hit():
+            with manager.lock:
+                return all(manager.lookup(k, req) is LookupResult.HIT for k in keys)
+
+        step_until(manager, "every chunk a HIT", all_hit)
+        load_and_compare(manager, primary, want, req)
+        with manager.lock:
+            stats = manager.get_stats().reduce()
+        mine = {k: v for k, v in stats.items() if k.startswith("vllm:kv_offload_kvtier_")}
+        for k in mine:
+            name = k.split(":('")[0]
+            assert name in defined and defined[name].labelnames == ("level",), k
+        written = {k: v for k, v in mine.items() if "bytes_written" in k}
+        assert sorted(written.values()) == [4 * BLOCK_BYTES] * 2, mine
+        assert sum(v for k, v in mine.items() if "_hits" in k) == 4, mine
+        assert all(v == 1 for k, v in mine.items() if "_up" in k), mine
+        with manager.lock:
+            again = manager.get_stats()
+        again = {} if again is None else again.reduce()
+        assert not any("bytes_written" in k for k in again), "counted twice"
+    finally:
+        primary = None
+        manager.shutdown()
