@@ -253,7 +253,7 @@ def test_hybrid_models_side_pools_round_trip_and_gate_the_prefix(kind, zero_copy
     # Indices that do not cover a transfer's pages move nothing (as SGLang's own backends).
     short = PoolTransfer(name=PoolName.SWA, host_indices=s_idx[:3], keys=keys[4:])
     assert b.batch_get_v2([short]) == {PoolName.SWA: [False, False]}
-    assert b.side_pools["mamba"].zero_copy is zero_copy
+    assert b.side_pools["mamba"].mover.zero_copy is zero_copy
     b.close()
 
 
@@ -329,6 +329,64 @@ def test_instances_of_different_tp_sizes_share_pages_by_head_group(tmp):
     assert tp1.batch_exists(hexkeys("c3", 1)) == 0, "half a page counted as a hit"
     assert len(tp1.head_groups) == 2 and all(len(b.head_groups) == 1 for b in tp2)
     for b in (tp1, *tp2):
+        b.close()
+
+
+def test_head_groups_gate_batch_exists_v2_as_they_gate_batch_exists(tmp):
+    """With ``tp_lcm_size`` a page is stored as head groups: ``batch_exists_v2`` (a hybrid
+    model) must ask for them, as ``batch_exists`` does, not for the whole page's name (which
+    is never stored: every page a miss)."""
+    from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer
+
+    pool = make_pool(pages=16, heads=4, layout="page_head")
+    b = backend(tier_configs("nixl-file-path", tmp), pool, tp_rank=0, tp_size=1,
+                should_split_heads=True, tp_lcm_size=2)
+    mamba = make_mamba_pool()
+    b.register_mem_host_pool_v2(mamba, PoolName.MAMBA)
+    keys = hexkeys("d4", 3)
+    idx = torch.arange(0, 3 * pool.page_size, dtype=torch.int64)
+    assert b.batch_set_v1(keys, idx) == [True] * 3
+    state = PoolTransfer(name=PoolName.MAMBA, host_indices=torch.tensor([2]), keys=keys[2:],
+                         hit_policy=PoolHitPolicy.TRAILING_PAGES)
+    assert b.batch_set_v2([state]) == {PoolName.MAMBA: [True]}
+    assert len(b.head_groups) == 2 and b.batch_exists(keys) == 3
+    hit = b.batch_exists_v2(keys + hexkeys("d5", 1), [state])
+    assert hit.kv_hit_pages == 3 and hit.restorable_prefix_pages == [3], hit
+    b.close()
+
+
+def test_mla_reader_ranks_keep_their_mamba_shards_where_the_writer_owns_the_folders(tmp):
+    """With ``access = "owner"``, an MLA group's writer owns the folders and the other ranks
+    read them; but SGLang backs up each rank's own Mamba shard on every rank. A reader rank
+    stores its shard in folders of its own, reads it back byte-exact and, with the writer's KV
+    pages, hits the prefix (a reader writing into the writer's folders failed every state)."""
+    from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer
+
+    tiers = [{**tier_configs("nixl-file-path", tmp)[0], "access": "owner"}]
+    kv = make_mla_pool(pages=16)
+    r0 = backend(tiers, kv, tp_rank=0, tp_size=2, mla=True)
+    r1 = backend(tiers, kv, tp_rank=1, tp_size=2, mla=True)
+    pools = [make_mamba_pool(), make_mamba_pool()]
+    for b, states in zip((r0, r1), pools):
+        b.register_mem_host_pool_v2(states, PoolName.MAMBA)
+    keys = hexkeys("e6", 2)
+    idx, _ = fill_mla(kv, 2, 9)
+    assert r0.batch_set_v1(keys, idx) == [True] * 2
+    rows = torch.tensor([1])
+    t = PoolTransfer(name=PoolName.MAMBA, host_indices=rows, keys=keys[1:], hit_policy=PoolHitPolicy.TRAILING_PAGES)
+    want = [fill_side(states, [1], 10 + r) for r, states in enumerate(pools)]
+    for r, b in enumerate((r0, r1)):
+        assert b.batch_set_v2([t]) == {PoolName.MAMBA: [True]}, f"rank {r} could not store its shard"
+    for r, (b, states) in enumerate(zip((r0, r1), pools)):
+        assert b.batch_exists_v2(keys, [t]).kv_hit_pages == 2, f"rank {r}"
+        states.set_from_flat_data_page(1, states.get_dummy_flat_data_page())
+        assert b.batch_get_v2([t]) == {PoolName.MAMBA: [True]}
+        assert torch.equal(side_bytes(states, [1])[0], want[r][0].view(torch.uint8)), f"rank {r}'s shard"
+    assert r1.shard_store is not None and r0.shard_store is None
+    r1.clear()
+    assert r1.batch_exists_v2(keys, [t]).kv_hit_pages == 0, "rank 1's clear left its shard"
+    assert r0.batch_exists_v2(keys, [t]).kv_hit_pages == 2, "rank 1's clear took the writer's pages"
+    for b in (r1, r0):
         b.close()
 
 

@@ -76,30 +76,22 @@ impl FolderMode {
     /// `EEXIST` while this client's cache still says the folder is not there (GlusterFS does):
     /// it is looked for again, for a bounded while.
     pub fn create_bucket(self, bucket: &Path) -> Result<(), TierError> {
-        let deadline = std::time::Instant::now() + SETTLE;
-        loop {
-            match DirBuilder::new().mode(self.dir_mode()).create(bucket) {
-                Ok(()) => return self.past_umask(bucket, None),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                    match fs::symlink_metadata(bucket) {
-                        Err(e)
-                            if e.kind() == io::ErrorKind::NotFound
-                                && std::time::Instant::now() < deadline =>
-                        {
-                            std::thread::sleep(std::time::Duration::from_millis(20));
-                        }
-                        _ => return self.claim(bucket, false),
-                    }
-                }
-                Err(e) => {
-                    return Err(TierError::io(
-                        "create bucket folder",
-                        None,
-                        Some(bucket.into()),
-                        e,
-                    ))
-                }
-            }
+        let unseen = |e: &io::Error| {
+            e.kind() == io::ErrorKind::AlreadyExists
+                && fs::symlink_metadata(bucket).is_err_and(|e| e.kind() == io::ErrorKind::NotFound)
+        };
+        match settle(
+            || DirBuilder::new().mode(self.dir_mode()).create(bucket),
+            unseen,
+        ) {
+            Ok(()) => self.past_umask(bucket, None),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => self.claim(bucket, false),
+            Err(e) => Err(TierError::io(
+                "create bucket folder",
+                None,
+                Some(bucket.into()),
+                e,
+            )),
         }
     }
 
@@ -223,18 +215,7 @@ impl FolderMode {
         // On a distributed filesystem another client's create can make this one's fail with
         // `EEXIST` while this client's cache still says the file is not there (GlusterFS
         // does): it is opened again, for a bounded while.
-        let deadline = std::time::Instant::now() + SETTLE;
-        let file = loop {
-            match open() {
-                Err(e)
-                    if e.kind() == io::ErrorKind::AlreadyExists
-                        && std::time::Instant::now() < deadline =>
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                other => break other?,
-            }
-        };
+        let file = settle(open, |e| e.kind() == io::ErrorKind::AlreadyExists)?;
         let meta = file.metadata()?;
         if !meta.is_file() {
             return Err(io::Error::other("not a regular file"));
@@ -244,6 +225,24 @@ impl FolderMode {
                 .map_err(|e| io::Error::other(e.to_string()))?;
         }
         Ok(file)
+    }
+}
+
+/// Runs `attempt` again while its error is `unsettled` (another client's create showing as
+/// `EEXIST` while this client's cache still says the entry is absent, as GlusterFS does), for
+/// at most [`SETTLE`]; then its result stands.
+fn settle<T>(
+    mut attempt: impl FnMut() -> io::Result<T>,
+    unsettled: impl Fn(&io::Error) -> bool,
+) -> io::Result<T> {
+    let deadline = std::time::Instant::now() + SETTLE;
+    loop {
+        match attempt() {
+            Err(e) if unsettled(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
     }
 }
 

@@ -98,32 +98,63 @@ def kv_cache_dtype(extra: dict[str, Any]) -> str | None:
 RANK_SHARDED_POOLS = frozenset({"mamba"})
 
 
-class SidePool:
-    """A hybrid model's side pool (SGLang's host pool of Mamba states, SWA or indexer pages)
-    and how its pages move: straight between the pool and storage where the pool describes
-    its pages (``get_page_buffer_meta``), else through its flat pages."""
+class PageMover:
+    """How one host pool's pages move between the pool and storage: straight, where the pool
+    describes its pages (``get_page_buffer_meta``), else through its flat pages."""
 
-    def __init__(self, name: str, pool: Any, zero_copy: bool, geometry: str):
-        self.name, self.pool, self.zero_copy, self.geometry = name, pool, zero_copy, geometry
+    def __init__(self, pool: Any, what: str, zero_copy: bool = True):
+        self.pool = pool
         self.page_size = int(getattr(pool, "page_size", 1) or 1)
-        self.prefix = ""
-
-    @classmethod
-    def of(cls, name: str, pool: Any) -> SidePool:
-        page_size = int(getattr(pool, "page_size", 1) or 1)
-        probe = torch.arange(0, page_size, dtype=torch.int64)
-        zero_copy, regions = False, ""
-        if hasattr(pool, "get_page_buffer_meta"):
+        self.zero_copy = False
+        if zero_copy and hasattr(pool, "get_page_buffer_meta"):
+            probe = torch.arange(0, self.page_size, dtype=torch.int64)
             try:
                 _, sizes = pool.get_page_buffer_meta(probe)
-                zero_copy, regions = True, "x".join(str(s) for s in sizes)
+                self.zero_copy = True
+                self.regions = "x".join(str(s) for s in sizes)
             except Exception as e:  # the pool cannot describe its pages: flat pages
-                logger.info("kvtier: side pool %s is copied (%s)", name, e)
-        if not zero_copy:
-            regions = str(pool.get_dummy_flat_data_page().numel())
-        layout = getattr(pool, "layout", "unknown")
-        dtype = str(getattr(pool, "dtype", ""))
-        return cls(name, pool, zero_copy, f"pool={name}/{layout}/{page_size}/{regions}/{dtype}")
+                logger.warning(
+                    "kvtier: %s without zero-copy metadata (%s): pages are copied", what, e
+                )
+        if not self.zero_copy:
+            self.regions = str(pool.get_dummy_flat_data_page().numel())
+
+    def store(self, store: Store, names: list[str], rows: Any) -> list[Any]:
+        """Writes the pages at host indices ``rows`` (``page_size`` per page) as ``names``."""
+        if self.zero_copy:
+            ptrs, sizes = self.pool.get_page_buffer_meta(rows)
+            return list(store.put_regions(names, ptrs, sizes))
+        pages = [
+            self.pool.get_data_page(rows[i * self.page_size], flat=True).contiguous()
+            for i in range(len(names))
+        ]
+        return list(store.put(names, pages))
+
+    def load(self, store: Store, names: list[str], rows: Any, timeout: float) -> list[Any]:
+        """Reads ``names`` into the pages at host indices ``rows``."""
+        if self.zero_copy:
+            ptrs, sizes = self.pool.get_page_buffer_meta(rows)
+            return list(store.get_into_regions(names, ptrs, sizes, timeout=timeout))
+        bufs = [self.pool.get_dummy_flat_data_page() for _ in names]
+        results = list(store.get_into(names, bufs, timeout=timeout))
+        for i, r in enumerate(results):
+            if r is True:
+                self.pool.set_from_flat_data_page(rows[i * self.page_size], bufs[i])
+        return results
+
+
+class SidePool:
+    """A hybrid model's side pool (SGLang's host pool of Mamba states, SWA or indexer pages):
+    its pages are stored under their KV pages' keys, in a namespace of the pool's own
+    (``prefix``), in ``store``."""
+
+    def __init__(self, name: str, pool: Any, store: Store):
+        self.name, self.store = name, store
+        self.mover = PageMover(pool, f"side pool {name}")
+        self.page_size = self.mover.page_size
+        layout, dtype = getattr(pool, "layout", "unknown"), str(getattr(pool, "dtype", ""))
+        self.geometry = f"pool={name}/{layout}/{self.page_size}/{self.mover.regions}/{dtype}"
+        self.prefix = ""
 
     def names(self, keys: list[str]) -> list[str]:
         return [f"{self.prefix}-{k}" for k in keys]
@@ -136,27 +167,6 @@ class SidePool:
                 f"side pool {self.name}: {n} host indices for {pages} pages of {self.page_size}"
             )
         return host_indices
-
-    def store(self, store: Store, names: list[str], rows: Any) -> list[Any]:
-        if self.zero_copy:
-            ptrs, sizes = self.pool.get_page_buffer_meta(rows)
-            return list(store.put_regions(names, ptrs, sizes))
-        pages = [
-            self.pool.get_data_page(rows[i * self.page_size], flat=True).contiguous()
-            for i in range(len(names))
-        ]
-        return list(store.put(names, pages))
-
-    def load(self, store: Store, names: list[str], rows: Any, timeout: float) -> list[Any]:
-        if self.zero_copy:
-            ptrs, sizes = self.pool.get_page_buffer_meta(rows)
-            return list(store.get_into_regions(names, ptrs, sizes, timeout=timeout))
-        bufs = [self.pool.get_dummy_flat_data_page() for _ in names]
-        results = list(store.get_into(names, bufs, timeout=timeout))
-        for i, r in enumerate(results):
-            if r is True:
-                self.pool.set_from_flat_data_page(rows[i * self.page_size], bufs[i])
-        return results
 
 
 class KvtierStorage(HiCacheStorage):
@@ -201,13 +211,18 @@ class KvtierStorage(HiCacheStorage):
         # The namespaces of this rank's head groups, once its pool splits pages into them.
         self.head_groups: list[str] = []
         self.secret = integrity_secret(config)
+        self._config = config
         self.store = Store(self._rank_config(config))
+        # Where an MLA group's writer owns the folders, a reader rank's own shards of rank-
+        # sharded side pools (Mamba) go to folders it owns (opened with the first such pool).
+        self.shard_store: Store | None = None
         # Prometheus metrics of this rank's store, at the port given plus the rank.
         self.metrics_addr: Any = None
         if extra.get("metrics_addr"):
             self.metrics_addr = self._serve_metrics(str(extra["metrics_addr"]))
         self.mem_pool_host: Any = None
-        self.zero_copy = False
+        # How the KV pool's pages move (once the pool is registered).
+        self.mover: PageMover | None = None
         # Side pools of hybrid models (Mamba, SWA, indexers), by SGLang's pool name.
         self.side_pools: dict[str, SidePool] = {}
         self.prefix = self._namespace(None)
@@ -246,7 +261,12 @@ class KvtierStorage(HiCacheStorage):
 
     # ------------------------------------------------------------------ ranks
 
-    def _rank_config(self, config: dict[str, Any]) -> dict[str, Any]:
+    @property
+    def zero_copy(self) -> bool:
+        """Whether the KV pool's pages move straight between the pool and storage."""
+        return self.mover is not None and self.mover.zero_copy
+
+    def _rank_config(self, config: dict[str, Any], shards: bool = False) -> dict[str, Any]:
         """SGLang runs one process per rank, each with this same config. Each namespace (see
         :meth:`_namespace`) gets a folder (NIXL FILE) or prefix (object tiers) of its own
         under the configured ones, so ranks never contend for a folder's ownership and one
@@ -255,15 +275,19 @@ class KvtierStorage(HiCacheStorage):
         every replica, DP group and node store into and read from one folder. Where the
         config names ``access = "owner"``, an MLA attention group's writer (SGLang's
         ``is_storage_writer``) owns its folders and the group's other ranks open them as
-        readers."""
-        ns = self._namespace(None, heads=f"heads-of{self.tp_lcm}" if self.tp_lcm else None)
+        readers. ``shards``: the folders of this rank's own shards of rank-sharded side
+        pools (Mamba), which it owns (see ``shard_store``)."""
+        if shards:
+            ns = self._namespace(None, rank_sharded=True)
+        else:
+            ns = self._namespace(None, heads=f"heads-of{self.tp_lcm}" if self.tp_lcm else None)
         tiers = []
         for tier in config.get("tiers", []):
             tier = dict(tier)
             kind = tier.get("kind")
             if kind == "nixl-file" and isinstance(tier.get("dirs"), list):
                 tier["dirs"] = [os.path.join(str(d), ns) for d in tier["dirs"]]
-                if not self.is_writer and tier.get("access", "owner") == "owner":
+                if not shards and not self.is_writer and tier.get("access", "owner") == "owner":
                     tier["access"] = "reader"
             elif kind in ("object", "nixl-obj") and isinstance(tier.get("prefix"), str):
                 tier["prefix"] = f"{tier['prefix'].rstrip('/')}/{ns}" if tier["prefix"] else ns
@@ -317,22 +341,11 @@ class KvtierStorage(HiCacheStorage):
         super().register_mem_pool_host(mem_pool_host)
         layout = getattr(mem_pool_host, "layout", "unknown")
         page_size = mem_pool_host.page_size
-        probe = torch.arange(0, page_size, dtype=torch.int64)
-        self.zero_copy = False
-        regions = "flat"
-        if layout in ZERO_COPY_LAYOUTS and hasattr(mem_pool_host, "get_page_buffer_meta"):
-            try:
-                _, sizes = mem_pool_host.get_page_buffer_meta(probe)
-                self.zero_copy = True
-                regions = "x".join(str(s) for s in sizes)
-            except Exception as e:  # the pool cannot describe its pages: generic path
-                logger.warning(
-                    "kvtier: %s pool without zero-copy metadata (%s): pages are copied", layout, e
-                )
-        if not self.zero_copy:
-            regions = str(mem_pool_host.get_dummy_flat_data_page().numel())
+        self.mover = PageMover(
+            mem_pool_host, f"{layout} pool", zero_copy=layout in ZERO_COPY_LAYOUTS
+        )
         dtype = str(getattr(mem_pool_host, "dtype", ""))
-        geometry = f"{layout}/{page_size}/{regions}/{dtype}"
+        geometry = f"{layout}/{page_size}/{self.mover.regions}/{dtype}"
         if self.kv_cache_dtype:
             geometry += f"/kv={self.kv_cache_dtype}"
         elif dtype == str(torch.uint8):
@@ -405,16 +418,8 @@ class KvtierStorage(HiCacheStorage):
                 )
                 split = self.store.put_regions(self._split_names(keys), ptrs, sizes)
                 results = self._per_page(split, lambda r: r is None)
-            elif self.zero_copy:
-                ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
-                results = self.store.put_regions(self._keys(keys), ptrs, sizes)
             else:
-                ps = self.mem_pool_host.page_size
-                pages = [
-                    self.mem_pool_host.get_data_page(host_indices[i * ps], flat=True).contiguous()
-                    for i in range(len(keys))
-                ]
-                results = self.store.put(self._keys(keys), pages)
+                results = self._kv_mover().store(self.store, self._keys(keys), host_indices)
         except Exception as e:
             self.log.warn("batch_set_v1", e)
             return [False] * len(keys)
@@ -440,13 +445,10 @@ class KvtierStorage(HiCacheStorage):
                     self._split_names(keys), ptrs, sizes, timeout=self._read_timeout(len(keys))
                 )
                 results = self._per_page(split, lambda r: r is True)
-            elif self.zero_copy:
-                ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
-                results = self.store.get_into_regions(
-                    self._keys(keys), ptrs, sizes, timeout=self._read_timeout(len(keys))
-                )
             else:
-                results = self._get_generic(keys, host_indices)
+                results = self._kv_mover().load(
+                    self.store, self._keys(keys), host_indices, self._read_timeout(len(keys))
+                )
         except Exception as e:
             self.log.warn("batch_get_v1", e)
             return [False] * len(keys)
@@ -458,23 +460,22 @@ class KvtierStorage(HiCacheStorage):
         self._record(self._prefetch_pgs, self._prefetch_bw, sum(ok), host_indices, len(keys), start)
         return ok
 
-    def _get_generic(self, keys: list[str], host_indices: torch.Tensor) -> list[Any]:
-        ps = self.mem_pool_host.page_size
-        bufs = [self.mem_pool_host.get_dummy_flat_data_page() for _ in keys]
-        results = self.store.get_into(self._keys(keys), bufs, timeout=self._read_timeout(len(keys)))
-        for i, r in enumerate(results):
-            if r is True:
-                self.mem_pool_host.set_from_flat_data_page(host_indices[i * ps], bufs[i])
-        return results
+    def _kv_mover(self) -> PageMover:
+        if self.mover is None:
+            raise RuntimeError("no host pool registered (register_mem_pool_host)")
+        return self.mover
+
+    def _kv_names(self, keys: list[str]) -> list[str]:
+        """The names the KV pages of ``keys`` are stored as: each page's head groups, page by
+        page, with ``tp_lcm_size``; one name per page otherwise."""
+        return self._split_names(keys) if self.head_groups else self._keys(keys)
 
     def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
         if not keys:
             return 0
         try:
-            if self.head_groups:
-                found = self.store.exists(self._split_names(keys), timeout=self.timeout_base)
-                return int(found) // len(self.head_groups)
-            return self.store.exists(self._keys(keys), timeout=self.timeout_base)
+            found = self.store.exists(self._kv_names(keys), timeout=self.timeout_base)
+            return int(found) // max(1, len(self.head_groups))
         except Exception as e:
             self.log.warn("batch_exists", e)
             return 0
@@ -486,10 +487,11 @@ class KvtierStorage(HiCacheStorage):
         beside the KV pages, each under its KV page's key in a namespace of the pool's own."""
         super().register_mem_host_pool_v2(host_pool, host_pool_name)
         name = str(host_pool_name)
-        pool = SidePool.of(name, host_pool)
-        pool.prefix = self._namespace(pool.geometry, rank_sharded=name in RANK_SHARDED_POOLS)
+        sharded = name in RANK_SHARDED_POOLS
+        pool = SidePool(name, host_pool, self._shard_store() if sharded else self.store)
+        pool.prefix = self._namespace(pool.geometry, rank_sharded=sharded)
         self.side_pools[name] = pool
-        logger.info("kvtier: side pool %s registered (zero copy %s)", name, pool.zero_copy)
+        logger.info("kvtier: side pool %s registered (zero copy %s)", name, pool.mover.zero_copy)
 
     def batch_exists_v2(
         self, keys: list[str], pool_transfers: Any = None, extra_info: Any = None
@@ -503,19 +505,29 @@ class KvtierStorage(HiCacheStorage):
         if not keys:
             return PoolTransferResult(0, {}, [])
         try:
-            names = self._keys(keys)
+            # Per store, one presence check of every name it holds.
+            asked: dict[int, tuple[Store, list[str]]] = {id(self.store): (self.store, [])}
+            kv_names = self._kv_names(keys)
+            asked[id(self.store)][1].extend(kv_names)
             for t in transfers:
-                names += self._side(str(t.name)).names(keys)
-            found = self.store.contains(names, timeout=self.timeout_base)
+                pool = self._side(str(t.name))
+                asked.setdefault(id(pool.store), (pool.store, []))[1].extend(pool.names(keys))
+            found: dict[str, bool] = {}
+            for store, names in asked.values():
+                answers = store.contains(names, timeout=self.timeout_base)
+                found.update((n, r is True) for n, r in zip(names, answers, strict=True))
         except Exception as e:
             self.log.warn("batch_exists_v2", e)
             return PoolTransferResult(0, {}, [])
-        present = [r is True for r in found]
-        kv_pages = present.index(False) if False in present[: len(keys)] else len(keys)
+        groups = max(1, len(self.head_groups))
+        kv = [
+            all(found[n] for n in kv_names[i * groups : (i + 1) * groups]) for i in range(len(keys))
+        ]
+        kv_pages = kv.index(False) if False in kv else len(keys)
         hits: dict[Any, int] = {"kv": kv_pages} if kv_pages else {}
         restorable = set(range(1, kv_pages + 1))
-        for i, t in enumerate(transfers):
-            has = present[len(keys) * (i + 1) : len(keys) * (i + 2)]
+        for t in transfers:
+            has = [found[n] for n in self._side(str(t.name)).names(keys)]
             if t.hit_policy == PoolHitPolicy.ALL_PAGES:
                 boundary = has.index(False) if False in has[:kv_pages] else kv_pages
                 pool_restorable = set(range(1, boundary + 1))
@@ -542,6 +554,16 @@ class KvtierStorage(HiCacheStorage):
         # writer only; a TP-sharded one on every rank): what it hands over is written.
         return self._side_io(transfers, load=False)
 
+    def _shard_store(self) -> Store:
+        """The store of this rank's shards of rank-sharded side pools (Mamba): the KV pages'
+        store, but for an MLA reader rank whose group's writer owns the folders (it cannot
+        write there): folders of its own, opened once, with the config's tiers."""
+        if not (self.is_mla and not self.is_writer and self.owned_folders):
+            return self.store
+        if self.shard_store is None:
+            self.shard_store = Store(self._rank_config(self._config, shards=True))
+        return self.shard_store
+
     def _side(self, name: str) -> SidePool:
         pool = self.side_pools.get(name)
         if pool is None:
@@ -563,9 +585,10 @@ class KvtierStorage(HiCacheStorage):
                 rows = pool.rows(t.host_indices, len(keys))
                 names = pool.names(keys)
                 if load:
-                    got = pool.load(self.store, names, rows, self._read_timeout(len(keys)))
+                    timeout = self._read_timeout(len(keys))
+                    got = pool.mover.load(pool.store, names, rows, timeout)
                 else:
-                    got = pool.store(self.store, names, rows)
+                    got = pool.mover.store(pool.store, names, rows)
             except Exception as e:
                 self.log.warn(what, e)
                 continue
@@ -637,12 +660,14 @@ class KvtierStorage(HiCacheStorage):
     def clear(self) -> None:
         """Removes this namespace's pages: a rank's own (MHA), or its attention group's
         (MLA, from the group's writer). Other ranks', groups' and models' pages stay; an MLA
-        reader rank owns no pages and removes nothing. A failure raises (SGLang then reports
-        the clear failed)."""
-        if not self.is_writer:
-            return
+        reader rank removes only its own Mamba shards' pages (``shard_store``). A failure
+        raises (SGLang then reports the clear failed)."""
+        stores = [self.store] if self.is_writer else []
+        if self.shard_store is not None:
+            stores.append(self.shard_store)
         try:
-            self.store.clear()
+            for store in stores:
+                store.clear()
         except Exception as e:
             # SGLang reports the clear failed (and keeps what it believes storage holds).
             self.log.warn("clear", e)
@@ -652,7 +677,10 @@ class KvtierStorage(HiCacheStorage):
         """Writes the pages still queued for the lower tiers (bounded by the hierarchy's
         ``flush_timeout``; what did not land is logged) and stops background work. SGLang
         calls it when it detaches the backend; at interpreter exit kvtier does."""
-        close_all(self.log, "close", self.store.close)
+        closes = [self.store.close]
+        if self.shard_store is not None:
+            closes.append(self.shard_store.close)
+        close_all(self.log, "close", *closes)
 
     # ------------------------------------------------------------------ metrics
 
