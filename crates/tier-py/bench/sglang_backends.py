@@ -12,7 +12,13 @@ Ratios move by 10-20% from run to run on a small VM: every row's two-thread copi
 when the guest scheduler puts both threads on one vCPU after an idle pause (as between rounds),
 and puts depend on how fast the host backs fresh guest memory. Compare rows of one run.
 
-Run: make bench-sglang   (or python crates/tier-py/bench/sglang_backends.py [--rounds N])
+With ``--second-instance [--owner]``: two instances of each backend on one config at once (as
+two SGLang servers, or two DP groups, on one storage folder), each with its own host pool: the
+first stores a round's pages, the second looks them up (``batch_exists``) and reads what it
+finds; prints the pages the second hit and its read rate, kvtier's against SGLang's backend.
+
+Run: make bench-sglang   (or python crates/tier-py/bench/sglang_backends.py [--rounds N]
+     [--second-instance [--owner]])
 """
 
 from __future__ import annotations
@@ -48,8 +54,10 @@ def sglang_nixl(pool, folder):
     return b
 
 
-def kvtier_backend(pool, folder, engine):
+def kvtier_backend(pool, folder, engine, access=None):
     tier = {"kind": "nixl-file", "dirs": [str(folder)], "engine": engine}
+    if access:
+        tier["access"] = access
     extra = {"backend_name": "kvtier", "module_path": "kvtier.sglang", "class_name": "KvtierStorage",
              "interface_v1": 1, "tiers": [tier]}
     b = StorageBackendFactory.create_backend("dynamic", storage_config(extra), pool)
@@ -140,14 +148,92 @@ def memcpy_s(pool, batches):
     return time.perf_counter() - t
 
 
+def second_instance(args, root):
+    """Two instances of each backend on one folder at once: the second's hits on the pages
+    the first stored, and its read rate (pages verified outside the timed region)."""
+    label, layers, heads, dim, tokens = next(g for g in GEOMETRIES if g[0] == (args.only or "512 KiB"))
+    page_bytes = 2 * layers * tokens * heads * dim * 2
+    batches = max(2, (args.mib << 20) // (page_bytes * BATCH))
+    P, pages = tokens, batches * BATCH
+    pools = [make_pool(layers=layers, heads=heads, head_dim=dim, page=tokens, pages=pages + 1) for _ in range(2)]
+    access = "owner" if args.owner else None
+    makers = {
+        "sglang": lambda pool, folder: sglang_nixl(pool, folder),
+        "kvtier": lambda pool, folder: kvtier_backend(pool, folder, "syscalls", access),
+    }
+    hits = {name: [] for name in makers}
+    rates = {name: [] for name in makers}
+    refused: dict[str, str] = {}
+    everything = torch.arange(0, pages * P, dtype=torch.int64)
+    idx = [torch.arange(n * BATCH * P, (n + 1) * BATCH * P, dtype=torch.int64) for n in range(batches)]
+    for r in range(-1, args.rounds):  # round -1 warms up
+        for name, make in makers.items():
+            folder = root / f"{name}-second-{r + 1}"
+            folder.mkdir(parents=True)
+            first = make(pools[0], folder)
+            try:
+                second = make(pools[1], folder)
+            except Exception as e:  # owned folders: the second instance cannot open them
+                refused[name] = f"{type(e).__name__}: {e}"
+                first.close() if name == "kvtier" else first.clear()
+                continue
+            keys = [[f"{name[:1]}{r + 1:02x}{n:04x}{i:054x}" for i in range(BATCH)] for n in range(batches)]
+            g = torch.Generator().manual_seed(r + 7)
+            want = torch.randint(-30000, 30000, pools[0].kv_buffer[:, everything].shape, generator=g,
+                                 dtype=torch.int16)
+            pools[0].kv_buffer[:, everything] = want.view(pools[0].dtype)
+            assert all(all(first.batch_set_v1(keys[n], idx[n])) for n in range(batches)), f"{name}: set failed"
+            pools[1].kv_buffer[:, everything] = 0
+            os.sync()
+            t = time.perf_counter()
+            found = [second.batch_exists(keys[n]) for n in range(batches)]
+            got = [second.batch_get_v1(keys[n][:f], idx[n][: f * P]) if f else [] for n, f in enumerate(found)]
+            elapsed = time.perf_counter() - t
+            hit = sum(found)
+            assert all(all(o) for o in got), f"{name}: a page it found did not read"
+            for n, f in enumerate(found):
+                rows = idx[n][: f * P]
+                assert torch.equal(pools[1].kv_buffer[:, rows].view(torch.int16), want[:, n * BATCH * P:][:, : f * P]), \
+                    f"{name}: wrong bytes"
+            if r >= 0:
+                hits[name].append(hit)
+                if hit:
+                    rates[name].append(hit / elapsed)
+            for b in (second, first):
+                b.clear() if name == "sglang" else b.close()
+            shutil.rmtree(folder, ignore_errors=True)
+    print(f"two instances on one folder at once, {pages} pages of {label} per round, {args.rounds} rounds "
+          f"(kvtier access {'owner' if args.owner else 'default'})\n")
+    print(f"{'backend':>8} | {'pages the second hit (median)':>30} | {'its lookup + read, pages/s':>27}")
+    for name, why in refused.items():
+        print(f"{name}: the second instance did not start ({why})")
+    for name in makers:
+        if not hits[name]:
+            continue
+        rate = statistics.median(rates[name]) if rates[name] else 0.0
+        print(f"{name:>8} | {statistics.median(hits[name]):>24,.0f} of {pages} | {rate:>27,.0f}")
+    if rates["kvtier"] and rates["sglang"]:
+        print(f"kvtier / sglang: {statistics.median(rates['kvtier']) / statistics.median(rates['sglang']):.2f}x")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--mib", type=int, default=256, help="MiB each backend writes and reads per round")
     ap.add_argument("--only", default=None, help="one page size label, e.g. '512 KiB'")
     ap.add_argument("--dir", default=None, help="folder for both backends' files (default: a temp folder)")
+    ap.add_argument("--second-instance", action="store_true",
+                    help="two instances of each backend on one folder at once: the second's hits and reads")
+    ap.add_argument("--owner", action="store_true", help="kvtier's folder with access = \"owner\"")
     args = ap.parse_args()
     root = Path(args.dir or tempfile.mkdtemp(prefix="kvtier-bench-"))
+    if args.second_instance:
+        try:
+            second_instance(args, root)
+        finally:
+            if not args.dir:
+                shutil.rmtree(root, ignore_errors=True)
+        return
     print(f"{BATCH}-page batch_set_v1/batch_get_v1 on one MHATokenToKVPoolHost (page_first), files in {root}")
     print(f"medians of {args.rounds} interleaved rounds, pages/s; every page verified outside the timed region\n")
     rows = []
