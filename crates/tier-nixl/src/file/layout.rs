@@ -185,6 +185,15 @@ impl Layout {
 }
 
 impl Layout {
+    /// Every bucket folder of every storage folder a scan may walk (see
+    /// [`walkable_buckets`](Self::walkable_buckets)).
+    pub fn shared_buckets(&self) -> Vec<PathBuf> {
+        self.dirs
+            .iter()
+            .flat_map(|dir| Self::walkable_buckets(dir))
+            .collect()
+    }
+
     /// Walks every bucket of shared folders: removes the temp files `stale` picks (leftovers of
     /// dead writers), and returns the pages found.
     pub fn scan_shared(
@@ -192,41 +201,51 @@ impl Layout {
         stale: impl Fn(&str, &fs::Metadata) -> bool,
     ) -> Result<FolderScan, TierError> {
         let mut report = FolderScan::default();
-        for dir in &self.dirs {
-            for bucket in Self::walkable_buckets(dir) {
-                let entries = match fs::read_dir(&bucket) {
-                    Ok(entries) => entries,
-                    // Another process's clear or a hand may have removed it: it holds nothing.
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(TierError::io("scan bucket", None, Some(bucket), e)),
-                };
-                for entry in entries.flatten() {
-                    let name = entry.file_name();
-                    let name = name.to_string_lossy();
-                    let Ok(meta) = entry.metadata() else { continue };
-                    if !meta.is_file() {
-                        continue;
-                    }
-                    if is_temp(&name) {
-                        if stale(&name, &meta) && fs::remove_file(entry.path()).is_ok() {
-                            report.temps_removed += 1;
-                        }
-                        continue;
-                    }
-                    let path = entry.path();
-                    let ours = decode(&name)
-                        .is_some_and(|key| self.page_path(&key).is_ok_and(|p| p == path));
-                    if ours && meta.len() > super::format::TRAILER {
-                        report.pages.push(FolderPage {
-                            len: meta.len(),
-                            stamp: FileStamp::of(&meta),
-                            path,
-                        });
-                    }
-                }
-            }
+        for bucket in self.shared_buckets() {
+            self.scan_bucket(&bucket, &stale, &mut report)?;
         }
         Ok(report)
+    }
+
+    /// Walks one bucket of shared folders into `report`: removes the temp files `stale` picks,
+    /// and adds the pages found.
+    pub fn scan_bucket(
+        &self,
+        bucket: &Path,
+        stale: &impl Fn(&str, &fs::Metadata) -> bool,
+        report: &mut FolderScan,
+    ) -> Result<(), TierError> {
+        let entries = match fs::read_dir(bucket) {
+            Ok(entries) => entries,
+            // Another process's clear or a hand may have removed it: it holds nothing.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(TierError::io("scan bucket", None, Some(bucket.into()), e)),
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let Ok(meta) = entry.metadata() else { continue };
+            if !meta.is_file() {
+                continue;
+            }
+            if is_temp(&name) {
+                if stale(&name, &meta) && fs::remove_file(entry.path()).is_ok() {
+                    report.temps_removed += 1;
+                }
+                continue;
+            }
+            let path = entry.path();
+            let ours =
+                decode(&name).is_some_and(|key| self.page_path(&key).is_ok_and(|p| p == path));
+            if ours && meta.len() > super::format::TRAILER {
+                report.pages.push(FolderPage {
+                    len: meta.len(),
+                    stamp: FileStamp::of(&meta),
+                    path,
+                });
+            }
+        }
+        Ok(())
     }
 }
 

@@ -3,14 +3,19 @@
 //!
 //! - **Usage** is a byte count in `.kvtier.usage` (in the first folder), changed under an
 //!   `flock` by every process: a put adds the pages it renamed in (less the files they
-//!   replaced), a remove takes off what it unlinked. An evictor sets it from a scan of the
-//!   folders, so a count a killed process never made is corrected by the next eviction.
+//!   replaced), a remove takes off what it unlinked. It is set from a scan of the folders at
+//!   open, and by an eviction that examined every bucket (small folders), so a count a killed
+//!   process never made is corrected then.
 //! - **Eviction** starts when a put's pages would take the usage past the capacity, and stops
 //!   at the low watermark (less the pages coming). One process evicts at a time: the holder of `.kvtier.lease` (a holder and
 //!   an expiry, changed under an `flock`), renewed while it works and taken over by another
-//!   once it expires (a holder that died or stalled). Victims are the pages least recently
-//!   used by any process (a file's modification time: set by its write, refreshed by hits at
-//!   most once per [`SharedFolder::touch_interval`]).
+//!   once it expires (a holder that died or stalled). Victims are pages least recently used
+//!   by any process (a file's modification time: set by its write, refreshed by hits at most
+//!   once per [`SharedFolder::touch_interval`]), chosen as Redis chooses its approximate LRU:
+//!   from samples. The evictor examines a window of buckets (from a random one, whole buckets,
+//!   at least 4,096 pages) and may take its oldest quarter, then the next window: the cost of
+//!   an eviction follows the pages it evicts, not the size of the folders. Folders of fewer
+//!   pages than a window are one window: an exact LRU.
 //! - A victim is renamed aside before it is unlinked, and unlinked only if it is still the file
 //!   the scan saw, with the use time it saw: a page stored again or read since the scan is put
 //!   back (or left to its newer file). A reader racing an eviction gets the page or a miss.
@@ -40,6 +45,11 @@ const USAGE_FILE: &str = ".kvtier.usage";
 const LEASE_FILE: &str = ".kvtier.lease";
 /// Victims unlinked between two renewals of the lease.
 const RENEW_EVERY: usize = 64;
+/// Pages an eviction examines before it evicts from them (a window of buckets).
+const EVICTION_SAMPLE: usize = 4096;
+/// The share of a window's pages (the oldest) an eviction may take before it looks at the
+/// next window: victims are among the oldest quarter of random samples of the folders.
+const WINDOW_SHARE: usize = 4;
 
 /// What the processes sharing some folders agree on: their usage, and who evicts.
 pub(super) struct Fleet {
@@ -52,6 +62,8 @@ pub(super) struct Fleet {
     stale_temp: Duration,
     /// One eviction at a time in this process (the lease orders processes).
     evicting: Mutex<()>,
+    /// Pages an eviction examines per window ([`EVICTION_SAMPLE`]).
+    sample: usize,
     counts: Counts,
 }
 
@@ -62,6 +74,7 @@ struct Counts {
     takeovers: AtomicU64,
     spared: AtomicU64,
     temps_removed: AtomicU64,
+    examined: AtomicU64,
 }
 
 /// What this process's tier did for its shared folders.
@@ -79,6 +92,8 @@ pub struct FleetStats {
     pub spared: u64,
     /// Leftover temp files of dead writers removed.
     pub temps_removed: u64,
+    /// Page files this process's evictions examined (stat'ed) to choose victims.
+    pub examined: u64,
 }
 
 /// How a call to [`Fleet::evict`] went.
@@ -114,6 +129,7 @@ impl Fleet {
             settings,
             stale_temp: transfer_timeout * 2 + Duration::from_secs(60),
             evicting: Mutex::new(()),
+            sample: EVICTION_SAMPLE,
             counts: Counts::default(),
         };
         let before = fleet.usage.read()?;
@@ -135,6 +151,7 @@ impl Fleet {
             takeovers: c.takeovers.load(Relaxed),
             spared: c.spared.load(Relaxed),
             temps_removed: c.temps_removed.load(Relaxed),
+            examined: c.examined.load(Relaxed),
         }
     }
 
@@ -206,20 +223,26 @@ impl Fleet {
 
     /// Scans the folders, removing the temp files of dead writers.
     fn scan(&self, layout: &Layout) -> Result<FolderScan, TierError> {
+        let scan = layout.scan_shared(self.leftover())?;
+        self.counts
+            .temps_removed
+            .fetch_add(scan.temps_removed as u64, Relaxed);
+        Ok(scan)
+    }
+
+    /// Which temp files a scan removes: those older than any write may last, and those of
+    /// dead writers of this pid space.
+    fn leftover(&self) -> impl Fn(&str, &fs::Metadata) -> bool {
         let ours = layout::pid_space_tag();
         let stale_temp = self.stale_temp;
-        let scan = layout.scan_shared(|name, meta| {
+        move |name, meta| {
             let old = meta
                 .modified()
                 .ok()
                 .and_then(|m| m.elapsed().ok())
                 .is_some_and(|age| age > stale_temp);
             old || layout::temp_owner(name).is_some_and(|(tag, pid)| tag == ours && !alive(pid))
-        })?;
-        self.counts
-            .temps_removed
-            .fetch_add(scan.temps_removed as u64, Relaxed);
-        Ok(scan)
+        }
     }
 
     /// Sets the usage to the pages `scan` found, plus what was counted since `before` was
@@ -269,48 +292,100 @@ impl Fleet {
         outcome
     }
 
+    /// Evicts in windows of buckets, starting at a random one: each window's pages (at least
+    /// [`EVICTION_SAMPLE`], in whole buckets) are examined and its oldest quarter may go, until
+    /// the usage is at the low watermark, or, after a window, once the pages coming fit under
+    /// the capacity. A run costs about one window (four pages examined per victim), whatever
+    /// the folders hold. A window that is every bucket (small folders) is an exact LRU over all
+    /// pages down to the low watermark, and sets the usage from what it found.
     fn evict_lru(&self, layout: &Layout, capacity: u64, incoming: u64) -> Result<(), TierError> {
-        let before = self.usage.read()?;
-        let mut scan = self.scan(layout)?;
-        let usage = self.settle(&scan, before)?;
-        if usage + incoming <= capacity {
+        let buckets = layout.shared_buckets();
+        if buckets.is_empty() {
             return Ok(());
         }
-        scan.pages.sort_by_key(|p| p.stamp.mtime_ns);
-        let mut excess = (usage + incoming).saturating_sub(self.low);
-        let mut freed = 0u64;
-        for (n, page) in scan.pages.iter().enumerate() {
-            if excess == 0 {
-                break;
+        let first = (super::perms::nonce() % buckets.len() as u64) as usize;
+        let leftover = self.leftover();
+        let (mut at, mut victims) = (0, 0usize);
+        while at < buckets.len() {
+            let before = self.usage.read()?;
+            let opened = at;
+            let mut window = FolderScan::default();
+            while at < buckets.len() && window.pages.len() < self.sample {
+                let bucket = &buckets[(first + at) % buckets.len()];
+                layout.scan_bucket(bucket, &leftover, &mut window)?;
+                at += 1;
             }
-            if n > 0 && n % RENEW_EVERY == 0 {
-                self.usage.add(-(freed as i64))?;
-                freed = 0;
-                if !self.lease.renew().map_err(|e| self.lease_error(e))? {
-                    tracing::warn!(
-                        "lost the shared folders' eviction lease while evicting; stopping"
-                    );
+            self.counts
+                .temps_removed
+                .fetch_add(window.temps_removed as u64, Relaxed);
+            self.counts
+                .examined
+                .fetch_add(window.pages.len() as u64, Relaxed);
+            let whole = opened == 0 && at == buckets.len();
+            let usage = match whole {
+                true => self.settle(&window, before)?,
+                false => before,
+            };
+            if opened == 0 && usage + incoming <= capacity {
+                return Ok(());
+            }
+            let mut excess = (usage + incoming).saturating_sub(self.low);
+            if excess == 0 {
+                return Ok(());
+            }
+            window.pages.sort_by_key(|p| p.stamp.mtime_ns);
+            let share = match whole {
+                true => window.pages.len(),
+                false => window.pages.len().div_ceil(WINDOW_SHARE),
+            };
+            let mut freed = 0u64;
+            for page in &window.pages[..share] {
+                if excess == 0 {
                     break;
                 }
+                if victims > 0 && victims % RENEW_EVERY == 0 && !self.renew(&mut freed)? {
+                    return Ok(());
+                }
+                victims += 1;
+                match unlink_if_unchanged(layout, page, |from, to| fs::hard_link(from, to)) {
+                    Ok(Victim::Evicted(bytes)) => {
+                        freed += bytes;
+                        excess = excess.saturating_sub(bytes);
+                        self.counts.evicted.fetch_add(1, Relaxed);
+                    }
+                    Ok(Victim::Spared(bytes)) => {
+                        freed += bytes;
+                        excess = excess.saturating_sub(bytes);
+                        self.counts.spared.fetch_add(1, Relaxed);
+                    }
+                    Err(e) => {
+                        tracing::warn!(path = %page.path.display(), error = %e, "cannot evict a page")
+                    }
+                }
             }
-            match unlink_if_unchanged(layout, page, |from, to| fs::hard_link(from, to)) {
-                Ok(Victim::Evicted(bytes)) => {
-                    freed += bytes;
-                    excess = excess.saturating_sub(bytes);
-                    self.counts.evicted.fetch_add(1, Relaxed);
-                }
-                Ok(Victim::Spared(bytes)) => {
-                    freed += bytes;
-                    excess = excess.saturating_sub(bytes);
-                    self.counts.spared.fetch_add(1, Relaxed);
-                }
-                Err(e) => {
-                    tracing::warn!(path = %page.path.display(), error = %e, "cannot evict a page")
-                }
+            // Renewed between windows too: examining one takes time of its own.
+            if !self.renew(&mut freed)? || excess == 0 {
+                return Ok(());
+            }
+            // Room made for what is coming: the low watermark is for later windows, taken by
+            // later puts, so no one put pays for an eviction step that grows with the folders.
+            if self.usage.read()? + incoming <= capacity {
+                return Ok(());
             }
         }
-        self.usage.add(-(freed as i64))?;
         Ok(())
+    }
+
+    /// Counts the bytes `freed` so far off the usage, and renews the lease: `false` if it was
+    /// lost (logged; the eviction stops).
+    fn renew(&self, freed: &mut u64) -> Result<bool, TierError> {
+        self.usage.add(-(*freed as i64))?;
+        *freed = 0;
+        let held = self.lease.renew().map_err(|e| self.lease_error(e))?;
+        if !held {
+            tracing::warn!("lost the shared folders' eviction lease while evicting; stopping");
+        }
+        Ok(held)
     }
 
     fn lease_error(&self, e: io::Error) -> TierError {

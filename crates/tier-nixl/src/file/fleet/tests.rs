@@ -140,6 +140,66 @@ fn only_writers_of_this_pid_space_are_looked_up_by_pid() {
     drop(dir);
 }
 
+/// An eviction in a folder larger than its sample examines a window of it, not all of it, makes
+/// room for the page coming and takes old pages: 2,048 pages of distinct ages, a sample of 128,
+/// the oldest quarter of one window evicted. (Examining the whole folder, as every eviction
+/// did, fails the first check.)
+#[test]
+fn an_eviction_examines_windows_of_a_large_folder_and_takes_old_pages() {
+    let (dir, layout) = layout();
+    let n = 2048usize;
+    let now = SystemTime::now();
+    // Page i is `age(i)` seconds old: ages are a permutation of 0..n, unrelated to buckets.
+    let age = |i: usize| (i * 7919) % n;
+    let paths: Vec<PathBuf> = (0..n)
+        .map(|i| {
+            let path = store(&layout, &format!("page{i:05}"), &[i as u8; 100]);
+            let then = fs::FileTimes::new().set_modified(now - Duration::from_secs(age(i) as u64));
+            File::options()
+                .write(true)
+                .open(&path)
+                .and_then(|f| f.set_times(then))
+                .expect("use time set");
+            path
+        })
+        .collect();
+    let page_len = fs::metadata(&paths[0]).expect("a page").len();
+    let total = page_len * n as u64;
+    let settings = SharedFolder {
+        low_watermark: 0.98,
+        ..SharedFolder::default()
+    };
+    let mut fleet =
+        Fleet::open(&layout, Some(total), settings, Duration::from_secs(30)).expect("the fleet");
+    fleet.sample = 128;
+    assert_eq!(fleet.usage(), total);
+    let examined_at_open = fleet.stats().examined;
+    assert_eq!(
+        fleet.evict(&layout, page_len).expect("an eviction"),
+        Eviction::Done
+    );
+    let examined = fleet.stats().examined - examined_at_open;
+    let gone: Vec<usize> = (0..n).filter(|&i| !paths[i].exists()).collect();
+    println!("{} victims, {examined} of {n} pages examined", gone.len());
+    assert!(
+        examined <= n as u64 / 8,
+        "{examined} of {n} pages examined to evict {}",
+        gone.len()
+    );
+    assert!(
+        !gone.is_empty() && fleet.usage() + page_len <= total,
+        "no room made: usage {} of {total}",
+        fleet.usage()
+    );
+    assert_eq!(fleet.usage(), page_len * (n - gone.len()) as u64);
+    assert!(
+        gone.iter().all(|&i| age(i) >= n / 2),
+        "a page younger than the median was evicted: ages {:?}",
+        gone.iter().map(|&i| age(i)).collect::<Vec<_>>()
+    );
+    drop(dir);
+}
+
 #[test]
 fn one_holder_at_a_time_and_an_expired_lease_is_taken_over() {
     let (dir, _layout) = layout();
