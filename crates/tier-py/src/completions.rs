@@ -272,13 +272,14 @@ impl CompletionQueue {
         }
     }
 
-    /// Starts a lookup of `keys` by `timeout`: `lookup` answers with the call's outcome.
-    fn submit_lookup<F>(
+    /// Starts a call on `keys` (a lookup, a touch, a removal) by `timeout`: `call` answers with
+    /// its outcome.
+    fn submit_keys<F>(
         &self,
         py: Python<'_>,
         keys: &Bound<'_, PyAny>,
         timeout: Option<f64>,
-        lookup: impl FnOnce(Arc<Hierarchy>, Vec<PageKey>, Option<Instant>) -> F,
+        call: impl FnOnce(Arc<Hierarchy>, Vec<PageKey>, Option<Instant>) -> F,
     ) -> PyResult<u64>
     where
         F: std::future::Future<Output = Outcome> + Send + 'static,
@@ -288,7 +289,7 @@ impl CompletionQueue {
         let hierarchy = self.hierarchy.get(py)?;
         let ticket = self.ticket(py, keys.len(), Lent::default())?;
         let id = ticket.id;
-        let call = lookup(hierarchy, keys, deadline);
+        let call = call(hierarchy, keys, deadline);
         self.track(runtime().spawn(async move {
             let outcome = call.await;
             ticket.finish(outcome);
@@ -416,7 +417,7 @@ impl CompletionQueue {
         keys: &Bound<'_, PyAny>,
         timeout: Option<f64>,
     ) -> PyResult<u64> {
-        self.submit_lookup(py, keys, timeout, |hierarchy, keys, deadline| async move {
+        self.submit_keys(py, keys, timeout, |hierarchy, keys, deadline| async move {
             let n = match deadline {
                 Some(d) => hierarchy.exists_by(&keys, d).await,
                 None => hierarchy.exists(&keys).await,
@@ -436,7 +437,7 @@ impl CompletionQueue {
         keys: &Bound<'_, PyAny>,
         timeout: Option<f64>,
     ) -> PyResult<u64> {
-        self.submit_lookup(py, keys, timeout, |hierarchy, keys, deadline| async move {
+        self.submit_keys(py, keys, timeout, |hierarchy, keys, deadline| async move {
             Outcome::Present(crate::store::each_present(&hierarchy, &keys, deadline).await)
         })
     }
@@ -444,28 +445,16 @@ impl CompletionQueue {
     /// Submits a touch (see `Store.touch`); its completion answers `None` per key, or the
     /// error for all of them.
     fn submit_touch(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<u64> {
-        let keys = crate::store::keys(py, &crate::store::key_list(py, keys)?)?;
-        let hierarchy = self.hierarchy.get(py)?;
-        let ticket = self.ticket(py, keys.len(), Lent::default())?;
-        let id = ticket.id;
-        self.track(runtime().spawn(async move {
-            let result = hierarchy.touch(&keys).await;
-            ticket.finish(Outcome::Touch(result, keys.len()));
-        }));
-        Ok(id)
+        self.submit_keys(py, keys, None, |hierarchy, keys, _| async move {
+            Outcome::Touch(hierarchy.touch(&keys).await, keys.len())
+        })
     }
 
     /// Submits a removal; its completion answers per key whether the page was present.
     fn submit_remove(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<u64> {
-        let keys = crate::store::keys(py, &crate::store::key_list(py, keys)?)?;
-        let hierarchy = self.hierarchy.get(py)?;
-        let ticket = self.ticket(py, keys.len(), Lent::default())?;
-        let id = ticket.id;
-        self.track(runtime().spawn(async move {
-            let results = hierarchy.remove(&keys).await;
-            ticket.finish(Outcome::Remove(results));
-        }));
-        Ok(id)
+        self.submit_keys(py, keys, None, |hierarchy, keys, _| async move {
+            Outcome::Remove(hierarchy.remove(&keys).await)
+        })
     }
 
     /// Takes every completion that has arrived, as `(id, per-key results)` in completion

@@ -202,17 +202,19 @@ impl Layout {
     ) -> Result<FolderScan, TierError> {
         let mut report = FolderScan::default();
         for bucket in self.shared_buckets() {
-            self.scan_bucket(&bucket, &stale, &mut report)?;
+            self.scan_bucket(&bucket, &stale, None, &mut report)?;
         }
         Ok(report)
     }
 
     /// Walks one bucket of shared folders into `report`: removes the temp files `stale` picks,
-    /// and adds the pages found.
+    /// and adds the pages found; with `limit`, at most that many, picked at random among the
+    /// bucket's names (only those are `stat`ed; `report.sampled` says some were left).
     pub fn scan_bucket(
         &self,
         bucket: &Path,
         stale: &impl Fn(&str, &fs::Metadata) -> bool,
+        limit: Option<usize>,
         report: &mut FolderScan,
     ) -> Result<(), TierError> {
         let entries = match fs::read_dir(bucket) {
@@ -221,23 +223,41 @@ impl Layout {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(TierError::io("scan bucket", None, Some(bucket.into()), e)),
         };
+        let mut names = Vec::new();
         for entry in entries.flatten() {
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            let Ok(meta) = entry.metadata() else { continue };
-            if !meta.is_file() {
-                continue;
-            }
             if is_temp(&name) {
-                if stale(&name, &meta) && fs::remove_file(entry.path()).is_ok() {
+                let Ok(meta) = entry.metadata() else { continue };
+                if meta.is_file() && stale(&name, &meta) && fs::remove_file(entry.path()).is_ok() {
                     report.temps_removed += 1;
                 }
                 continue;
             }
-            let path = entry.path();
-            let ours =
-                decode(&name).is_some_and(|key| self.page_path(&key).is_ok_and(|p| p == path));
-            if ours && meta.len() > super::format::TRAILER {
+            names.push(entry.path());
+        }
+        if let Some(limit) = limit.filter(|&l| l < names.len()) {
+            // A random `limit` of them first (a partial Fisher-Yates shuffle).
+            let mut seed = nonce() | 1;
+            for i in 0..limit {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let j = i + (seed % (names.len() - i) as u64) as usize;
+                names.swap(i, j);
+            }
+            names.truncate(limit);
+            report.sampled = true;
+        }
+        for path in names {
+            let Ok(meta) = fs::symlink_metadata(&path) else {
+                continue;
+            };
+            let ours = path
+                .file_name()
+                .and_then(|n| decode(&n.to_string_lossy()))
+                .is_some_and(|key| self.page_path(&key).is_ok_and(|p| p == path));
+            if ours && meta.is_file() && meta.len() > super::format::TRAILER {
                 report.pages.push(FolderPage {
                     len: meta.len(),
                     stamp: FileStamp::of(&meta),
@@ -256,6 +276,8 @@ pub struct FolderScan {
     pub pages: Vec<FolderPage>,
     /// Leftovers of dead writers removed.
     pub temps_removed: usize,
+    /// Some bucket's pages were sampled, not all listed.
+    pub sampled: bool,
 }
 
 /// A page file as a scan saw it.

@@ -12,8 +12,9 @@
 //!   once it expires (a holder that died or stalled). Victims are pages least recently used
 //!   by any process (a file's modification time: set by its write, refreshed by hits at most
 //!   once per [`SharedFolder::touch_interval`]), chosen as Redis chooses its approximate LRU:
-//!   from samples. The evictor examines a window of buckets (from a random one, whole buckets,
-//!   at least 4,096 pages) and may take its oldest quarter, then the next window: the cost of
+//!   from samples. The evictor examines a window of buckets (from a random one, 4,096 pages, a
+//!   bucket's picked at random where it holds more) and may take its oldest quarter, then the
+//!   next window: the cost of
 //!   an eviction follows the pages it evicts, not the size of the folders. Folders of fewer
 //!   pages than a window are one window: an exact LRU.
 //! - A victim is renamed aside before it is unlinked, and unlinked only if it is still the file
@@ -292,8 +293,9 @@ impl Fleet {
         outcome
     }
 
-    /// Evicts in windows of buckets, starting at a random one: each window's pages (at least
-    /// [`EVICTION_SAMPLE`], in whole buckets) are examined and its oldest quarter may go, until
+    /// Evicts in windows of buckets, starting at a random one: each window's pages
+    /// ([`EVICTION_SAMPLE`] of them, the last bucket's picked at random where it holds more)
+    /// are examined and its oldest quarter may go, until
     /// the usage is at the low watermark, or, after a window, once the pages coming fit under
     /// the capacity. A run costs about one window (four pages examined per victim), whatever
     /// the folders hold. A window that is every bucket (small folders) is an exact LRU over all
@@ -312,7 +314,8 @@ impl Fleet {
             let mut window = FolderScan::default();
             while at < buckets.len() && window.pages.len() < self.sample {
                 let bucket = &buckets[(first + at) % buckets.len()];
-                layout.scan_bucket(bucket, &leftover, &mut window)?;
+                let room = self.sample - window.pages.len();
+                layout.scan_bucket(bucket, &leftover, Some(room), &mut window)?;
                 at += 1;
             }
             self.counts
@@ -321,7 +324,7 @@ impl Fleet {
             self.counts
                 .examined
                 .fetch_add(window.pages.len() as u64, Relaxed);
-            let whole = opened == 0 && at == buckets.len();
+            let whole = opened == 0 && at == buckets.len() && !window.sampled;
             let usage = match whole {
                 true => self.settle(&window, before)?,
                 false => before,

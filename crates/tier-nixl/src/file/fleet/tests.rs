@@ -200,6 +200,44 @@ fn an_eviction_examines_windows_of_a_large_folder_and_takes_old_pages() {
     drop(dir);
 }
 
+/// A bucket holding more pages than a window has room for is sampled: only `limit` of its
+/// pages, picked at random, are stat'ed, so a window costs the same however full the buckets
+/// are (16 million pages put 62,500 in each).
+#[test]
+fn a_bucket_fuller_than_the_window_is_sampled_not_stated_whole() {
+    let (dir, layout) = layout();
+    let bucket_of = |name: &str| {
+        let key = PageKey::new(name).expect("a key");
+        layout
+            .page_path(&key)
+            .expect("a path")
+            .parent()
+            .map(Path::to_path_buf)
+    };
+    let bucket = bucket_of("page0").expect("a bucket");
+    let names: Vec<String> = (0..)
+        .map(|i| format!("page{i}"))
+        .filter(|name| bucket_of(name).as_deref() == Some(bucket.as_path()))
+        .take(40)
+        .collect();
+    for name in &names {
+        store(&layout, name, name.as_bytes());
+    }
+    let mut some = FolderScan::default();
+    layout
+        .scan_bucket(&bucket, &|_, _| false, Some(10), &mut some)
+        .expect("a scan");
+    assert_eq!(some.pages.len(), 10);
+    assert!(some.sampled);
+    let mut all = FolderScan::default();
+    layout
+        .scan_bucket(&bucket, &|_, _| false, Some(40), &mut all)
+        .expect("a scan");
+    assert_eq!(all.pages.len(), 40);
+    assert!(!all.sampled, "a bucket within the limit is listed whole");
+    drop(dir);
+}
+
 #[test]
 fn one_holder_at_a_time_and_an_expired_lease_is_taken_over() {
     let (dir, _layout) = layout();
