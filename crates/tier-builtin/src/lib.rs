@@ -66,6 +66,11 @@ mod tests {
                 "tiers[0].policy",
             ),
             (format!("{folder}\nlease = \"5s\""), "tiers[0].lease"),
+            (format!("{folder}\nlocks = \"none\""), "tiers[0].locks"),
+            (
+                format!("{folder}\naccess = \"shared\"\nlocks = \"posix\""),
+                "unknown variant `posix`, expected `flock` or `none`",
+            ),
             (
                 format!("{folder}\naccess = \"reader\"\nlow_watermark = 0.5"),
                 "tiers[0].low_watermark",

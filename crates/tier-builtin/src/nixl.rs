@@ -27,6 +27,8 @@
 //! lease = "10s"                 # shared: an evictor that dies or stalls is taken over after it
 //! touch_interval = "60s"        # shared: a hit refreshes its page's use time at most this often
 //! low_watermark = 0.9           # shared: an eviction brings the folders down to this fraction
+//! locks = "flock"               # shared: flock, or none for a filesystem without locks (3FS):
+//!                               # usage and evictor agreed without them (capacity less exact)
 //! engine = "nixl"               # nixl, or syscalls: pread/pwrite by kvtier (host memory only)
 //!
 //! [[tiers]]
@@ -63,7 +65,7 @@ use tier_hierarchy::config::{ByteSize, OpenFuture, Registry, TierContext, TierPl
 use tier_nixl::{
     BoundedIo, DirectIo, Durability, FileAccess, FileEngine, FilePlugin, FolderMode,
     NixlFileConfig, NixlFileTier, NixlObjConfig, NixlObjTier, PageChecksum, PathModeChoice,
-    RequestChecksum, VerifyReads,
+    RequestChecksum, SharedLocks, VerifyReads,
 };
 
 #[derive(Debug, Deserialize)]
@@ -100,6 +102,7 @@ struct FileParams {
     lease: Option<TimeSpan>,
     touch_interval: Option<TimeSpan>,
     low_watermark: Option<f64>,
+    locks: Option<SharedLocks>,
     #[serde(default)]
     engine: FileEngine,
 }
@@ -112,6 +115,7 @@ fn to_config(name: &str, p: FileParams) -> Result<NixlFileConfig, TierError> {
         ("lease", p.lease.is_some()),
         ("touch_interval", p.touch_interval.is_some()),
         ("low_watermark", p.low_watermark.is_some()),
+        ("locks", p.locks.is_some()),
     ];
     if p.access == FileAccess::Shared {
         if p.policy.is_some() {
@@ -145,6 +149,9 @@ fn to_config(name: &str, p: FileParams) -> Result<NixlFileConfig, TierError> {
     }
     if let Some(f) = p.low_watermark {
         c.shared.low_watermark = f;
+    }
+    if let Some(locks) = p.locks {
+        c.shared.locks = locks;
     }
     c.plugin = p.plugin;
     c.plugin_params = p.plugin_params;

@@ -307,7 +307,9 @@ pub(crate) fn describe_folder(p: &tier_nixl::FolderProbe) -> String {
             format!("across clients as {fs} says (not tried: give --other MOUNT)")
         }
         LockReach::Unknown(why) => format!("unknown across clients ({why}; give --other MOUNT)"),
-        LockReach::None(why) => format!("none ({why})"),
+        LockReach::None(why) => {
+            format!("none ({why}): access = \"shared\" needs locks = \"none\" here")
+        }
     };
     format!(
         "folder: {}\nfilesystem: {} ({})\nlocal: {}\nlocks: {locks}\nextended attributes: {}\n\

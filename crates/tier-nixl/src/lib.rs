@@ -13,7 +13,7 @@ mod staging;
 pub use file::{
     probe_folder, route_hash, BoundedIo, DirectIo, Durability, FileAccess, FileEngine, FileMode,
     FilePlugin, FleetStats, FolderMode, FolderProbe, LockReach, NixlFileConfig, NixlFileTier,
-    PageChecksum, PathModeChoice, SharedFolder, VerifyReads, BUCKETS, PAGE_TRAILER,
+    PageChecksum, PathModeChoice, SharedFolder, SharedLocks, VerifyReads, BUCKETS, PAGE_TRAILER,
 };
 pub use nixl::{live_registrations, live_transfers};
 pub use obj::{NixlObjConfig, NixlObjTier, RequestChecksum};

@@ -221,6 +221,7 @@ async fn nixl_file_tier_survives_kill_9() {
             let tier = NixlFileTier::open(NixlFileConfig::new([dir.clone()]))
                 .await
                 .unwrap();
+            tier.opened().await;
             assert_eq!(temp_files(&dir), 0, "a temp file survived start-up");
             let n = verify_present(&tier).await;
             still_works(&tier, round).await;

@@ -127,7 +127,10 @@ async fn soak(ops: u64) {
     let tmp = tempfile::tempdir().unwrap();
     let mut config = NixlFileConfig::new([tmp.path().join("disk")]);
     config.capacity_bytes = Some(16 << 20);
-    let file: Arc<dyn StorageTier> = Arc::new(NixlFileTier::open(config).await.unwrap());
+    let file = NixlFileTier::open(config).await.unwrap();
+    // The scan that follows the open holds a folder open while it runs.
+    file.opened().await;
+    let file: Arc<dyn StorageTier> = Arc::new(file);
     let faults = Faults {
         error_rate: 0.01,
         ..Faults::default()

@@ -11,7 +11,9 @@ Steps: write:SEED, read:SEED (every byte), read_any:SEED,SEED... (each page whol
 seeds wrote it), present, absent, gone (absent within 10 s, as another client of a network
 filesystem sees a removal, and never read), clear; each of the first five on the N keys of a key set
 given after an ``@`` (``write:SEED@SET``, ``absent:@SET``: a hex prefix; none: the default set), flush (the store's background writes landed),
-barrier:NAME (waits, bounded, until every rank reached it), write_forever:SEED (seeds SEED and
+barrier:NAME (waits, bounded, until every rank reached it), state_write:SEED@SET,
+state_read:SEED@SET and state_gone:@SET (with ``mamba`` in SPEC: this rank's Mamba state of the
+set's last page, stored, read back byte-exact with the set's KV prefix a hit, or no hit), write_forever:SEED (seeds SEED and
 SEED+1 in turn, counting each acknowledged write in SYNC/NAME.writes, until killed). On start
 it records how long opening the backend took in SYNC/NAME.opened. Exits 0 when every step
 passed."""
@@ -25,9 +27,10 @@ from pathlib import Path
 
 import torch
 
-from conftest import backend, make_mla_pool, make_pool
+from conftest import backend, make_mamba_pool, make_mla_pool, make_pool
 
 N = 8
+READ_WITHIN = {"prefetch_timeout_base": 60.0, "prefetch_timeout_per_ki_token": 0.0}
 
 
 def keys(keyset=""):
@@ -63,6 +66,47 @@ class Pages:
         return data[i * P:(i + 1) * P] if self.mla else data[:, i * P:(i + 1) * P]
 
 
+class States:
+    """A hybrid model's Mamba state pool, registered with the backend: one state (row 1) for
+    the last page of a key set, as SGLang's hybrid controller stores it."""
+
+    def __init__(self, b):
+        from sglang.srt.mem_cache.hicache_storage import PoolName
+
+        self.b, self.pool = b, make_mamba_pool()
+        b.register_mem_host_pool_v2(self.pool, PoolName.MAMBA)
+
+    def transfer(self, keyset):
+        from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer
+
+        return PoolTransfer(name=PoolName.MAMBA, host_indices=torch.tensor([1]), keys=keys(keyset)[-1:],
+                            hit_policy=PoolHitPolicy.TRAILING_PAGES)
+
+    def content(self, seed):
+        g = torch.Generator().manual_seed(seed)
+        flat = self.pool.get_dummy_flat_data_page()
+        return torch.randint(0, 256, flat.view(torch.uint8).shape, generator=g, dtype=torch.uint8)
+
+    def write(self, seed, keyset):
+        self.pool.set_from_flat_data_page(1, self.content(seed).view(self.pool.get_dummy_flat_data_page().dtype))
+        got = self.b.batch_set_v2([self.transfer(keyset)])
+        assert list(got.values()) == [[True]], f"state write {got}"
+
+    def read(self, seed, keyset):
+        t = self.transfer(keyset)
+        hits = self.b.batch_exists_v2(keys(keyset), [t]).kv_hit_pages
+        assert hits == N, f"{hits} of {N} pages a hit with the state"
+        self.pool.set_from_flat_data_page(1, self.pool.get_dummy_flat_data_page())
+        got = self.b.batch_get_v2([t])
+        assert list(got.values()) == [[True]], f"state read {got}"
+        data = self.pool.get_data_page(1, flat=True).view(torch.uint8)
+        assert torch.equal(data, self.content(seed)), "the state read back is not the one stored"
+
+    def gone(self, keyset):
+        hits = self.b.batch_exists_v2(keys(keyset), [self.transfer(keyset)]).kv_hit_pages
+        assert hits == 0, f"{hits} pages a hit without the state"
+
+
 def same(a, b):
     return torch.equal(a.view(torch.int16), b.view(torch.int16))
 
@@ -76,8 +120,12 @@ def main():
     import sglang.srt.mem_cache.storage.backend_factory  # noqa: F401
 
     started = time.monotonic()
-    b = backend(spec["tiers"], pages.pool, mla=spec.get("mla", False), **spec.get("cfg", {}))
+    # SGLang answers a read that outlasts its prefetch timeout (1 s and a bit) as a miss; these
+    # ranks check what is shared, not how fast four of them read a network filesystem on a
+    # loaded machine (test_health checks the timeout).
+    b = backend(spec["tiers"], pages.pool, extra=READ_WITHIN, mla=spec.get("mla", False), **spec.get("cfg", {}))
     (sync / f"{name}.opened").write_text(f"{time.monotonic() - started:.3f}")
+    states = States(b) if spec.get("mamba") else None
     for step in sys.argv[2:]:
         op, _, arg = step.partition(":")
         arg, _, keyset = arg.partition("@")
@@ -106,6 +154,14 @@ def main():
                 assert time.monotonic() < deadline, f"{name}: removed pages still listed after 10 s"
                 time.sleep(0.1)
             assert b.batch_get_v1(keys(keyset), pages.idx) == [False] * N, f"{name}: read removed pages"
+        elif op.startswith("state_"):
+            assert states is not None, f"{name}: {step} needs mamba in the spec"
+            if op == "state_write":
+                states.write(int(arg), keyset)
+            elif op == "state_read":
+                states.read(int(arg), keyset)
+            else:
+                states.gone(keyset)
         elif op == "clear":
             b.clear()
         elif op == "flush":

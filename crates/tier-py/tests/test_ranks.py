@@ -24,8 +24,8 @@ OPEN_WITHIN_S = 10.0
 class Ranks:
     """The processes of one deployment, sharing a sync folder for barriers."""
 
-    def __init__(self, tmp, tiers, mla=False):
-        self.tiers, self.mla = tiers, mla
+    def __init__(self, tmp, tiers, mla=False, mamba=False):
+        self.tiers, self.mla, self.mamba = tiers, mla, mamba
         self.sync = tmp / f"sync-{time.monotonic_ns()}"
         self.sync.mkdir()
         self.procs = {}
@@ -33,7 +33,7 @@ class Ranks:
     def start(self, name, cfg, *steps, world=None, tiers=None):
         """Starts rank `name` (`tiers`: its own config, where it differs from the others')."""
         spec = {"name": name, "world": world, "sync": str(self.sync), "tiers": tiers or self.tiers,
-                "mla": self.mla, "cfg": cfg}
+                "mla": self.mla, "mamba": self.mamba, "cfg": cfg}
         self.procs[name] = subprocess.Popen(
             [sys.executable, str(HERE / "rank_worker.py"), json.dumps(spec), *steps],
             cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -245,3 +245,23 @@ def test_a_rank_killed_mid_write_harms_no_other_and_leaves_whole_pages(tmp):
     leftovers = [f for _, _, fs in os.walk(tmp / "disk") for f in fs if f.startswith(".tmp-")]
     assert not leftovers, leftovers
     print(f"killed after {writes.read_text()} writes; temp files before restart: {len(leftovers_before)}")
+
+
+@pytest.mark.parametrize("kind", ["nixl-file-path", "gluster"])
+def test_mla_reader_ranks_keep_their_mamba_shards_where_the_writer_owns_the_folders(kind, tmp, s3, gluster):
+    """A hybrid MLA model (Mamba states per TP rank) with ``access = "owner"``: the attention
+    group's writer (rank 0) owns the folders and rank 1 reads them, but SGLang backs up each
+    rank's own Mamba shard on every rank. Two processes at once (on GlusterFS through a mount
+    each: two nodes): each stores its shard, reads it back byte-exact with the writer's KV
+    prefix a hit; rank 1's clear takes its shard only. (Rank 1 writing into the writer's
+    folders failed every state.)"""
+    on_a, on_b = shared_tiers(kind, tmp, s3, gluster)
+    owned_a, owned_b = ([{**t, "access": "owner"} for t in tiers] for tiers in (on_a, on_b))
+    ranks = Ranks(tmp, owned_a, mla=True, mamba=True)
+    ranks.start("tp0", {"tp_rank": 0, "tp_size": 2}, "write:9@e6", "state_write:10@e6", "flush",
+                "barrier:written", "state_read:10@e6", "barrier:read", "barrier:cleared",
+                "state_read:10@e6", world=2)
+    ranks.start("tp1", {"tp_rank": 1, "tp_size": 2}, "state_write:11@e6", "barrier:written",
+                "state_read:11@e6", "read:9@e6", "barrier:read", "clear", "state_gone:@e6",
+                "present:@e6", "barrier:cleared", world=2, tiers=owned_b)
+    ranks.finish()

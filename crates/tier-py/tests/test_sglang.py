@@ -355,39 +355,19 @@ def test_head_groups_gate_batch_exists_v2_as_they_gate_batch_exists(tmp):
     b.close()
 
 
-def test_mla_reader_ranks_keep_their_mamba_shards_where_the_writer_owns_the_folders(tmp):
-    """With ``access = "owner"``, an MLA group's writer owns the folders and the other ranks
-    read them; but SGLang backs up each rank's own Mamba shard on every rank. A reader rank
-    stores its shard in folders of its own, reads it back byte-exact and, with the writer's KV
-    pages, hits the prefix (a reader writing into the writer's folders failed every state)."""
-    from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer
-
-    tiers = [{**tier_configs("nixl-file-path", tmp)[0], "access": "owner"}]
-    kv = make_mla_pool(pages=16)
-    r0 = backend(tiers, kv, tp_rank=0, tp_size=2, mla=True)
-    r1 = backend(tiers, kv, tp_rank=1, tp_size=2, mla=True)
-    pools = [make_mamba_pool(), make_mamba_pool()]
-    for b, states in zip((r0, r1), pools):
-        b.register_mem_host_pool_v2(states, PoolName.MAMBA)
-    keys = hexkeys("e6", 2)
-    idx, _ = fill_mla(kv, 2, 9)
-    assert r0.batch_set_v1(keys, idx) == [True] * 2
-    rows = torch.tensor([1])
-    t = PoolTransfer(name=PoolName.MAMBA, host_indices=rows, keys=keys[1:], hit_policy=PoolHitPolicy.TRAILING_PAGES)
-    want = [fill_side(states, [1], 10 + r) for r, states in enumerate(pools)]
-    for r, b in enumerate((r0, r1)):
-        assert b.batch_set_v2([t]) == {PoolName.MAMBA: [True]}, f"rank {r} could not store its shard"
-    for r, (b, states) in enumerate(zip((r0, r1), pools)):
-        assert b.batch_exists_v2(keys, [t]).kv_hit_pages == 2, f"rank {r}"
-        states.set_from_flat_data_page(1, states.get_dummy_flat_data_page())
-        assert b.batch_get_v2([t]) == {PoolName.MAMBA: [True]}
-        assert torch.equal(side_bytes(states, [1])[0], want[r][0].view(torch.uint8)), f"rank {r}'s shard"
-    assert r1.shard_store is not None and r0.shard_store is None
-    r1.clear()
-    assert r1.batch_exists_v2(keys, [t]).kv_hit_pages == 0, "rank 1's clear left its shard"
-    assert r0.batch_exists_v2(keys, [t]).kv_hit_pages == 2, "rank 1's clear took the writer's pages"
-    for b in (r1, r0):
-        b.close()
+def test_a_reader_ranks_shard_store_has_folders_of_its_own_and_no_dram_tier(tmp):
+    """An MLA reader rank's Mamba shards (``shard_store``, see test_ranks.py for the ranks in
+    processes) go to folders of its own, which it owns, under the configured ones, without the
+    config's DRAM tiers: the rank's main store holds its one DRAM budget."""
+    tiers = [{"kind": "mem", "capacity": "1MiB"}, {**tier_configs("nixl-file-path", tmp)[0], "access": "owner"}]
+    r1 = backend(tiers, make_mla_pool(pages=4), tp_rank=1, tp_size=2, mla=True)
+    main, shards = r1._rank_config(r1._config), r1._rank_config(r1._config, shards=True)
+    assert [t["kind"] for t in main["tiers"]] == ["mem", "nixl-file"]
+    assert main["tiers"][1]["access"] == "reader"
+    assert [t["kind"] for t in shards["tiers"]] == ["nixl-file"], "the shard store keeps a DRAM budget of its own"
+    assert shards["tiers"][0]["access"] == "owner"
+    assert shards["tiers"][0]["dirs"] != main["tiers"][1]["dirs"]
+    r1.close()
 
 
 def test_fp8_formats_never_read_each_others_pages(tmp, monkeypatch):

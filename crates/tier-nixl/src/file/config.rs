@@ -151,6 +151,22 @@ pub struct SharedFolder {
     /// An eviction starts when the folders' bytes pass the capacity and stops once they are at
     /// most this fraction of it.
     pub low_watermark: f64,
+    /// How the processes agree on the usage count and the evictor.
+    pub locks: SharedLocks,
+}
+
+/// How processes sharing folders agree on the usage count and on who evicts (in config
+/// files: `locks`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SharedLocks {
+    /// Under `flock`s of the filesystem: exact where they reach across its clients.
+    #[default]
+    Flock,
+    /// Without locks, for filesystems that have none (3FS's FUSE client): usage updates may
+    /// be lost and evictions may overlap, which costs capacity accuracy, never bytes; the
+    /// usage is corrected by each scan of the folders. Nothing keeps an owner out either.
+    None,
 }
 
 impl Default for SharedFolder {
@@ -159,6 +175,7 @@ impl Default for SharedFolder {
             lease: Duration::from_secs(10),
             touch_interval: Duration::from_secs(60),
             low_watermark: 0.9,
+            locks: SharedLocks::Flock,
         }
     }
 }

@@ -146,6 +146,10 @@ pub enum FolderFormat {
     Empty,
 }
 
+/// How long a folder holding pages but no marker is looked at again before it is taken for
+/// format 1: a marker another client wrote shows through this client's caches within it.
+const UNMARKED_WAIT: Duration = Duration::from_secs(3);
+
 /// Checks that `dir` holds pages of this format, marking it if it holds none yet (`mark`:
 /// not for readers). A folder with pages of format 1, or marked with another format, is
 /// refused with an error naming the folder and what to do.
@@ -162,6 +166,7 @@ pub fn check_folder(dir: &Path, mark: bool, mode: FolderMode) -> Result<FolderFo
         )
     };
     let deadline = Instant::now() + Duration::from_secs(2);
+    let unmarked_deadline = Instant::now() + UNMARKED_WAIT;
     loop {
         match fs::read_to_string(&marker) {
             Ok(text) if text == marker_text() => return Ok(FolderFormat::Current),
@@ -175,7 +180,20 @@ pub fn check_folder(dir: &Path, mark: bool, mode: FolderMode) -> Result<FolderFo
                     text.trim()
                 )))
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+            // Pages but no marker: another client's marker may not show through this one's
+            // caches yet (GlusterFS: seen opening a folder its owner had just marked and
+            // filled, through another mount). A folder of format 1 stays so: it waits.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if !holds_files(dir) {
+                    break;
+                }
+                if Instant::now() >= unmarked_deadline {
+                    return Err(refuse(format!(
+                        "pages of format 1 (no {MARKER}; their checksums in extended attributes)"
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
             // Another client of a network filesystem renamed its marker in over the one this
             // client had cached: read it again by its path.
             Err(e) if e.raw_os_error() == Some(libc::ESTALE) && Instant::now() < deadline => {
@@ -190,11 +208,6 @@ pub fn check_folder(dir: &Path, mark: bool, mode: FolderMode) -> Result<FolderFo
                 ))
             }
         }
-    }
-    if holds_files(dir) {
-        return Err(refuse(format!(
-            "pages of format 1 (no {MARKER}; their checksums in extended attributes)"
-        )));
     }
     if !mark {
         return Ok(FolderFormat::Empty);
@@ -279,6 +292,29 @@ mod tests {
             &bytes[..10],
             b"0123456789",
             "the page's bytes stay in place"
+        );
+    }
+
+    /// A folder whose pages show through this client before its marker does (another client
+    /// marked and filled it; GlusterFS's caches): it is read as the format the marker says
+    /// once the marker shows, not refused as format 1 at once.
+    #[test]
+    fn pages_whose_marker_shows_late_are_of_the_marked_format() {
+        let dir = tempfile::tempdir().unwrap();
+        let bucket = dir.path().join(super::super::layout::bucket_name(7));
+        fs::create_dir_all(&bucket).unwrap();
+        fs::write(bucket.join("page"), b"bytes").unwrap();
+        let marker = dir.path().join(MARKER);
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(500));
+            fs::write(marker, marker_text()).unwrap();
+        });
+        let format = check_folder(dir.path(), false, FolderMode::Owner);
+        late.join().unwrap();
+        assert!(
+            matches!(format, Ok(FolderFormat::Current)),
+            "{:?}",
+            format.err()
         );
     }
 }

@@ -7,14 +7,16 @@
 //! one the read planned with.
 //!
 //! The index is authoritative for the process that owns the storage folders (an exclusive lock
-//! file makes that one process). It is rebuilt by scanning at start. Cost per page, for
+//! file makes that one process). It is rebuilt by scanning at start, while calls are served
+//! (see [`PageIndex::load`]): until it is, a key it does not hold has its file looked at, and a
+//! key removed meanwhile is never indexed from the scan. Cost per page, for
 //! 64-character keys, in heap bytes: about 705 under the default policy, `auto` (which keeps
 //! an LRU, a prefix, an ARC and an LFU order), 235 under `lru` (hash-map slot with the page's length,
 //! generation and checksum, the key's shared string, and the policy's entries; the
 //! `footprint` test counts both). Nothing else in the tier grows
 //! with the pages stored.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tier_core::PageKey;
 use tier_policy::{Policy, PolicyKind};
@@ -34,6 +36,29 @@ pub struct PageIndex {
     policy: Box<dyn Policy<PageKey>>,
     next_generation: u64,
     bytes: u64,
+    /// Set while the pages found at open are indexed (see [`PageIndex::load`]).
+    loading: Option<Loading>,
+}
+
+/// What happened while the pages found at open were being indexed, so that a file the scan
+/// listed before a change is never indexed after it.
+#[derive(Debug, Default)]
+struct Loading {
+    /// Keys removed or evicted since loading began.
+    gone: HashSet<PageKey>,
+    /// The index was cleared since: every file the scan finds is a page to unlink.
+    cleared: bool,
+}
+
+/// What [`PageIndex::load`] made of a page file found at open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loaded {
+    /// Indexed.
+    Indexed,
+    /// Left: the index knows a newer state of the key (stored or removed since).
+    Known,
+    /// To unlink: the index was cleared since loading began.
+    Cleared,
 }
 
 impl Default for PageIndex {
@@ -52,7 +77,52 @@ impl PageIndex {
             policy: policy.build()?,
             next_generation: 0,
             bytes: 0,
+            loading: None,
         })
+    }
+
+    /// Starts indexing pages found on disk beside the calls served meanwhile (see
+    /// [`PageIndex::load`]), until [`PageIndex::end_loading`].
+    pub fn begin_loading(&mut self) {
+        self.loading = Some(Loading::default());
+    }
+
+    /// Ends loading: the index describes every page on disk again.
+    pub fn end_loading(&mut self) {
+        self.loading = None;
+    }
+
+    /// Whether `key`'s file may hold a page found at open and not indexed yet: its file is
+    /// to be looked at.
+    pub fn may_hold_unindexed(&self, key: &PageKey) -> bool {
+        !self.entries.contains_key(key)
+            && self
+                .loading
+                .as_ref()
+                .is_some_and(|l| !l.cleared && !l.gone.contains(key))
+    }
+
+    /// Indexes a page file of `len` found at open, unless the index has learnt of its key
+    /// since loading began. It ranks as used after the pages stored meanwhile (the policies
+    /// only append), so those few seconds of puts are evicted first.
+    pub fn load(&mut self, key: PageKey, len: u64) -> Loaded {
+        let Some(loading) = &self.loading else {
+            return Loaded::Known;
+        };
+        if self.entries.contains_key(&key) || loading.gone.contains(&key) {
+            return Loaded::Known;
+        }
+        if loading.cleared {
+            return Loaded::Cleared;
+        }
+        self.insert(key, len, None, None);
+        Loaded::Indexed
+    }
+
+    fn forgotten(&mut self, key: &PageKey) {
+        if let Some(loading) = &mut self.loading {
+            loading.gone.insert(key.clone());
+        }
     }
 
     /// The stored length of `key`, if present.
@@ -143,6 +213,7 @@ impl PageIndex {
 
     /// Forgets `key`; returns whether it was present.
     pub fn remove(&mut self, key: &PageKey) -> bool {
+        self.forgotten(key);
         match self.entries.remove(key) {
             Some(e) => {
                 self.policy.remove(key);
@@ -155,6 +226,10 @@ impl PageIndex {
 
     /// Forgets every page; returns their keys.
     pub fn drain(&mut self) -> Vec<PageKey> {
+        if let Some(loading) = &mut self.loading {
+            loading.gone.clear();
+            loading.cleared = true;
+        }
         self.policy.clear();
         self.bytes = 0;
         self.entries.drain().map(|(k, _)| k).collect()
@@ -187,6 +262,7 @@ impl PageIndex {
             if let Some(e) = self.entries.remove(&key) {
                 self.bytes -= e.len;
             }
+            self.forgotten(&key);
             victims.push(key);
         }
         victims

@@ -29,7 +29,9 @@ const TEMP_PREFIX: &str = ".tmp-";
 pub struct Layout {
     dirs: Vec<PathBuf>,
     mode: FolderMode,
-    temp_nonce: u64,
+    /// The start of this tier's temp file names: the pid space, the process and a nonce of
+    /// this tier (see [`temp_owner`]).
+    own_temps: String,
     temp_seq: AtomicU64,
 }
 
@@ -65,7 +67,12 @@ impl Layout {
         let layout = Self {
             dirs: real,
             mode,
-            temp_nonce: nonce(),
+            own_temps: format!(
+                "{TEMP_PREFIX}{}-{}-{:016x}",
+                pid_space_tag(),
+                std::process::id(),
+                nonce()
+            ),
             temp_seq: AtomicU64::new(0),
         };
         layout.create_buckets()?;
@@ -129,65 +136,62 @@ impl Layout {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        final_path.with_file_name(format!(
-            "{TEMP_PREFIX}{}-{}-{:016x}{seq}-{name}",
-            pid_space_tag(),
-            std::process::id(),
-            self.temp_nonce
-        ))
+        final_path.with_file_name(format!("{}{seq}-{name}", self.own_temps))
     }
 
-    /// Walks every bucket: removes leftovers of crashed writes, and returns the complete pages
-    /// found (key, length, modification time) for the index.
-    pub fn scan(&self) -> Result<ScanReport, TierError> {
-        let mut report = ScanReport::default();
-        for dir in &self.dirs {
-            for bucket in Self::walkable_buckets(dir) {
-                let entries = fs::read_dir(&bucket)
-                    .map_err(|e| TierError::io("scan bucket", None, Some(bucket.clone()), e))?;
-                for entry in entries.flatten() {
-                    let name = entry.file_name();
-                    let name = name.to_string_lossy();
-                    let path = entry.path();
-                    if name.starts_with(TEMP_PREFIX) {
-                        match fs::remove_file(&path) {
-                            Ok(()) => report.temps_removed += 1,
-                            Err(e) => {
-                                tracing::warn!(path = %path.display(), error = %e, "cannot remove a leftover temp file")
-                            }
-                        }
-                        continue;
+    /// Walks one bucket of owned folders into `report`: removes leftovers of crashed writes
+    /// (temp files of other tiers: this tier's own are writes in flight), and adds the
+    /// complete pages found (key, length, modification time) for the index.
+    pub fn scan_owned_bucket(
+        &self,
+        bucket: &Path,
+        report: &mut ScanReport,
+    ) -> Result<(), TierError> {
+        let entries = fs::read_dir(bucket)
+            .map_err(|e| TierError::io("scan bucket", None, Some(bucket.to_path_buf()), e))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let path = entry.path();
+            if name.starts_with(TEMP_PREFIX) {
+                if name.starts_with(&self.own_temps) {
+                    continue;
+                }
+                match fs::remove_file(&path) {
+                    Ok(()) => report.temps_removed += 1,
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "cannot remove a leftover temp file")
                     }
-                    let Some(key) = decode(&name) else {
-                        report.foreign += 1;
-                        continue;
-                    };
-                    match self.page_path(&key) {
-                        Ok(expected) if expected == path => {}
-                        _ => {
-                            report.foreign += 1;
-                            continue;
-                        }
-                    }
-                    let Ok(meta) = entry.metadata() else { continue };
-                    let page_len = super::format::page_len(meta.len());
-                    let Some(page_len) = page_len.filter(|&l| meta.is_file() && l > 0) else {
-                        report.foreign += 1;
-                        continue;
-                    };
-                    let mtime = meta.modified().ok();
-                    report.pages.push((key, page_len, mtime));
+                }
+                continue;
+            }
+            let Some(key) = decode(&name) else {
+                report.foreign += 1;
+                continue;
+            };
+            match self.page_path(&key) {
+                Ok(expected) if expected == path => {}
+                _ => {
+                    report.foreign += 1;
+                    continue;
                 }
             }
+            let Ok(meta) = entry.metadata() else { continue };
+            let page_len = super::format::page_len(meta.len());
+            let Some(page_len) = page_len.filter(|&l| meta.is_file() && l > 0) else {
+                report.foreign += 1;
+                continue;
+            };
+            report.pages.push((key, page_len, meta.modified().ok()));
         }
-        Ok(report)
+        Ok(())
     }
 }
 
 impl Layout {
     /// Every bucket folder of every storage folder a scan may walk (see
     /// [`walkable_buckets`](Self::walkable_buckets)).
-    pub fn shared_buckets(&self) -> Vec<PathBuf> {
+    pub fn buckets(&self) -> Vec<PathBuf> {
         self.dirs
             .iter()
             .flat_map(|dir| Self::walkable_buckets(dir))
@@ -201,7 +205,7 @@ impl Layout {
         stale: impl Fn(&str, &fs::Metadata) -> bool,
     ) -> Result<FolderScan, TierError> {
         let mut report = FolderScan::default();
-        for bucket in self.shared_buckets() {
+        for bucket in self.buckets() {
             self.scan_bucket(&bucket, &stale, None, &mut report)?;
         }
         Ok(report)

@@ -7,7 +7,7 @@
 //!   registration metaInfo. Otherwise (or with `path_mode = Off`) the tier opens files itself
 //!   and registers their fds; every fd is closed on every path.
 //! - **Atomic visibility**: pages are written to a temp name and renamed into place only when
-//!   complete; leftovers of crashed writes are removed at start.
+//!   complete; leftovers of crashed writes are removed after start, in the background.
 //! - **Access** ([`FileAccess`]): an *owner* writes the storage folders alone (an exclusive
 //!   `flock` on a lock file in each) and its in-memory index answers `exists` without touching
 //!   the disk; *readers* in other processes read the same files and never write; *sharers*
@@ -15,7 +15,8 @@
 //!   files are the truth, under one capacity for all of them (see `fleet`).
 //!
 //! Where things are: `config` (settings), `open` (start-up), `write` and `read` (the two data
-//! paths), `catalog` (the pages' files and index entries, changed together), `fleet` (shared
+//! paths), `opening` (what an open leaves to the background: indexing, scanning), `catalog`
+//! (the pages' files and index entries, changed together), `fleet` (shared
 //! folders' usage and evictor), `index` (entries,
 //! generations, checksums, eviction order), `io` (the engines that move bytes), `helpers`
 //! (threads for big batches), `layout` (paths), `perms` (folder modes, files made without
@@ -31,6 +32,7 @@ mod index;
 mod io;
 mod layout;
 mod open;
+mod opening;
 mod perms;
 mod probe;
 mod read;
@@ -60,7 +62,7 @@ use io::FileIo;
 pub(crate) use config::MAX_LANES;
 pub use config::{
     BoundedIo, DirectIo, Durability, FileAccess, FileEngine, FilePlugin, NixlFileConfig,
-    PathModeChoice, SharedFolder,
+    PathModeChoice, SharedFolder, SharedLocks,
 };
 pub use fleet::FleetStats;
 
@@ -71,7 +73,8 @@ pub struct NixlFileTier {
 
 struct Shared {
     config: NixlFileConfig,
-    catalog: Catalog,
+    /// Shared with the work the open left to the background (see `opening`).
+    catalog: Arc<Catalog>,
     /// One agent and backend per lane, so parallel batches never queue on one agent's lock.
     /// Lane 0 also owns the staging buffers.
     lanes: Vec<FileIo>,
@@ -86,6 +89,8 @@ struct Shared {
     /// Whether calls give up on file I/O after `transfer_timeout` (see [`BoundedIo`]).
     bounded: bool,
     max_page: usize,
+    /// Whether the work the open left to the background is done (see `opening`).
+    opened: tokio::sync::watch::Receiver<bool>,
     // Held for the tier's life: the locks on the storage folders (exclusive for an owner,
     // shared for a sharer, none for a reader).
     _locks: Vec<File>,
@@ -97,12 +102,22 @@ impl NixlFileTier {
     /// backend and picks path or fd mode.
     pub async fn open(config: NixlFileConfig) -> Result<Self, TierError> {
         config.validate()?;
-        let shared = tokio::task::spawn_blocking(move || Shared::open(config))
+        let (done, opened) = tokio::sync::watch::channel(false);
+        let shared = tokio::task::spawn_blocking(move || Shared::open(config, opened))
             .await
             .map_err(|e| TierError::Unavailable(format!("opening the tier panicked: {e}")))??;
-        Ok(Self {
-            shared: Arc::new(shared),
-        })
+        let shared = Arc::new(shared);
+        opening::spawn(&shared, done);
+        Ok(Self { shared })
+    }
+
+    /// Waits until the work the open left to a background thread is done: the pages already
+    /// in an owner's folders indexed (and its capacity enforced over them), a sharer's folders
+    /// scanned (dead writers' leftovers removed, the usage corrected). Calls are served
+    /// meanwhile.
+    pub async fn opened(&self) {
+        let mut opened = self.shared.opened.clone();
+        let _ = opened.wait_for(|done| *done).await;
     }
 
     /// The mode in use.

@@ -17,7 +17,7 @@ use super::layout::Layout;
 use super::perms::{self, FolderMode};
 use super::{
     format, BoundedIo, DirectIo, Durability, FileAccess, FilePlugin, NixlFileConfig, PageChecksum,
-    PathModeChoice, Shared, VerifyReads,
+    PathModeChoice, Shared, SharedLocks, VerifyReads,
 };
 use crate::nixl::Agent;
 use crate::staging::StagingPool;
@@ -26,7 +26,12 @@ const LOCK_FILE: &str = ".kvtier.lock";
 const LOCK_WAIT: Duration = Duration::from_secs(5);
 
 impl Shared {
-    pub(super) fn open(config: NixlFileConfig) -> Result<Self, TierError> {
+    /// Opens the tier, leaving the scan of its folders to [`opening`](super::opening)
+    /// (`opened` tells when it is done).
+    pub(super) fn open(
+        config: NixlFileConfig,
+        opened: tokio::sync::watch::Receiver<bool>,
+    ) -> Result<Self, TierError> {
         let runtime = crate::runtime::load(config.runtime_dir.as_deref())?;
         let layout = Layout::create(&config.dirs, config.mode)?;
         let index = PageIndex::new(config.policy).ok_or_else(|| {
@@ -34,6 +39,8 @@ impl Shared {
         })?;
         let locks = match config.access {
             FileAccess::Reader => Vec::new(),
+            // Nothing to lock with: sharers cannot keep an owner out (see `SharedLocks::None`).
+            FileAccess::Shared if config.shared.locks == SharedLocks::None => Vec::new(),
             access => layout
                 .dirs()
                 .iter()
@@ -43,9 +50,9 @@ impl Shared {
         for dir in layout.dirs() {
             format::check_folder(dir, config.access != FileAccess::Reader, config.mode)?;
         }
-        let (catalog, temps_removed) = match config.access {
-            FileAccess::Owner => Catalog::owned(layout, index)?,
-            FileAccess::Reader => (Catalog::read_only(layout), 0),
+        let catalog = match config.access {
+            FileAccess::Owner => Catalog::owned(layout, index),
+            FileAccess::Reader => Catalog::read_only(layout),
             FileAccess::Shared => {
                 warn_of_node_local_locks(&layout);
                 let fleet = Fleet::open(
@@ -54,8 +61,7 @@ impl Shared {
                     config.shared,
                     config.transfer_timeout,
                 )?;
-                let removed = fleet.stats().temps_removed as usize;
-                (Catalog::shared(layout, fleet), removed)
+                Catalog::shared(layout, fleet)
             }
         };
 
@@ -109,7 +115,7 @@ impl Shared {
         };
         tracing::info!(
             tier = %config.name, %runtime, plugin, %mode, direct, bounded_io = bounded,
-            pages = catalog.pages(), temps_removed, access = ?config.access,
+            access = ?config.access,
             "NIXL FILE tier open"
         );
         let staging = StagingPool::new(
@@ -133,9 +139,10 @@ impl Shared {
                 file_mode: config.mode,
             })
             .collect();
-        let shared = Self {
+        // The capacity is enforced once the index holds the pages found (see `opening`).
+        Ok(Self {
             bounded,
-            catalog,
+            catalog: Arc::new(catalog),
             lanes,
             staging,
             inflight: Arc::new(tokio::sync::Semaphore::new(config.staging_buffers)),
@@ -143,11 +150,10 @@ impl Shared {
             order: WriteOrder::new(),
             direct,
             max_page,
+            opened,
             _locks: locks,
             config,
-        };
-        shared.enforce_capacity();
-        Ok(shared)
+        })
     }
 }
 

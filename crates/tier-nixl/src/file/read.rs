@@ -287,12 +287,15 @@ impl Shared {
     ) -> Vec<usize> {
         let mut replaced = Vec::new();
         if self.config.access == FileAccess::Shared {
-            // Other processes evict and replace shared files at any moment, and a distributed
-            // filesystem's client may still list a file another client has unlinked: a page
-            // file that cannot be opened or read is a miss there (counted as an error). A
-            // timeout stays an error, for the tier's health.
+            // Other processes evict and replace shared files at any moment, a distributed
+            // filesystem's client may still list a file another client has unlinked, and one
+            // may show another client's new page short for a moment (GlusterFS): see
+            // `missed_in_shared_folders`.
             for (read, result) in reads.iter().zip(results.iter_mut()) {
-                if let Err(e @ (TierError::Backend { .. } | TierError::Io { .. })) = result {
+                if let Err(e) = result.as_ref() {
+                    if !missed_in_shared_folders(e) {
+                        continue;
+                    }
                     tracing::debug!(key = %read.key, error = %e, "a shared page file could not be read: a miss");
                     self.stats.errors(1);
                     *result = Ok(false);
@@ -443,6 +446,18 @@ struct PlannedRead {
 }
 
 /// Transfers of `reads`; `parts` gives each read's DRAM regions.
+/// Whether a read's error, in shared folders, is a miss: the file could not be opened or read,
+/// or its length changed between the plan and the read (replaced by another process, or a
+/// distributed filesystem's client showing another client's new page short for a moment). A
+/// timeout stays an error, for the tier's health; so does a length the plan already saw
+/// differ from the caller's buffer.
+fn missed_in_shared_folders(e: &TierError) -> bool {
+    matches!(
+        e,
+        TierError::Backend { .. } | TierError::Io { .. } | TierError::LengthMismatch { .. }
+    )
+}
+
 fn read_xfers(reads: &[PlannedRead], parts: impl Fn(usize) -> Vec<(usize, usize)>) -> Vec<Xfer> {
     reads
         .iter()
@@ -468,5 +483,36 @@ pub(super) fn again(e: &TierError) -> TierError {
     match e {
         &TierError::Timeout { op, after } => TierError::Timeout { op, after },
         e => copy_error(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_shared_folders_a_page_unreadable_or_of_a_changed_length_is_a_miss_and_a_timeout_is_not() {
+        let key = PageKey::new("k").unwrap();
+        let io = TierError::Io {
+            op: "read",
+            key: Some(key.clone()),
+            path: None,
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        let short = TierError::LengthMismatch {
+            key,
+            stored: 0,
+            buffer: 65536,
+        };
+        assert!(missed_in_shared_folders(&io));
+        assert!(
+            missed_in_shared_folders(&short),
+            "a page another client shows short is a miss, not an error"
+        );
+        let slow = TierError::Timeout {
+            op: "file read",
+            after: std::time::Duration::from_secs(1),
+        };
+        assert!(!missed_in_shared_folders(&slow));
     }
 }

@@ -53,12 +53,30 @@ fn four_processes_share_one_folder_under_one_capacity() {
 }
 
 /// The same four processes on a real distributed filesystem: one GlusterFS volume mounted
-/// twice (two clients, each with its own caches: two nodes), two processes through each.
-/// Run by hand (`cargo test -p tier-nixl --test fleet -- --ignored glusterfs`): under a full
-/// CI run on 2 cores a worker once took over 60 s to open its tier on the volume.
+/// twice (two clients, each with its own caches: two nodes), two processes through each. A
+/// page another client shows short for a moment (GlusterFS writes behind) is a miss.
 #[test]
-#[ignore = "a soak on GlusterFS, run by hand: its workers' open outlasted 60 s under CI load"]
 fn four_processes_on_two_glusterfs_clients_share_one_folder_under_one_capacity() {
+    on_two_glusterfs_clients(
+        "4 processes, one shared folder, two GlusterFS clients",
+        &[],
+        1,
+    );
+}
+
+/// The same on GlusterFS with the locks off (`locks = "none"`, the case of 3FS, whose client
+/// has no `flock`): usage updates may be lost and evictions overlap, which costs capacity
+/// accuracy (bounded here by two eviction steps), never a wrong byte or a failed call.
+#[test]
+fn four_processes_on_two_glusterfs_clients_without_locks_share_one_folder() {
+    on_two_glusterfs_clients(
+        "4 processes, one shared folder, two GlusterFS clients, no locks",
+        &[("KVTIER_FLEET_LOCKS", "none")],
+        2,
+    );
+}
+
+fn on_two_glusterfs_clients(title: &str, env: &[(&str, &str)], steps: u64) {
     const WORKERS: u64 = 4;
     const ROUNDS: u64 = 150;
     let (a, b) = tier_tests::gluster::mounts().folder("fleet");
@@ -68,7 +86,7 @@ fn four_processes_on_two_glusterfs_clients_share_one_folder_under_one_capacity()
     let workers: Vec<Worker> = (0..WORKERS)
         .map(|id| {
             let dir = if id % 2 == 0 { &a } else { &b };
-            spawn_worker(dir, id, WORKERS, ROUNDS, capacity, 5_000)
+            spawn_worker_on(dir, env, id, WORKERS, ROUNDS, capacity, 5_000)
         })
         .collect();
     for w in &workers {
@@ -78,11 +96,11 @@ fn four_processes_on_two_glusterfs_clients_share_one_folder_under_one_capacity()
     let results: Vec<_> = workers.into_iter().map(Worker::finish).collect();
     let (peak, samples) = sampler.stop();
     check_shared_run(
-        "4 processes, one shared folder, two GlusterFS clients",
+        title,
         &results,
         (peak, samples),
         (capacity, step),
-        1,
+        steps,
         // Its lease excludes as well as the volume's client caches let it: an eviction may
         // now and then overlap another, which costs capacity accuracy, never bytes.
         false,
@@ -92,13 +110,35 @@ fn four_processes_on_two_glusterfs_clients_share_one_folder_under_one_capacity()
 
 #[test]
 fn an_evictor_killed_holding_the_lease_is_taken_over_and_nothing_torn_survives() {
-    const WORKERS: u64 = 3;
-    const ROUNDS: u64 = 400;
-    const LEASE_MS: u64 = 1_000;
     let tmp = tempfile::tempdir().unwrap();
+    killed_evictor_and_writers(tmp.path(), tmp.path(), 400, 1_000);
+}
+
+/// The same with the workers on two GlusterFS clients (mounts) of one volume, fewer rounds
+/// (its metadata calls are slower) and a longer lease (with 1 s, evictions outlasted their
+/// lease there: 120 takeovers in one run, against 2 on a local disk).
+#[test]
+fn on_two_glusterfs_clients_an_evictor_killed_holding_the_lease_is_taken_over() {
+    let (a, b) = tier_tests::gluster::mounts().folder("killed");
+    killed_evictor_and_writers(&a, &b, 150, 3_000);
+    let _ = std::fs::remove_dir_all(&a);
+}
+
+/// Three workers share the folder seen as `a` and `b` (every other worker through `b`); the one
+/// holding the eviction lease is killed with SIGKILL, and so are writers in mid-write: the lease
+/// is taken over within its expiry, no torn or foreign byte is served, and a restart leaves
+/// no temp file and every page whole.
+fn killed_evictor_and_writers(
+    a: &std::path::Path,
+    b: &std::path::Path,
+    rounds: u64,
+    lease_ms: u64,
+) {
+    const WORKERS: u64 = 3;
     let capacity = 200 * PAGE as u64;
+    let through = |id: u64| if id.is_multiple_of(2) { a } else { b };
     let mut workers: Vec<Worker> = (0..WORKERS)
-        .map(|id| spawn_worker(tmp.path(), id, WORKERS, ROUNDS, capacity, LEASE_MS))
+        .map(|id| spawn_worker(through(id), id, WORKERS, rounds, capacity, lease_ms))
         .collect();
     for w in &workers {
         w.ready();
@@ -110,14 +150,14 @@ fn an_evictor_killed_holding_the_lease_is_taken_over_and_nothing_torn_survives()
             Instant::now() < deadline,
             "no worker held the lease within 60 s"
         );
-        let Some(pid) = lease_holder(tmp.path()) else {
+        let Some(pid) = lease_holder(a) else {
             continue;
         };
         let Some(i) = workers.iter().position(|w| w.child.id() == pid) else {
             continue;
         };
         kill(&mut workers[i].child);
-        if lease_holder(tmp.path()) == Some(pid) {
+        if lease_holder(a) == Some(pid) {
             break workers.remove(i);
         }
         // It released the lease just before it died: the next one is caught.
@@ -128,7 +168,7 @@ fn an_evictor_killed_holding_the_lease_is_taken_over_and_nothing_torn_survives()
     let dead = victim.child.id();
     // Another process takes the lease over once it expires.
     let taken_over = loop {
-        match lease_holder(tmp.path()) {
+        match lease_holder(a) {
             Some(pid) if pid != dead => break killed_at.elapsed(),
             _ if killed_at.elapsed() > Duration::from_secs(30) => {
                 panic!("no process took the lease over within 30 s")
@@ -141,11 +181,11 @@ fn an_evictor_killed_holding_the_lease_is_taken_over_and_nothing_torn_survives()
     let mut left = 0;
     for (n, delay_ms) in [40u64, 90, 170, 260, 350].into_iter().enumerate() {
         let id = WORKERS + n as u64;
-        let mut w = spawn_worker(tmp.path(), id, WORKERS, ROUNDS, capacity, LEASE_MS);
+        let mut w = spawn_worker(through(id), id, WORKERS, rounds, capacity, lease_ms);
         w.ready();
         std::thread::sleep(Duration::from_millis(delay_ms));
         kill(&mut w.child);
-        let (_, temps) = folder_bytes(tmp.path());
+        let (_, temps) = folder_bytes(a);
         // `.tmp-<host>-<pid>-<seq>-<name>`: the temp files of this writer.
         let pid = w.child.id().to_string();
         left += temps
@@ -170,30 +210,38 @@ fn an_evictor_killed_holding_the_lease_is_taken_over_and_nothing_torn_survives()
         .map(|(c, _)| c.get("bad_hits").copied().unwrap_or(0))
         .sum();
     println!(
-        "evictor killed holding the lease: taken over after {taken_over:?} (lease {LEASE_MS} ms), \
+        "evictor killed holding the lease: taken over after {taken_over:?} (lease {lease_ms} ms), \
          {takeovers} takeover(s) counted by the survivors"
     );
     assert!(
-        taken_over < Duration::from_millis(LEASE_MS) * 2 + Duration::from_secs(2),
+        taken_over < Duration::from_millis(lease_ms) * 2 + Duration::from_secs(2),
         "the lease was taken over within its expiry (took {taken_over:?})"
     );
     assert_eq!(bad, 0, "no torn or foreign bytes were served");
+    // A lease is taken over from a killed process (one evictor, up to five writers), hardly
+    // ever from a live evictor: it renews whenever a third of the lease has passed (GlusterFS
+    // counted 20 takeovers when it renewed every 64 victims only).
+    assert!(
+        takeovers <= 10,
+        "{takeovers} takeovers: live evictors outlasted their lease"
+    );
 
     // A restart: leftovers of the killed processes go, everything present is whole.
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let (_, before) = folder_bytes(tmp.path());
-        let tier = NixlFileTier::open(config(tmp.path(), capacity, Duration::from_secs(5)))
+        let (_, before) = folder_bytes(a);
+        let tier = NixlFileTier::open(config(a, capacity, Duration::from_secs(5)))
             .await
             .unwrap();
-        let (_, after) = folder_bytes(tmp.path());
+        tier.opened().await;
+        let (_, after) = folder_bytes(a);
         assert!(
             after.is_empty(),
             "temp files outlived the restart: {after:?}"
         );
         let stats = tier.fleet_stats().unwrap();
         assert_eq!(stats.temps_removed as usize, before.len());
-        let found = verify_all(&tier, WORKERS, ROUNDS * 4).await;
+        let found = verify_all(&tier, WORKERS, rounds * 4).await;
         // (The later writers' opens remove earlier ones' leftovers too, uncounted here.)
         println!(
             "killed writers left {left} temp file(s): {cleaned} removed by the survivors' \

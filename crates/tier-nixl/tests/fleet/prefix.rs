@@ -23,7 +23,7 @@ fn four_processes_share_one_prefix_on_s3_under_one_capacity() {
         .map(|id| {
             spawn_worker_on(
                 tmp.path(),
-                Some(&spec),
+                &[("KVTIER_FLEET_S3", &spec)],
                 id,
                 WORKERS,
                 ROUNDS,
@@ -74,7 +74,7 @@ fn an_evictor_of_a_shared_prefix_killed_holding_the_lease_is_taken_over() {
         .map(|id| {
             spawn_worker_on(
                 tmp.path(),
-                Some(&spec),
+                &[("KVTIER_FLEET_S3", &spec)],
                 id,
                 WORKERS,
                 ROUNDS,

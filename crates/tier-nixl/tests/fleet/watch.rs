@@ -29,13 +29,14 @@ pub fn spawn_worker(
     capacity: u64,
     lease_ms: u64,
 ) -> Worker {
-    spawn_worker_on(dir, None, id, workers, rounds, capacity, lease_ms)
+    spawn_worker_on(dir, &[], id, workers, rounds, capacity, lease_ms)
 }
 
-/// A worker on `dir`, or with `s3` (endpoint, bucket, keys) on the S3 server's prefix.
+/// A worker on `dir`, with `env` set: `KVTIER_FLEET_S3` (endpoint, bucket, keys: on the S3
+/// server's prefix instead), `KVTIER_FLEET_LOCKS` (`none`: a shared folder without locks).
 pub fn spawn_worker_on(
     dir: &Path,
-    s3: Option<&str>,
+    env: &[(&str, &str)],
     id: u64,
     workers: u64,
     rounds: u64,
@@ -43,9 +44,7 @@ pub fn spawn_worker_on(
     lease_ms: u64,
 ) -> Worker {
     let mut command = Command::new(std::env::current_exe().unwrap());
-    if let Some(spec) = s3 {
-        command.env("KVTIER_FLEET_S3", spec);
-    }
+    command.envs(env.iter().copied());
     let mut child = command
         .args([
             "fleet_worker",

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier};
-use tier_nixl::{FileAccess, NixlFileConfig, NixlFileTier};
+use tier_nixl::{FileAccess, NixlFileConfig, NixlFileTier, SharedLocks};
 use tier_object::{ObjectTier, ObjectTierConfig, PrefixAccess, S3Settings};
 use tier_tests::content;
 use tier_tests::rng::Rng;
@@ -36,6 +36,9 @@ pub fn config(dir: &Path, capacity: u64, lease: Duration) -> NixlFileConfig {
     c.shared.lease = lease;
     c.shared.low_watermark = LOW_WATERMARK;
     c.shared.touch_interval = Duration::from_millis(200);
+    if std::env::var("KVTIER_FLEET_LOCKS").is_ok_and(|l| l == "none") {
+        c.shared.locks = SharedLocks::None;
+    }
     c
 }
 

@@ -151,9 +151,9 @@ class SidePool:
     def __init__(self, name: str, pool: Any, store: Store):
         self.name, self.store = name, store
         self.mover = PageMover(pool, f"side pool {name}")
-        self.page_size = self.mover.page_size
         layout, dtype = getattr(pool, "layout", "unknown"), str(getattr(pool, "dtype", ""))
-        self.geometry = f"pool={name}/{layout}/{self.page_size}/{self.mover.regions}/{dtype}"
+        size = self.mover.page_size
+        self.geometry = f"pool={name}/{layout}/{size}/{self.mover.regions}/{dtype}"
         self.prefix = ""
 
     def names(self, keys: list[str]) -> list[str]:
@@ -162,10 +162,9 @@ class SidePool:
     def rows(self, host_indices: Any, pages: int) -> Any:
         """The host indices of ``pages`` pages, checked to cover them."""
         n = 0 if host_indices is None else int(host_indices.numel())
-        if n != pages * self.page_size:
-            raise ValueError(
-                f"side pool {self.name}: {n} host indices for {pages} pages of {self.page_size}"
-            )
+        size = self.mover.page_size
+        if n != pages * size:
+            raise ValueError(f"side pool {self.name}: {n} host indices for {pages} pages of {size}")
         return host_indices
 
 
@@ -276,7 +275,8 @@ class KvtierStorage(HiCacheStorage):
         config names ``access = "owner"``, an MLA attention group's writer (SGLang's
         ``is_storage_writer``) owns its folders and the group's other ranks open them as
         readers. ``shards``: the folders of this rank's own shards of rank-sharded side
-        pools (Mamba), which it owns (see ``shard_store``)."""
+        pools (Mamba), which it owns (see ``shard_store``), without the DRAM tiers (the
+        rank's main store holds the one DRAM budget)."""
         if shards:
             ns = self._namespace(None, rank_sharded=True)
         else:
@@ -285,6 +285,8 @@ class KvtierStorage(HiCacheStorage):
         for tier in config.get("tiers", []):
             tier = dict(tier)
             kind = tier.get("kind")
+            if shards and kind == "mem":
+                continue
             if kind == "nixl-file" and isinstance(tier.get("dirs"), list):
                 tier["dirs"] = [os.path.join(str(d), ns) for d in tier["dirs"]]
                 if not shards and not self.is_writer and tier.get("access", "owner") == "owner":

@@ -22,7 +22,7 @@ use std::sync::{Mutex, MutexGuard};
 use tier_core::{PageKey, TierError};
 
 use super::fleet::{Fleet, FleetStats};
-use super::index::PageIndex;
+use super::index::{Loaded, PageIndex};
 use super::io::Xfer;
 use super::layout::{FileStamp, Layout};
 use crate::batch::BatchOutcome;
@@ -73,20 +73,36 @@ impl Drop for Pins<'_> {
 }
 
 impl Catalog {
-    /// The catalog of `layout`'s folders, owned: they are scanned, leftovers of crashed writes
-    /// are removed (their count returned) and the pages found are indexed, oldest first.
-    pub fn owned(layout: Layout, mut index: PageIndex) -> Result<(Self, usize), TierError> {
-        let scan = layout.scan()?;
-        let mut found = scan.pages;
-        found.sort_by_key(|(_, _, mtime)| *mtime);
-        for (key, len, _) in found {
-            index.insert(key, len, None, None);
-        }
-        let catalog = Catalog {
+    /// The catalog of `layout`'s folders, owned, serving at once: the pages already in them
+    /// are indexed by [`load`](Self::load) meanwhile, their files looked at until then.
+    pub fn owned(layout: Layout, mut index: PageIndex) -> Self {
+        index.begin_loading();
+        Catalog {
             layout,
             keeper: Keeper::Owner(Mutex::new(index)),
+        }
+    }
+
+    /// Indexes pages found in an owner's folders at open (oldest first), as
+    /// [`PageIndex::load`] decides; unlinks those a clear since then left on disk.
+    pub fn load(&self, found: &[(PageKey, u64)]) {
+        let Some(mut index) = self.index() else {
+            return;
         };
-        Ok((catalog, scan.temps_removed))
+        for (key, len) in found {
+            if index.load(key.clone(), *len) == Loaded::Cleared {
+                if let Ok(path) = self.layout.page_path(key) {
+                    let _ = fs::remove_file(path);
+                }
+            }
+        }
+    }
+
+    /// Ends [`load`](Self::load)ing: the index describes the folders alone again.
+    pub fn loaded(&self) {
+        if let Some(mut index) = self.index() {
+            index.end_loading();
+        }
     }
 
     /// The catalog of folders another process owns.
@@ -117,7 +133,8 @@ impl Catalog {
         }
     }
 
-    fn fleet(&self) -> Option<&Fleet> {
+    /// The fleet of shared folders (`None` unless they are shared).
+    pub fn fleet(&self) -> Option<&Fleet> {
         match &self.keeper {
             Keeper::Sharer(fleet) => Some(fleet),
             _ => None,
@@ -153,20 +170,29 @@ impl Catalog {
         self.fleet().map_or(0, Fleet::evicted)
     }
 
-    /// `key`'s stored page: from the index, or without one from its file.
+    /// `key`'s stored page: from the index, or from its file without one (or while the index
+    /// loads and does not know the key yet).
     fn stored(&self, index: Option<&PageIndex>, key: &PageKey) -> Option<Stored> {
         if let Some(index) = index {
-            return Some(Stored {
-                len: index.len_of(key)?,
-                generation: index.generation(key)?,
-                checksum: index.checksum(key),
-                mtime_ns: None,
-            });
+            if let (Some(len), Some(generation)) = (index.len_of(key), index.generation(key)) {
+                return Some(Stored {
+                    len,
+                    generation,
+                    checksum: index.checksum(key),
+                    mtime_ns: None,
+                });
+            }
+            if !index.may_hold_unindexed(key) {
+                return None;
+            }
         }
         let path = self.layout.page_path(key).ok()?;
         let meta = fs::metadata(path).ok().filter(|m| m.is_file())?;
+        // No page is empty: a file that shows no page bytes is another client's write as this
+        // client's caches still see it (GlusterFS: a page just renamed in, stat'ed as 32
+        // bytes through the other mount). Absent, not a page of length 0.
         Some(Stored {
-            len: super::format::page_len(meta.len())?,
+            len: super::format::page_len(meta.len()).filter(|&len| len > 0)?,
             generation: 0,
             checksum: None,
             mtime_ns: Some(FileStamp::of(&meta).mtime_ns),
@@ -347,12 +373,14 @@ impl Catalog {
         let items = xfers.iter().zip(finals).zip(&mut outcome.results);
         for ((xfer, path), result) in items {
             if result.is_ok() {
-                let replaced = match self.keeper {
-                    Keeper::Sharer(_) => fs::metadata(path).map_or(0, |m| m.len()),
-                    _ => 0,
+                let renamed = match self.keeper {
+                    Keeper::Sharer(_) => {
+                        land_shared(&xfer.path, path, super::format::file_len(xfer.len))
+                    }
+                    _ => fs::rename(&xfer.path, path).map(|()| 0),
                 };
-                match fs::rename(&xfer.path, path) {
-                    Ok(()) => landed += super::format::file_len(xfer.len) as i64 - replaced as i64,
+                match renamed {
+                    Ok(added) => landed += added,
                     Err(e) => {
                         *result = Err(TierError::io(
                             "rename page into place",
@@ -403,7 +431,11 @@ impl Catalog {
         let path = self.layout.page_path(key)?;
         let len = match &self.keeper {
             Keeper::Owner(_) => {
-                let removed = self.index().is_some_and(|mut index| index.remove(key));
+                let removed = self.index().is_some_and(|mut index| {
+                    // A page found at open and not indexed yet is removed as well.
+                    let unindexed = index.may_hold_unindexed(key);
+                    index.remove(key) || unindexed
+                });
                 if !removed {
                     return Ok(false);
                 }
@@ -485,6 +517,41 @@ pub(super) struct SettledRead<'r> {
     pub path: &'r Path,
     /// Hit or miss; `None`: the read failed.
     pub found: Option<bool>,
+}
+
+/// Renames a written page file into shared folders; returns the bytes it adds to them: its
+/// length if its name was free, less the file it replaced otherwise. A free name is taken
+/// only while it is free, so processes storing one new page at once count it once (each
+/// counted it whole before: the usage grew past the folders' bytes until the next full scan,
+/// and eviction kept them that much below their capacity). The name is taken by
+/// `RENAME_NOREPLACE`, or where the filesystem has none (GlusterFS's client, NFS) by a hard
+/// link, which fails on a taken name on every client alike; where neither works, the page is
+/// counted as it was before.
+fn land_shared(temp: &Path, path: &Path, len: u64) -> std::io::Result<i64> {
+    let unsupported = |e: &std::io::Error| {
+        matches!(
+            e.raw_os_error(),
+            Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP | libc::EPERM | libc::EMLINK)
+        )
+    };
+    match super::fleet::rename_noreplace(temp, path) {
+        Ok(()) => return Ok(len as i64),
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+        Err(e) if unsupported(&e) => match fs::hard_link(temp, path) {
+            Ok(()) => {
+                if let Err(e) = fs::remove_file(temp) {
+                    tracing::warn!(path = %temp.display(), error = %e, "a landed page's temp name is left");
+                }
+                return Ok(len as i64);
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) || unsupported(&e) => {}
+            Err(e) => return Err(e),
+        },
+        Err(e) => return Err(e),
+    }
+    let replaced = fs::metadata(path).map_or(0, |m| m.len());
+    fs::rename(temp, path)?;
+    Ok(len as i64 - replaced as i64)
 }
 
 /// Sets a page file's use time (its modification time) to now; a file gone meanwhile is left.

@@ -12,10 +12,12 @@ use std::time::{Duration, Instant};
 use tier_core::TierError;
 
 use super::{layout, now_ms};
-use crate::file::FolderMode;
+use crate::file::{FolderMode, SharedLocks};
 
 /// Bound on waiting for the usage or lease file's `flock` (held for a few system calls).
 const FLOCK_WAIT: Duration = Duration::from_secs(5);
+/// Without locks: how long a claimer of the lease waits before it looks whose claim stood.
+const CLAIM_SETTLE: Duration = Duration::from_millis(50);
 
 /// One of the folders' shared files (usage, lease), changed under an `flock`.
 ///
@@ -32,11 +34,18 @@ pub(super) struct SharedFile {
     held: File,
     pub path: PathBuf,
     local: bool,
+    /// Whether changes take the `flock` (`locks = "none"`: never).
+    locked: bool,
 }
 
 impl SharedFile {
-    /// Opens (creating if needed) the file at `path`.
-    pub(super) fn open(path: PathBuf, mode: FolderMode) -> Result<Self, TierError> {
+    /// Opens (creating if needed) the file at `path`, changed under its `flock` unless `locks`
+    /// is [`SharedLocks::None`] (a filesystem without locks).
+    pub(super) fn open(
+        path: PathBuf,
+        mode: FolderMode,
+        locks: SharedLocks,
+    ) -> Result<Self, TierError> {
         let file = open_rw(&path, mode)?;
         let local = is_local(&file);
         let held = if local {
@@ -47,12 +56,21 @@ impl SharedFile {
             name.push(".lock");
             open_rw(Path::new(&name), mode)?
         };
-        Ok(Self { held, path, local })
+        Ok(Self {
+            held,
+            path,
+            local,
+            locked: locks == SharedLocks::Flock,
+        })
     }
 
-    /// The descriptor its `flock` is taken on.
-    pub(super) fn lock_target(&self) -> &File {
-        &self.held
+    /// Takes its `flock` (`op`: shared or exclusive), within [`FLOCK_WAIT`]; nothing without
+    /// locks.
+    fn lock(&self, op: libc::c_int) -> io::Result<Flock<'_>> {
+        if !self.locked {
+            return Ok(Flock(None));
+        }
+        Flock::take(&self.held, op)
     }
 
     /// Reads from the start into `buf`.
@@ -136,8 +154,7 @@ pub(super) struct Usage {
 
 impl Usage {
     pub(super) fn read(&self) -> Result<u64, TierError> {
-        let _lock =
-            Flock::take(self.file.lock_target(), libc::LOCK_SH).map_err(|e| self.error(e))?;
+        let _lock = self.file.lock(libc::LOCK_SH).map_err(|e| self.error(e))?;
         self.load().map_err(|e| self.error(e))
     }
 
@@ -153,8 +170,7 @@ impl Usage {
     }
 
     pub(super) fn update(&self, f: impl FnOnce(u64) -> u64) -> Result<u64, TierError> {
-        let _lock =
-            Flock::take(self.file.lock_target(), libc::LOCK_EX).map_err(|e| self.error(e))?;
+        let _lock = self.file.lock(libc::LOCK_EX).map_err(|e| self.error(e))?;
         let new = f(self.load().map_err(|e| self.error(e))?);
         self.file
             .write(&new.to_le_bytes())
@@ -183,7 +199,7 @@ impl Lease {
     /// Takes the lease if it is free, expired or this holder's; `Some(true)` if it was taken
     /// over from another holder whose lease had expired, `None` if another holds it.
     pub(super) fn claim(&self) -> io::Result<Option<bool>> {
-        let _lock = Flock::take(self.file.lock_target(), libc::LOCK_EX)?;
+        let _lock = self.file.lock(libc::LOCK_EX)?;
         let (holder, expiry) = self.load()?;
         let now = now_ms();
         let takeover = match holder {
@@ -193,12 +209,20 @@ impl Lease {
             Some(_) => true,
         };
         self.store(Some(now + self.ttl.as_millis() as u64))?;
+        if !self.file.locked {
+            // Two claimers may both have found it free: the last write wins, and each looks
+            // after a moment which one that was. (Two may still overlap now and then.)
+            std::thread::sleep(CLAIM_SETTLE);
+            if self.load()?.0.as_deref() != Some(&self.holder) {
+                return Ok(None);
+            }
+        }
         Ok(Some(takeover))
     }
 
     /// Extends the lease if this holder still has it.
     pub(super) fn renew(&self) -> io::Result<bool> {
-        let _lock = Flock::take(self.file.lock_target(), libc::LOCK_EX)?;
+        let _lock = self.file.lock(libc::LOCK_EX)?;
         if self.load()?.0.as_deref() != Some(&self.holder) {
             return Ok(false);
         }
@@ -208,7 +232,7 @@ impl Lease {
 
     /// Frees the lease if this holder has it.
     pub(super) fn release(&self) -> io::Result<()> {
-        let _lock = Flock::take(self.file.lock_target(), libc::LOCK_EX)?;
+        let _lock = self.file.lock(libc::LOCK_EX)?;
         if self.load()?.0.as_deref() == Some(&self.holder) {
             self.store(None)?;
         }
@@ -231,8 +255,8 @@ impl Lease {
     }
 }
 
-/// An `flock` on a file, released on drop; taken within [`FLOCK_WAIT`].
-struct Flock<'a>(&'a File);
+/// An `flock` on a file, released on drop; taken within [`FLOCK_WAIT`] (`None`: no lock).
+struct Flock<'a>(Option<&'a File>);
 
 impl<'a> Flock<'a> {
     fn take(file: &'a File, op: libc::c_int) -> io::Result<Self> {
@@ -240,7 +264,7 @@ impl<'a> Flock<'a> {
         loop {
             // SAFETY: a valid open fd.
             if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
-                return Ok(Self(file));
+                return Ok(Self(Some(file)));
             }
             let err = io::Error::last_os_error();
             if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
@@ -259,8 +283,10 @@ impl<'a> Flock<'a> {
 
 impl Drop for Flock<'_> {
     fn drop(&mut self) {
-        // SAFETY: a valid open fd.
-        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+        if let Some(file) = self.0 {
+            // SAFETY: a valid open fd.
+            unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+        }
     }
 }
 

@@ -13,8 +13,8 @@
 //!   by any process (a file's modification time: set by its write, refreshed by hits at most
 //!   once per [`SharedFolder::touch_interval`]), chosen as Redis chooses its approximate LRU:
 //!   from samples. The evictor examines a window of buckets (from a random one, 4,096 pages, a
-//!   bucket's picked at random where it holds more) and may take its oldest quarter, then the
-//!   next window: the cost of
+//!   bucket's picked at random where it holds more) and takes its oldest pages in the share
+//!   of the folders it must free (at most a quarter), then the next window: the cost of
 //!   an eviction follows the pages it evicts, not the size of the folders. Folders of fewer
 //!   pages than a window are one window: an exact LRU.
 //! - A victim is renamed aside before it is unlinked, and unlinked only if it is still the file
@@ -48,8 +48,8 @@ const LEASE_FILE: &str = ".kvtier.lease";
 const RENEW_EVERY: usize = 64;
 /// Pages an eviction examines before it evicts from them (a window of buckets).
 const EVICTION_SAMPLE: usize = 4096;
-/// The share of a window's pages (the oldest) an eviction may take before it looks at the
-/// next window: victims are among the oldest quarter of random samples of the folders.
+/// The largest share of a window's pages (the oldest) an eviction takes before it looks at the
+/// next window.
 const WINDOW_SHARE: usize = 4;
 
 /// What the processes sharing some folders agree on: their usage, and who evicts.
@@ -97,6 +97,16 @@ pub struct FleetStats {
     pub examined: u64,
 }
 
+/// The scan of shared folders that follows an open: it removes dead writers' leftovers and
+/// sets the usage from the bytes it finds (a count a killed process never made is corrected
+/// there), bucket by bucket, while the tier serves.
+pub(super) struct OpenScan {
+    /// The usage when the scan began.
+    before: u64,
+    /// Bytes of the page files found so far.
+    found_bytes: u64,
+}
+
 /// How a call to [`Fleet::evict`] went.
 #[derive(Debug, PartialEq, Eq)]
 enum Eviction {
@@ -107,8 +117,8 @@ enum Eviction {
 }
 
 impl Fleet {
-    /// Opens the usage and lease files of `layout`'s folders and settles the usage from a scan
-    /// (which removes dead writers' leftovers); evicts if the folders are over `capacity`.
+    /// Opens the usage and lease files of `layout`'s folders. The usage is settled from a scan
+    /// afterwards, in the background (see [`OpenScan`]).
     pub fn open(
         layout: &Layout,
         capacity: Option<u64>,
@@ -116,12 +126,14 @@ impl Fleet {
         transfer_timeout: Duration,
     ) -> Result<Self, TierError> {
         let first = &layout.dirs()[0];
+        let shared_file =
+            |name: &str| SharedFile::open(first.join(name), layout.mode(), settings.locks);
         let fleet = Self {
             usage: Usage {
-                file: SharedFile::open(first.join(USAGE_FILE), layout.mode())?,
+                file: shared_file(USAGE_FILE)?,
             },
             lease: Lease {
-                file: SharedFile::open(first.join(LEASE_FILE), layout.mode())?,
+                file: shared_file(LEASE_FILE)?,
                 holder: holder_id(),
                 ttl: settings.lease,
             },
@@ -133,13 +145,47 @@ impl Fleet {
             sample: EVICTION_SAMPLE,
             counts: Counts::default(),
         };
-        let before = fleet.usage.read()?;
-        let scan = fleet.scan(layout)?;
-        fleet.settle(&scan, before)?;
-        if capacity.is_some_and(|c| fleet.usage.read().unwrap_or(0) > c) {
-            fleet.evict(layout, 0)?;
-        }
         Ok(fleet)
+    }
+
+    /// Begins the scan of the folders that follows an open.
+    pub fn begin_open_scan(&self) -> Result<OpenScan, TierError> {
+        Ok(OpenScan {
+            before: self.usage.read()?,
+            found_bytes: 0,
+        })
+    }
+
+    /// Scans one bucket into `scan`: removes dead writers' leftovers, counts its pages' bytes.
+    pub fn open_scan_bucket(
+        &self,
+        layout: &Layout,
+        bucket: &Path,
+        scan: &mut OpenScan,
+    ) -> Result<(), TierError> {
+        let mut found = FolderScan::default();
+        layout.scan_bucket(bucket, &self.leftover(), None, &mut found)?;
+        self.counts
+            .temps_removed
+            .fetch_add(found.temps_removed as u64, Relaxed);
+        // Only the bytes are kept: a page's path is not held for a million pages.
+        let bytes = found.pages.iter().map(|p| p.len).sum::<u64>();
+        scan.found_bytes += bytes;
+        Ok(())
+    }
+
+    /// Ends the scan: the usage set from it (with what was counted since it began); evicts if
+    /// the folders are over the capacity.
+    pub fn end_open_scan(&self, layout: &Layout, scan: OpenScan) -> Result<(), TierError> {
+        let before = scan.before;
+        let found = scan.found_bytes;
+        let usage = self
+            .usage
+            .update(|now| found + now.saturating_sub(before))?;
+        if self.capacity.is_some_and(|c| usage > c) {
+            self.evict(layout, 0)?;
+        }
+        Ok(())
     }
 
     /// What this process did, and the folders' usage.
@@ -222,15 +268,6 @@ impl Fleet {
         }
     }
 
-    /// Scans the folders, removing the temp files of dead writers.
-    fn scan(&self, layout: &Layout) -> Result<FolderScan, TierError> {
-        let scan = layout.scan_shared(self.leftover())?;
-        self.counts
-            .temps_removed
-            .fetch_add(scan.temps_removed as u64, Relaxed);
-        Ok(scan)
-    }
-
     /// Which temp files a scan removes: those older than any write may last, and those of
     /// dead writers of this pid space.
     fn leftover(&self) -> impl Fn(&str, &fs::Metadata) -> bool {
@@ -295,19 +332,28 @@ impl Fleet {
 
     /// Evicts in windows of buckets, starting at a random one: each window's pages
     /// ([`EVICTION_SAMPLE`] of them, the last bucket's picked at random where it holds more)
-    /// are examined and its oldest quarter may go, until
+    /// are examined and its oldest go, in the share of the folders the run must free (at most
+    /// a quarter of the window), until
     /// the usage is at the low watermark, or, after a window, once the pages coming fit under
-    /// the capacity. A run costs about one window (four pages examined per victim), whatever
-    /// the folders hold. A window that is every bucket (small folders) is an exact LRU over all
+    /// the capacity. Every window being a random sample of the folders, its oldest tenth (say)
+    /// is about the folders' oldest tenth: the victims an exact LRU would take. A run costs
+    /// about one window, whatever the folders hold. A window that is every bucket (small folders) is an exact LRU over all
     /// pages down to the low watermark, and sets the usage from what it found.
     fn evict_lru(&self, layout: &Layout, capacity: u64, incoming: u64) -> Result<(), TierError> {
-        let buckets = layout.shared_buckets();
+        let buckets = layout.buckets();
         if buckets.is_empty() {
             return Ok(());
         }
         let first = (super::perms::nonce() % buckets.len() as u64) as usize;
         let leftover = self.leftover();
         let (mut at, mut victims) = (0, 0usize);
+        // Renewed once a third of the lease has passed as well: over a network filesystem a
+        // window's scan or 64 unlinks can outlast a lease (GlusterFS: 20 takeovers of a 3 s
+        // lease in one test, each a run overlapping another).
+        let mut renewed = Instant::now();
+        let due = self.settings.lease / 3;
+        // The share of every window this run may take: the share of the folders it must free.
+        let mut fraction = None;
         while at < buckets.len() {
             let before = self.usage.read()?;
             let opened = at;
@@ -317,6 +363,12 @@ impl Fleet {
                 let room = self.sample - window.pages.len();
                 layout.scan_bucket(bucket, &leftover, Some(room), &mut window)?;
                 at += 1;
+                if renewed.elapsed() >= due {
+                    if !self.renew(&mut 0)? {
+                        return Ok(());
+                    }
+                    renewed = Instant::now();
+                }
             }
             self.counts
                 .temps_removed
@@ -337,17 +389,22 @@ impl Fleet {
                 return Ok(());
             }
             window.pages.sort_by_key(|p| p.stamp.mtime_ns);
+            let fraction = *fraction.get_or_insert(excess as f64 / usage.max(1) as f64);
             let share = match whole {
                 true => window.pages.len(),
-                false => window.pages.len().div_ceil(WINDOW_SHARE),
+                false => ((window.pages.len() as f64 * fraction).ceil() as usize)
+                    .clamp(1, window.pages.len().div_ceil(WINDOW_SHARE)),
             };
             let mut freed = 0u64;
             for page in &window.pages[..share] {
                 if excess == 0 {
                     break;
                 }
-                if victims > 0 && victims % RENEW_EVERY == 0 && !self.renew(&mut freed)? {
-                    return Ok(());
+                if victims > 0 && (victims % RENEW_EVERY == 0 || renewed.elapsed() >= due) {
+                    if !self.renew(&mut freed)? {
+                        return Ok(());
+                    }
+                    renewed = Instant::now();
                 }
                 victims += 1;
                 match unlink_if_unchanged(layout, page, |from, to| fs::hard_link(from, to)) {
@@ -370,6 +427,7 @@ impl Fleet {
             if !self.renew(&mut freed)? || excess == 0 {
                 return Ok(());
             }
+            renewed = Instant::now();
             // Room made for what is coming: the low watermark is for later windows, taken by
             // later puts, so no one put pays for an eviction step that grows with the folders.
             if self.usage.read()? + incoming <= capacity {
@@ -382,8 +440,10 @@ impl Fleet {
     /// Counts the bytes `freed` so far off the usage, and renews the lease: `false` if it was
     /// lost (logged; the eviction stops).
     fn renew(&self, freed: &mut u64) -> Result<bool, TierError> {
-        self.usage.add(-(*freed as i64))?;
-        *freed = 0;
+        if *freed > 0 {
+            self.usage.add(-(*freed as i64))?;
+            *freed = 0;
+        }
         let held = self.lease.renew().map_err(|e| self.lease_error(e))?;
         if !held {
             tracing::warn!("lost the shared folders' eviction lease while evicting; stopping");

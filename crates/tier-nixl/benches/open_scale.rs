@@ -1,0 +1,183 @@
+//! What a folder of many pages costs to fill, to open and to hold: a NIXL FILE folder is filled
+//! with N pages of 4 KiB through the tier (`access = "owner"`), printing the put rate of each
+//! tenth of the fill; then, in interleaved rounds, it is reopened as an owner and as a sharer,
+//! printing when `open` returned, when the first call (an `exists` of a stored page) was
+//! answered, and when the work the open left to the background was done (the owner's index
+//! built, the sharer's scan done), beside the raw file I/O baseline of the same process and
+//! rounds: listing and `stat`ing every page file once (what an open that reads every page's
+//! metadata pays before its first call). Also the owner's resident memory per page held (first
+//! round: the process's RSS after its index is built, less before the open) and `exists`
+//! latency once loaded (p50/p99, one key per call).
+//!
+//! `cargo bench -p tier-nixl --bench open_scale` (pages: `$KVTIER_BENCH_PAGES`, default 100000;
+//! rounds: `$KVTIER_BENCH_ROUNDS`, default 3).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tier_core::{Page, PageKey, StorageTier};
+use tier_nixl::{FileAccess, FileEngine, NixlFileConfig, NixlFileTier};
+
+const PAGE: usize = 4096;
+const BATCH: usize = 1024;
+
+fn key(i: usize) -> PageKey {
+    PageKey::new(format!("{i:064x}")).unwrap()
+}
+
+fn config(dir: &Path, access: FileAccess) -> NixlFileConfig {
+    let mut config = NixlFileConfig::new([dir.to_path_buf()]);
+    config.access = access;
+    config.engine = FileEngine::Syscalls;
+    config.transfer_timeout = Duration::from_secs(600);
+    config
+}
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p) as usize]
+}
+
+/// The baseline: every bucket listed and every page file `stat`ed once.
+fn list_and_stat(dir: &Path) -> usize {
+    let mut n = 0;
+    for bucket in std::fs::read_dir(dir).unwrap().flatten() {
+        if !bucket.path().is_dir() {
+            continue;
+        }
+        for entry in std::fs::read_dir(bucket.path()).unwrap().flatten() {
+            if entry.metadata().is_ok_and(|m| m.is_file()) {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+/// Opens `dir` for `access`: seconds until `open` returned, the first call was answered, and
+/// the open's background work was done; and the RSS grown meanwhile.
+async fn reopen(dir: &Path, access: FileAccess, probe: &PageKey) -> ([f64; 3], u64) {
+    let rss = rss_bytes();
+    let started = Instant::now();
+    let tier = NixlFileTier::open(config(dir, access)).await.unwrap();
+    let opened = started.elapsed().as_secs_f64();
+    assert_eq!(tier.exists(std::slice::from_ref(probe)).await.unwrap(), 1);
+    let first = started.elapsed().as_secs_f64();
+    tier.opened().await;
+    let done = started.elapsed().as_secs_f64();
+    let grown = rss_bytes().saturating_sub(rss);
+    drop(tier);
+    ([opened, first, done], grown)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let n: usize = std::env::var("KVTIER_BENCH_PAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let rounds: usize = std::env::var("KVTIER_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("folder");
+    let tier = NixlFileTier::open(config(&dir, FileAccess::Owner))
+        .await
+        .unwrap();
+    println!("{n} pages of {PAGE} B put in batches of {BATCH} into one owned folder\n");
+    println!("| tenth of the fill | pages/s | / first tenth |");
+    println!("|---:|---:|---:|");
+    let tenth = n.div_ceil(10);
+    let mut first_rate = 0.0;
+    for t in 0..10 {
+        let (from, to) = (t * tenth, ((t + 1) * tenth).min(n));
+        let started = Instant::now();
+        for first in (from..to).step_by(BATCH) {
+            let batch: Vec<_> = (first..(first + BATCH).min(to))
+                .map(|i| Page::new(key(i), vec![i as u8; PAGE]))
+                .collect();
+            assert!(tier.put(&batch).await.iter().all(Result::is_ok));
+        }
+        let rate = (to - from) as f64 / started.elapsed().as_secs_f64();
+        if t == 0 {
+            first_rate = rate;
+        }
+        println!("| {} | {rate:.0} | {:.2}x |", t + 1, rate / first_rate);
+    }
+    drop(tier);
+    // SAFETY: plain syscall: no dirty pages of the fill compete with the timed opens.
+    unsafe { libc::sync() };
+
+    let probe = key(n / 2);
+    let mut times = [Vec::new(), Vec::new()];
+    let mut baseline = Vec::new();
+    let mut rss_per_page = None;
+    for _ in 0..rounds {
+        for (i, access) in [FileAccess::Owner, FileAccess::Shared]
+            .into_iter()
+            .enumerate()
+        {
+            let (t, grown) = reopen(&dir, access, &probe).await;
+            if access == FileAccess::Owner && rss_per_page.is_none() {
+                rss_per_page = Some(grown as f64 / n as f64);
+            }
+            times[i].push(t);
+        }
+        let started = Instant::now();
+        assert_eq!(list_and_stat(&dir), n);
+        baseline.push(started.elapsed().as_secs_f64());
+    }
+    let base = median(baseline);
+    println!(
+        "\nreopening it, medians of {rounds} interleaved rounds (seconds since the open began)\n"
+    );
+    println!("| access | open returned | first call answered | background work done | list + stat every file (baseline) | first call / baseline |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (i, name) in ["owner", "shared"].iter().enumerate() {
+        let col = |c: usize| median(times[i].iter().map(|t| t[c]).collect());
+        println!(
+            "| {name} | {:.3} | {:.3} | {:.2} | {base:.2} | {:.3}x |",
+            col(0),
+            col(1),
+            col(2),
+            col(1) / base
+        );
+    }
+    println!(
+        "\nowner RSS per page held (first round, index built): {:.0} B",
+        rss_per_page.unwrap_or(0.0)
+    );
+
+    for access in [FileAccess::Owner, FileAccess::Shared] {
+        let tier = NixlFileTier::open(config(&dir, access)).await.unwrap();
+        tier.opened().await;
+        let mut lat = Vec::new();
+        for i in 0..2000 {
+            let k = key((i * 7919) % n);
+            let started = Instant::now();
+            assert_eq!(tier.exists(std::slice::from_ref(&k)).await.unwrap(), 1);
+            lat.push(started.elapsed().as_secs_f64() * 1e6);
+        }
+        println!(
+            "exists, {access:?}, one key per call: p50 {:.1} us, p99 {:.1} us",
+            percentile(lat.clone(), 0.5),
+            percentile(lat, 0.99)
+        );
+    }
+}
