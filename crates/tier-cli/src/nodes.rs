@@ -93,7 +93,9 @@ fn config(fleet: &Fleet, root: &Path, node: usize, shared: bool) -> String {
         format!(
             "dirs = [{:?}]\naccess = \"shared\"\ncapacity = {}\n# hits refresh their pages' use time (at most every ms): LRU across the instances\ntouch_interval = \"1ms\"\n",
             root.join("shared").display().to_string(),
-            fleet.lower_pages * fleet.page_bytes
+            // A shared folder counts its files' bytes (page and trailer), an owner its pages':
+            // both hold `lower_pages` pages.
+            fleet.lower_pages as u64 * (fleet.page_bytes as u64 + tier_nixl::PAGE_TRAILER)
         )
     } else {
         format!(

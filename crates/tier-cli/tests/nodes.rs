@@ -50,10 +50,11 @@ fn two_instances_reuse_more_over_a_shared_folder_than_over_private_ones() {
         report["private_reuse"].as_f64().unwrap(),
         report["shared_reuse"].as_f64().unwrap(),
     );
-    // Seen in 8 runs: shared 67.28% to 68.57%, private 65.32% to 65.46% (the shared run's
-    // two processes interleave differently each time; a 2-point bar failed 2 of 8).
+    // Seen in 3 runs: shared 71.91% to 72.52%, private 65.34% to 65.46% (the shared run's
+    // two processes interleave differently each time). A shared folder sized in page bytes
+    // alone (its trailers not counted) held two thirds as many pages: 67.28% to 68.57%.
     assert!(
-        shared > private + 1.0,
+        shared > private + 4.0,
         "sharing gains on a workload of shared prompts: {shared:.2}% vs {private:.2}%"
     );
 }

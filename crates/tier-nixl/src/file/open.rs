@@ -219,9 +219,7 @@ fn lock_folder(
     };
     let deadline = Instant::now() + LOCK_WAIT;
     loop {
-        if try_flock(&file, op)
-            .map_err(|e| TierError::io("lock storage folder", None, Some(path.to_path_buf()), e))?
-        {
+        if try_flock(&file, op).map_err(|e| lock_error(path, access, e))? {
             return Ok(file);
         }
         // Held: by sharers if a shared lock can be had beside them (an owner's excludes it),
@@ -234,11 +232,7 @@ fn lock_folder(
                 .ok();
             probe.is_some_and(|p| try_flock(&p, libc::LOCK_SH).unwrap_or(false))
         };
-        if held_by_sharers
-            && try_flock(&file, op).map_err(|e| {
-                TierError::io("lock storage folder", None, Some(path.to_path_buf()), e)
-            })?
-        {
+        if held_by_sharers && try_flock(&file, op).map_err(|e| lock_error(path, access, e))? {
             return Ok(file);
         }
         if held_by_sharers {
@@ -265,6 +259,35 @@ fn lock_folder(
             return Err(TierError::Unavailable(message));
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The error of an `flock` on a folder's lock file that failed: where the filesystem has no
+/// locks (3FS's FUSE client, NFS without a lock manager) a config error naming the setting
+/// that opens it anyway; otherwise an I/O error.
+fn lock_error(path: &std::path::Path, access: FileAccess, e: std::io::Error) -> TierError {
+    let folder = path.parent().unwrap_or(path).display();
+    let unsupported = matches!(
+        e.raw_os_error(),
+        Some(libc::ENOLCK | libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL)
+    );
+    match (unsupported, access) {
+        (false, _) => TierError::io("lock storage folder", None, Some(path.to_path_buf()), e),
+        (true, FileAccess::Shared) => TierError::config(
+            "locks",
+            format!(
+                "storage folder {folder} cannot be locked ({e}): on a filesystem without locks \
+                 set locks = \"none\" (`kvtier probe {folder}` tells what it has)"
+            ),
+        ),
+        (true, _) => TierError::config(
+            "access",
+            format!(
+                "storage folder {folder} cannot be locked ({e}): access = \"owner\" needs a lock \
+                 to hold it alone; on a filesystem without locks open it with access = \"shared\" \
+                 and locks = \"none\""
+            ),
+        ),
     }
 }
 
@@ -307,4 +330,36 @@ fn supports_direct_io(dir: &std::path::Path, mode: FolderMode) -> bool {
     let ok = mode.create_new(&probe, libc::O_DIRECT).is_ok();
     let _ = fs::remove_file(&probe);
     ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A filesystem without locks is a config error naming the setting that opens it anyway;
+    /// any other failure stays an I/O error.
+    #[test]
+    fn a_folder_that_cannot_be_locked_names_the_setting() {
+        let path = std::path::Path::new("/pages/.kvtier.lock");
+        let unsupported = || std::io::Error::from_raw_os_error(libc::ENOLCK);
+        match lock_error(path, FileAccess::Shared, unsupported()) {
+            TierError::Config { field, message } => {
+                assert_eq!(field, "locks");
+                assert!(message.contains("locks = \"none\"") && message.contains("/pages"));
+            }
+            other => panic!("a sharer: {other:?}"),
+        }
+        match lock_error(path, FileAccess::Owner, unsupported()) {
+            TierError::Config { field, message } => {
+                assert_eq!(field, "access");
+                assert!(message.contains("access = \"shared\""), "{message}");
+            }
+            other => panic!("an owner: {other:?}"),
+        }
+        let eio = std::io::Error::from_raw_os_error(libc::EIO);
+        assert!(matches!(
+            lock_error(path, FileAccess::Shared, eio),
+            TierError::Io { .. }
+        ));
+    }
 }
