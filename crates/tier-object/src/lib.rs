@@ -108,10 +108,12 @@ impl ObjectTier {
 
     /// Fills the catalog of a tier with a `capacity` from one listing of its prefix (oldest
     /// object first), then evicts down to the capacity; returns the objects found. A no-op
-    /// without a capacity.
+    /// without a capacity. A shared prefix starts its listing in the background and returns
+    /// 0 at once ([`Self::settle`] waits for it).
     pub async fn load_catalog(&self) -> Result<usize, TierError> {
-        if let Some(fleet) = &self.objects.fleet {
-            fleet.settle(&self.objects).await?;
+        if self.objects.fleet.is_some() {
+            // The listing runs beside the calls served meanwhile (see `shared`).
+            drop(self.settle_in_background(false));
             return Ok(0);
         }
         let Some(catalog) = &self.objects.catalog else {
@@ -171,22 +173,38 @@ impl ObjectTier {
         }
     }
 
+    /// Lists a shared prefix now, and evicts down to its low watermark if it is over its
+    /// capacity and this node gets the lease; waits for a listing under way first. (Puts and
+    /// opens leave this to the background; see `shared`.) A no-op for a private prefix.
+    pub async fn settle(&self) -> Result<(), TierError> {
+        match &self.objects.fleet {
+            Some(fleet) => fleet.settle(&self.objects, true).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Settles a shared prefix in a task of its own (an eviction whose call is dropped still
+    /// finishes and frees its lease); `wait`: after any under way.
+    fn settle_in_background(&self, wait: bool) -> tokio::task::JoinHandle<()> {
+        let objects = Arc::clone(&self.objects);
+        tokio::spawn(async move {
+            let Some(fleet) = &objects.fleet else {
+                return;
+            };
+            if let Err(e) = fleet.settle(&objects, wait).await {
+                tracing::warn!(error = %e, "cannot settle the shared prefix's capacity");
+            }
+        })
+    }
+
     /// Deletes the objects the catalog evicted, each in its key's turn and only if no put has
     /// stored the key again since; what could not be deleted is retried by a later put.
     pub async fn delete_evicted(&self) {
-        if self.objects.fleet.as_ref().is_some_and(|f| f.due()) {
-            // In a task of its own: an eviction whose call is dropped still finishes and
-            // frees its lease.
-            let objects = Arc::clone(&self.objects);
-            let settled = tokio::spawn(async move {
-                match &objects.fleet {
-                    Some(fleet) => fleet.settle(&objects).await,
-                    None => Ok(()),
-                }
-            })
-            .await;
-            if let Ok(Err(e)) = settled {
-                tracing::warn!(error = %e, "cannot settle the shared prefix's capacity");
+        if let Some(fleet) = self.objects.fleet.as_ref().filter(|f| f.due()) {
+            let wait = fleet.over_bound();
+            let settling = self.settle_in_background(wait);
+            if wait {
+                let _ = settling.await;
             }
             return;
         }

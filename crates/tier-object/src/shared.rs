@@ -5,6 +5,11 @@
 //!   at most once per [`SharedPrefix::relist`] otherwise; between listings it adds what it put
 //!   itself. Other nodes' puts are seen at the next listing, so the prefix may exceed its
 //!   capacity by what the other nodes put in one `relist` period.
+//! - **Off the put path**: an open, and a put that finds the listing stale or the prefix over
+//!   its capacity, start the listing (and the eviction it calls for) in a task of its own and
+//!   return; only a put that finds the prefix over its capacity by more than 2% (by this
+//!   node's count) waits for it. So no open and no put pays for a listing of the whole prefix
+//!   while the evictions keep up.
 //! - **One evictor per prefix**: the holder of `<prefix>/.kvtier-lease` (a holder and an
 //!   expiry), taken with a conditional put: created with `If-None-Match: *` when there is none,
 //!   replaced with `If-Match: <its ETag>` when it is free or expired; of two nodes racing for
@@ -41,6 +46,9 @@ const CONFIRM_AFTER: Duration = Duration::from_millis(50);
 const READS_KEPT: usize = 1 << 20;
 /// Victims looked at and deleted between two renewals of the lease.
 const EVICT_CHUNK: usize = 256;
+/// How far past its capacity (a fraction of it) the prefix may go by a node's count before
+/// that node's puts wait for its eviction; below, they leave it to the background.
+const WAIT_PAST: f64 = 0.02;
 
 /// Settings of a shared prefix.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -188,18 +196,37 @@ impl Fleet {
         u.listed + u.since > self.capacity || (stale && u.since > 0)
     }
 
+    /// Whether a put must wait for the prefix to be settled: by this node's count it is over
+    /// its capacity by more than [`WAIT_PAST`]. Below that, listings and evictions run beside
+    /// the puts.
+    pub fn over_bound(&self) -> bool {
+        self.bytes() > self.capacity + (self.capacity as f64 * WAIT_PAST) as u64
+    }
+
     /// Lists the prefix, and evicts down to the low watermark if it is over its capacity and
-    /// this node gets the lease.
-    pub async fn settle(&self, objects: &Objects) -> Result<(), TierError> {
-        let Ok(_one) = self.evicting.try_lock() else {
-            return Ok(());
+    /// this node gets the lease. With one under way, returns at once, or if `wait`, once it is
+    /// done (then settles again if still [`Fleet::due`]).
+    pub async fn settle(&self, objects: &Objects, wait: bool) -> Result<(), TierError> {
+        let _one = match self.evicting.try_lock() {
+            Ok(one) => one,
+            Err(_) if wait => {
+                let one = self.evicting.lock().await;
+                if !self.due() {
+                    return Ok(());
+                }
+                one
+            }
+            Err(_) => return Ok(()),
         };
+        // This node's puts during the listing may be in it or not: they stay counted (an
+        // overestimate the next listing corrects), never lost from the count.
+        let before = self.usage().since;
         let listed = pages(objects.list().await?);
         let total: u64 = listed.iter().map(|m| m.size).sum();
         {
             let mut u = self.usage();
             u.listed = total;
-            u.since = 0;
+            u.since = u.since.saturating_sub(before);
             u.listed_at = Some(Instant::now());
         }
         if total <= self.capacity {

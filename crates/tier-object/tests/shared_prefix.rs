@@ -248,3 +248,144 @@ async fn a_page_stored_again_after_the_listing_is_not_deleted_on_its_strength() 
         "the next oldest went instead"
     );
 }
+
+/// A store whose listings are taken when asked for, then held back until the test opens a
+/// gate: a listing that misses the puts made while it was under way (as a paginated S3
+/// listing may).
+#[derive(Debug, Default)]
+struct GatedListing {
+    inner: Arc<object_store::memory::InMemory>,
+    gate: Arc<tokio::sync::RwLock<()>>,
+    /// Told when a listing was taken.
+    taken: Arc<tokio::sync::Notify>,
+}
+
+impl std::fmt::Display for GatedListing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GatedListing({})", self.inner)
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for GatedListing {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: object_store::PutOptions,
+    ) -> object_store::Result<object_store::PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: object_store::PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: object_store::GetOptions,
+    ) -> object_store::Result<object_store::GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: futures::stream::BoxStream<'static, object_store::Result<Path>>,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(
+        &self,
+        prefix: Option<&Path>,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        let (inner, gate, taken, prefix) = (
+            Arc::clone(&self.inner),
+            Arc::clone(&self.gate),
+            Arc::clone(&self.taken),
+            prefix.cloned(),
+        );
+        futures::stream::once(async move {
+            let listing: Vec<_> = inner.list(prefix.as_ref()).collect().await;
+            taken.notify_one();
+            drop(gate.read().await);
+            futures::stream::iter(listing)
+        })
+        .flatten()
+        .boxed()
+    }
+
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&Path>,
+    ) -> object_store::Result<object_store::ListResult> {
+        drop(self.gate.read().await);
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: object_store::CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
+/// The listing of a shared prefix runs beside the calls: an open, and puts that find the
+/// listing stale (every put here), return while it is under way; a put that takes the prefix
+/// past its capacity by more than 2% (by this node's count) waits for it, and then the prefix
+/// is within its capacity, though the listing missed every page (the puts it did not see stay
+/// counted).
+#[tokio::test]
+async fn opens_and_puts_do_not_wait_for_the_listing_of_a_shared_prefix() {
+    let gated = Arc::new(GatedListing::default());
+    let closed = Arc::clone(&gated.gate).write_owned().await;
+    let store: Arc<dyn ObjectStore> = Arc::clone(&gated) as Arc<dyn ObjectStore>;
+    let tier = ObjectTier::open(Arc::clone(&store), shared("kv", 10)).unwrap();
+    let bound = Duration::from_secs(10);
+    tokio::time::timeout(bound, tier.load_catalog())
+        .await
+        .expect("an open does not wait for the listing")
+        .unwrap();
+    tokio::time::timeout(bound, gated.taken.notified())
+        .await
+        .expect("the open's listing is taken");
+    for i in 0..10 {
+        let put = tokio::time::timeout(bound, tier.put(&[page(i)]))
+            .await
+            .expect("a put within the capacity does not wait for the listing");
+        assert!(put[0].is_ok());
+    }
+    // One page past the capacity: 10% over it.
+    let past = [page(10)];
+    let over = tier.put(&past);
+    tokio::pin!(over);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut over)
+            .await
+            .is_err(),
+        "a put past the capacity by more than 2% waits for the listing"
+    );
+    drop(closed);
+    let put = tokio::time::timeout(bound, over)
+        .await
+        .expect("the listing done, the put returns");
+    assert!(put[0].is_ok());
+    let held = bytes_under(&store, "kv").await;
+    assert!(
+        held <= 10 * PAGE as u64,
+        "within the capacity: {held} bytes"
+    );
+    assert_eq!(
+        tier.exists(&[page(10).key]).await.unwrap(),
+        1,
+        "the newest stays"
+    );
+}
