@@ -139,90 +139,11 @@ async fn a_page_read_here_outlives_later_writes_and_each_prefix_keeps_its_own_bo
     );
 }
 
-/// A store in which another node stores page 0 again right after the evictor listed the
-/// prefix: the first HEAD of page 0 finds it re-stored (a new write, a new ETag).
-#[derive(Debug)]
-struct RestoredAfterListing {
-    inner: object_store::memory::InMemory,
-    victim: Path,
-    done: std::sync::atomic::AtomicBool,
-}
-
-impl std::fmt::Display for RestoredAfterListing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "RestoredAfterListing({})", self.inner)
-    }
-}
-
-#[async_trait::async_trait]
-impl ObjectStore for RestoredAfterListing {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: object_store::PutOptions,
-    ) -> object_store::Result<object_store::PutResult> {
-        self.inner.put_opts(location, payload, opts).await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: object_store::PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(
-        &self,
-        location: &Path,
-        options: object_store::GetOptions,
-    ) -> object_store::Result<object_store::GetResult> {
-        let victim = options.head && *location == self.victim;
-        if victim && !self.done.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            let again = PutPayload::from(vec![0u8; PAGE]);
-            self.inner.put(location, again).await?;
-        }
-        self.inner.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: futures::stream::BoxStream<'static, object_store::Result<Path>>,
-    ) -> futures::stream::BoxStream<'static, object_store::Result<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(
-        &self,
-        prefix: Option<&Path>,
-    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(
-        &self,
-        prefix: Option<&Path>,
-    ) -> object_store::Result<object_store::ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: object_store::CopyOptions,
-    ) -> object_store::Result<()> {
-        self.inner.copy_opts(from, to, options).await
-    }
-}
-
 #[tokio::test]
 async fn a_page_stored_again_after_the_listing_is_not_deleted_on_its_strength() {
-    let store = Arc::new(RestoredAfterListing {
-        inner: object_store::memory::InMemory::new(),
-        victim: Path::from("kv/page-0000"),
-        done: std::sync::atomic::AtomicBool::new(false),
+    let store = Arc::new(Scripted {
+        restored: Some(Path::from("kv/page-0000")),
+        ..Scripted::default()
     });
     let tier =
         ObjectTier::open(Arc::clone(&store) as Arc<dyn ObjectStore>, shared("kv", 10)).unwrap();
@@ -249,25 +170,29 @@ async fn a_page_stored_again_after_the_listing_is_not_deleted_on_its_strength() 
     );
 }
 
-/// A store whose listings are taken when asked for, then held back until the test opens a
-/// gate: a listing that misses the puts made while it was under way (as a paginated S3
-/// listing may).
+/// An in-memory store with what the tests script into it:
+/// - `restored`: stored again right before its first HEAD, as another node would store a page
+///   again right after the evictor listed the prefix (the store's ETag tells);
+/// - listings taken when asked for, then held back while the test holds `gate` closed: a
+///   listing that misses the puts made while it was under way (as a paginated S3 listing may).
 #[derive(Debug, Default)]
-struct GatedListing {
+struct Scripted {
     inner: Arc<object_store::memory::InMemory>,
+    restored: Option<Path>,
+    restore_done: std::sync::atomic::AtomicBool,
     gate: Arc<tokio::sync::RwLock<()>>,
     /// Told when a listing was taken.
     taken: Arc<tokio::sync::Notify>,
 }
 
-impl std::fmt::Display for GatedListing {
+impl std::fmt::Display for Scripted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "GatedListing({})", self.inner)
+        write!(f, "Scripted({})", self.inner)
     }
 }
 
 #[async_trait::async_trait]
-impl ObjectStore for GatedListing {
+impl ObjectStore for Scripted {
     async fn put_opts(
         &self,
         location: &Path,
@@ -290,6 +215,15 @@ impl ObjectStore for GatedListing {
         location: &Path,
         options: object_store::GetOptions,
     ) -> object_store::Result<object_store::GetResult> {
+        let restored = options.head && self.restored.as_ref() == Some(location);
+        if restored
+            && !self
+                .restore_done
+                .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            let again = PutPayload::from(vec![0u8; PAGE]);
+            self.inner.put(location, again).await?;
+        }
         self.inner.get_opts(location, options).await
     }
 
@@ -345,7 +279,7 @@ impl ObjectStore for GatedListing {
 /// counted).
 #[tokio::test]
 async fn opens_and_puts_do_not_wait_for_the_listing_of_a_shared_prefix() {
-    let gated = Arc::new(GatedListing::default());
+    let gated = Arc::new(Scripted::default());
     let closed = Arc::clone(&gated.gate).write_owned().await;
     let store: Arc<dyn ObjectStore> = Arc::clone(&gated) as Arc<dyn ObjectStore>;
     let tier = ObjectTier::open(Arc::clone(&store), shared("kv", 10)).unwrap();
