@@ -5,9 +5,9 @@
 //! answered, and when the work the open left to the background was done (the owner's index
 //! built, the sharer's scan done), beside the raw file I/O baseline of the same process and
 //! rounds: listing and `stat`ing every page file once (what an open that reads every page's
-//! metadata pays before its first call). Also the owner's resident memory per page held (first
-//! round: the process's RSS after its index is built, less before the open) and `exists`
-//! latency once loaded (p50/p99, one key per call).
+//! metadata pays before its first call). Also the resident memory per page held, owner and
+//! sharer (first round: the process's RSS once the open's background work is done, less
+//! before the open) and `exists` latency once loaded (p50/p99, one key per call).
 //!
 //! `cargo bench -p tier-nixl --bench open_scale` (pages: `$KVTIER_BENCH_PAGES`, default 100000;
 //! rounds: `$KVTIER_BENCH_ROUNDS`, default 3).
@@ -127,16 +127,13 @@ async fn main() {
     let probe = key(n / 2);
     let mut times = [Vec::new(), Vec::new()];
     let mut baseline = Vec::new();
-    let mut rss_per_page = None;
+    // Per access, in the first round: the sharer's first, before the owner's index has grown
+    // the heap (an allocator keeps what it freed).
+    let mut rss_per_page = [None, None];
     for _ in 0..rounds {
-        for (i, access) in [FileAccess::Owner, FileAccess::Shared]
-            .into_iter()
-            .enumerate()
-        {
+        for (i, access) in [(1, FileAccess::Shared), (0, FileAccess::Owner)] {
             let (t, grown) = reopen(&dir, access, &probe).await;
-            if access == FileAccess::Owner && rss_per_page.is_none() {
-                rss_per_page = Some(grown as f64 / n as f64);
-            }
+            rss_per_page[i].get_or_insert(grown as f64 / n as f64);
             times[i].push(t);
         }
         let started = Instant::now();
@@ -160,8 +157,9 @@ async fn main() {
         );
     }
     println!(
-        "\nowner RSS per page held (first round, index built): {:.0} B",
-        rss_per_page.unwrap_or(0.0)
+        "\nRSS per page held (first round, background work done): owner {:.0} B, shared {:.0} B",
+        rss_per_page[0].unwrap_or(0.0),
+        rss_per_page[1].unwrap_or(0.0)
     );
 
     for access in [FileAccess::Owner, FileAccess::Shared] {

@@ -17,7 +17,7 @@ use crate::file::{FolderMode, SharedLocks};
 /// Bound on waiting for the usage or lease file's `flock` (held for a few system calls).
 const FLOCK_WAIT: Duration = Duration::from_secs(5);
 /// Without locks: how long a claimer of the lease waits before it looks whose claim stood.
-const CLAIM_SETTLE: Duration = Duration::from_millis(50);
+pub(super) const CLAIM_SETTLE: Duration = Duration::from_millis(50);
 
 /// One of the folders' shared files (usage, lease), changed under an `flock`.
 ///
@@ -193,6 +193,9 @@ pub(super) struct Lease {
     pub file: SharedFile,
     pub holder: String,
     pub ttl: Duration,
+    /// Without locks, how long a claimer waits before it looks whether its claim stood
+    /// ([`CLAIM_SETTLE`]).
+    pub settle: Duration,
 }
 
 impl Lease {
@@ -212,7 +215,7 @@ impl Lease {
         if !self.file.locked {
             // Two claimers may both have found it free: the last write wins, and each looks
             // after a moment which one that was. (Two may still overlap now and then.)
-            std::thread::sleep(CLAIM_SETTLE);
+            std::thread::sleep(self.settle);
             if self.load()?.0.as_deref() != Some(&self.holder) {
                 return Ok(None);
             }

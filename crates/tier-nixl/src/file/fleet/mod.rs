@@ -136,6 +136,7 @@ impl Fleet {
                 file: shared_file(LEASE_FILE)?,
                 holder: holder_id(),
                 ttl: settings.lease,
+                settle: lease::CLAIM_SETTLE,
             },
             capacity,
             low: capacity.map_or(0, |c| (c as f64 * settings.low_watermark) as u64),
