@@ -13,6 +13,8 @@ use tier_tests::content;
 use tier_tests::rng::Rng;
 
 pub const PAGE: usize = 64 << 10;
+/// Pages a worker puts in one call: its own four and four common ones.
+pub const BATCH: u64 = 8;
 /// Pages every process writes under the same keys (chain hashes of a common prefix).
 pub const COMMON: u64 = 96;
 pub const LOW_WATERMARK: f64 = 0.9;
@@ -148,13 +150,13 @@ pub async fn run(dir: String) {
     let mut rng = Rng::new(0xf1ee7 + id);
     let mut counts = HashMap::<&str, u64>::new();
     for round in 0..rounds {
-        let mut batch: Vec<Page<'static>> = (0..4)
+        let mut batch: Vec<Page<'static>> = (0..BATCH / 2)
             .map(|j| {
                 let k = own_key(id, round * 4 + j);
                 Page::new(k.clone(), content::page(&k, 1, PAGE))
             })
             .collect();
-        batch.extend((0..4).map(|_| {
+        batch.extend((0..BATCH / 2).map(|_| {
             let k = common_key(rng.below(COMMON));
             Page::new(k.clone(), content::page(&k, 1, PAGE))
         }));
