@@ -41,13 +41,13 @@ fn assert_stuck_while_frozen(mount: &ClientMount) {
     });
     let stuck = finished.recv_timeout(Duration::from_secs(1)).is_err();
     mount.thaw();
-    finished
-        .recv_timeout(Duration::from_secs(30))
-        .expect("the stat returns once the client is thawed");
     assert!(
         stuck,
         "a stat of the mount returned while its client was stopped"
     );
+    finished
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the stat returns once the client is thawed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
