@@ -331,6 +331,16 @@ impl StorageTier for ObjectTier {
         .await
     }
 
+    /// A shared prefix: settles now what puts left to the background (a listing due, an
+    /// eviction called for), after any settle under way, so a node that flushes before it
+    /// exits leaves the prefix within its capacity. Otherwise nothing to wait for.
+    async fn flush(&self) -> Result<(), TierError> {
+        match &self.objects.fleet {
+            Some(fleet) if fleet.due() => fleet.settle(&self.objects, true).await,
+            _ => Ok(()),
+        }
+    }
+
     async fn clear(&self) -> Result<(), TierError> {
         // Writes still running (some for dropped calls) land first, then go with the rest.
         let turn = self.order.turn_all().await;

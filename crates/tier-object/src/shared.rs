@@ -9,7 +9,7 @@
 //!   its capacity, start the listing (and the eviction it calls for) in a task of its own and
 //!   return; only a put that finds the prefix over its capacity by more than 2% (by this
 //!   node's count) waits for it. So no open and no put pays for a listing of the whole prefix
-//!   while the evictions keep up.
+//!   while the evictions keep up. A flush settles what is due, after any settle under way.
 //! - **One evictor per prefix**: the holder of `<prefix>/.kvtier-lease` (a holder and an
 //!   expiry), taken with a conditional put: created with `If-None-Match: *` when there is none,
 //!   replaced with `If-Match: <its ETag>` when it is free or expired; of two nodes racing for

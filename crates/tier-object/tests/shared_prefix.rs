@@ -323,3 +323,46 @@ async fn opens_and_puts_do_not_wait_for_the_listing_of_a_shared_prefix() {
         "the newest stays"
     );
 }
+
+/// A flush of a shared prefix does what the puts left to the background: with the prefix past
+/// its capacity by less than the 2% a put waits for, a flush waits for the listing under way
+/// and the eviction it calls for, so a node that flushes before it exits leaves the prefix
+/// within its capacity (a flush that returned at once left it over).
+#[tokio::test]
+async fn a_flush_settles_what_the_puts_of_a_shared_prefix_left_to_the_background() {
+    let gated = Arc::new(Scripted::default());
+    let closed = Arc::clone(&gated.gate).write_owned().await;
+    let store: Arc<dyn ObjectStore> = Arc::clone(&gated) as Arc<dyn ObjectStore>;
+    let tier = ObjectTier::open(Arc::clone(&store), shared("kv", 100)).unwrap();
+    let bound = Duration::from_secs(10);
+    tier.load_catalog().await.unwrap();
+    tokio::time::timeout(bound, gated.taken.notified())
+        .await
+        .expect("the open's listing is taken");
+    // One page past the capacity: 1% over it, so no put waits.
+    for i in 0..101 {
+        let put = tokio::time::timeout(bound, tier.put(&[page(i)]))
+            .await
+            .expect("a put within 2% of the capacity does not wait for the listing");
+        assert!(put[0].is_ok());
+    }
+    let flush = tier.flush();
+    tokio::pin!(flush);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut flush)
+            .await
+            .is_err(),
+        "a flush waits for the listing under way"
+    );
+    drop(closed);
+    tokio::time::timeout(bound, flush)
+        .await
+        .expect("the listing done, the flush returns")
+        .unwrap();
+    let held = bytes_under(&store, "kv").await;
+    assert!(
+        held <= 100 * PAGE as u64,
+        "within the capacity after the flush: {held} bytes"
+    );
+    assert!(tier.prefix_stats().unwrap().evicted > 0);
+}

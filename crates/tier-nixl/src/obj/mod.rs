@@ -329,6 +329,10 @@ impl StorageTier for NixlObjTier {
         results
     }
 
+    async fn flush(&self) -> Result<(), TierError> {
+        self.shared.control.flush().await
+    }
+
     async fn clear(&self) -> Result<(), TierError> {
         self.shared.control.clear().await
     }

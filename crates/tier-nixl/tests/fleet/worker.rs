@@ -213,6 +213,8 @@ pub async fn run(dir: String) {
             }
         }
     }
+    // As an engine closing its hierarchy does: what the puts left to the background is done.
+    tier.flush().await.expect("a flush settles the shared tier");
     for (name, n) in tier.counts() {
         counts.insert(name, n);
     }
