@@ -267,7 +267,8 @@ async fn object_tiers_survive_kill_9() {
                     .unwrap();
                 for meta in &listed {
                     assert_eq!(
-                        meta.size, PAGE as u64,
+                        meta.size,
+                        tier_format::sealed_len(PAGE),
                         "{} is a partial object",
                         meta.location
                     );

@@ -1,7 +1,7 @@
 //! The NIXL OBJ tier on the real runtime and a real S3 server (s3s-fs on loopback): the outage
 //! cases (unreachable server, wrong credentials, the server killed and restarted mid-run,
-//! `clear` confined to its prefix), objects shared with the object_store tier, large pages, a
-//! dead server under DRAM, hostile keys and config.
+//! `clear` confined to its prefix), objects shared with the object_store tier, objects that are
+//! not whole pages of their key, large pages, a dead server under DRAM, hostile keys and config.
 
 mod common;
 
@@ -74,7 +74,7 @@ impl S3TierFactory for NixlObj {
 tier_tests::s3_outage_suite!(NixlObj);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pages_are_plain_objects_shared_with_the_object_store_tier() {
+async fn pages_are_objects_shared_with_the_object_store_tier() {
     let f = ObjFactory::new();
     let nixl = NixlObjTier::open(f.config()).await.unwrap();
     let plain = ObjectTier::open(store_of(&f.server), ObjectTierConfig::new(&f.prefix)).unwrap();
@@ -92,17 +92,71 @@ async fn pages_are_plain_objects_shared_with_the_object_store_tier() {
             content::verify(&key(i), 1, &buf).unwrap();
         }
     }
-    // The bytes NIXL wrote are the object, exactly (no aws-chunked framing, no trailer).
-    let object = f
-        .server
-        .data_dir()
-        .join(&f.server.bucket)
-        .join(nixl.object_name(&key(3)).unwrap());
-    assert_eq!(
-        std::fs::read(&object).unwrap(),
-        content::page(&key(3), 1, 65536).to_vec()
-    );
+    // The bytes NIXL wrote are the object, exactly: the page, then its trailer (no
+    // aws-chunked framing); `ObjectTier` writes the same.
+    for i in [3, 19] {
+        let object = f
+            .server
+            .data_dir()
+            .join(&f.server.bucket)
+            .join(nixl.object_name(&key(i)).unwrap());
+        let page = content::page(&key(i), 1, 65536).to_vec();
+        let mut sealed = page.clone();
+        sealed.extend_from_slice(&tier_format::seal(&key(i), [page.as_slice()]));
+        assert!(std::fs::read(&object).unwrap() == sealed, "object {i}");
+    }
     assert_eq!(nixl.exists(&[key(0), key(20), key(99)]).await.unwrap(), 2);
+}
+
+/// An object that is not a whole page of its key, whoever wrote it, is never a hit for either
+/// client: a flipped byte, another key's object under this key's name, and (for `ObjectTier`,
+/// which has no length to check first) a page of format 1 with no trailer are misses. Before
+/// objects carried a trailer, all three were hits of wrong bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_that_are_not_whole_pages_of_their_key_are_never_hits() {
+    const LEN: usize = 4096;
+    let f = ObjFactory::new();
+    let nixl = NixlObjTier::open(f.config()).await.unwrap();
+    let store = store_of(&f.server);
+    let plain = ObjectTier::open(Arc::clone(&store), ObjectTierConfig::new(&f.prefix)).unwrap();
+    for r in plain.put(&pages(0..4, LEN)).await {
+        r.unwrap();
+    }
+    let path = |i: usize| object_store::path::Path::from(nixl.object_name(&key(i)).unwrap());
+    let stored = |i: usize| {
+        let store = Arc::clone(&store);
+        async move {
+            let object = store.get(&path(i)).await.unwrap();
+            object.bytes().await.unwrap().to_vec()
+        }
+    };
+    // Page 0: one byte of the page flipped.
+    let mut flipped = stored(0).await;
+    flipped[LEN / 2] ^= 1;
+    store.put(&path(0), flipped.into()).await.unwrap();
+    // Page 1: page 2's object, whole, under page 1's name.
+    let foreign = stored(2).await;
+    store.put(&path(1), foreign.into()).await.unwrap();
+    // Page 3: the page's bytes alone, as format 1 stored them.
+    let unsealed = content::page(&key(3), 1, LEN).to_vec();
+    store.put(&path(3), unsealed.into()).await.unwrap();
+    for tier in [&plain as &dyn StorageTier, &nixl] {
+        let kind = tier.info().kind;
+        for i in [0, 1] {
+            let (r, _) = read(tier, i, LEN).await;
+            assert_eq!(r.unwrap(), Lookup::Miss, "{kind}: page {i}");
+        }
+        let (r, _) = read(tier, 3, LEN).await;
+        assert!(!matches!(r, Ok(Lookup::Hit)), "{kind}: page 3: {r:?}");
+        let (r, buf) = read(tier, 2, LEN).await;
+        assert_eq!(r.unwrap(), Lookup::Hit, "{kind}: page 2");
+        content::verify(&key(2), 1, &buf).unwrap();
+    }
+    assert_eq!(
+        read(&plain, 3, LEN).await.0.unwrap(),
+        Lookup::Miss,
+        "object: a page of format 1 is a miss"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -44,7 +44,7 @@ use objects::{GiveBack, Objects};
 /// Which object a name held when asked: its length and the store's identity of its content.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectId {
-    /// Length in bytes.
+    /// The page length it holds (its bytes less the trailer).
     pub len: u64,
     /// The store's entity tag, if it gives one.
     pub e_tag: Option<String>,
@@ -127,9 +127,11 @@ impl ObjectTier {
                 .location
                 .filename()
                 .and_then(|name| PageKey::from_escaped_name(name, MARKER));
-            if let Some(key) = key {
+            // A private prefix counts page bytes, as its puts do.
+            let page = tier_format::page_len(meta.size);
+            if let (Some(key), Some(len)) = (key, page) {
                 found += 1;
-                let evicted = catalog.insert(&key, meta.size, None);
+                let evicted = catalog.insert(&key, len, None);
                 (0..evicted).for_each(|_| self.objects.stats.eviction());
             }
         }
@@ -137,9 +139,9 @@ impl ObjectTier {
         Ok(found)
     }
 
-    /// For a tier writing these objects another way (NIXL OBJ): records pages it stored, in
-    /// batch order, in the catalog of a tier with a capacity; returns how many the policy
-    /// evicted (deleted by the next [`Self::delete_evicted`]).
+    /// For a tier writing these objects another way (NIXL OBJ): records pages it stored (key
+    /// and page length), in batch order, in the catalog of a tier with a capacity; returns how
+    /// many the policy evicted (deleted by the next [`Self::delete_evicted`]).
     pub fn record_stored<'k>(&self, pages: impl IntoIterator<Item = (&'k PageKey, u64)>) -> usize {
         if let Some(fleet) = &self.objects.fleet {
             fleet.note_written(pages.into_iter().map(|(_, len)| len).sum());

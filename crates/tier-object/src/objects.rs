@@ -161,9 +161,12 @@ impl Objects {
         } else {
             PutMode::Overwrite
         };
+        // The object: the page's bytes, then their trailer (see `tier_format`).
+        let trailer =
+            bytes::Bytes::copy_from_slice(&tier_format::seal(&page.key, page.data.regions()));
         self.bounded("object put", async {
             let result = if page.data.len() > self.config.multipart_threshold {
-                self.put_multipart(&path, &page.data).await
+                self.put_multipart(&path, &page.data, trailer).await
             } else {
                 let opts = PutOptions {
                     mode,
@@ -172,7 +175,9 @@ impl Objects {
                 self.store
                     .put_opts(
                         &path,
-                        PutPayload::from_iter(page.data.shared_regions()),
+                        PutPayload::from_iter(
+                            page.data.shared_regions().into_iter().chain([trailer]),
+                        ),
                         opts,
                     )
                     .await
@@ -188,25 +193,33 @@ impl Objects {
         .await
     }
 
-    /// Uploads a page in parts of [`PART_BYTES`], [`PARTS_AT_ONCE`] at a time. An upload that
-    /// fails, or whose call is dropped (a timeout, a cancelled put), is aborted, so the store
-    /// keeps no parts of it.
+    /// Uploads a page and its `trailer` in parts of [`PART_BYTES`] (the trailer with the last),
+    /// [`PARTS_AT_ONCE`] at a time. An upload that fails, or whose call is dropped (a timeout,
+    /// a cancelled put), is aborted, so the store keeps no parts of it.
     pub(crate) async fn put_multipart(
         &self,
         path: &Path,
         data: &PageData<'_>,
+        trailer: bytes::Bytes,
     ) -> object_store::Result<()> {
         let mut upload = Unfinished(Some(self.store.put_multipart(path).await?));
         let bytes = data.to_bytes();
-        let parts: Vec<_> = (0..bytes.len())
+        let mut parts: Vec<Vec<bytes::Bytes>> = (0..bytes.len())
             .step_by(PART_BYTES)
-            .map(|at| bytes.slice(at..(at + PART_BYTES).min(bytes.len())))
+            .map(|at| vec![bytes.slice(at..(at + PART_BYTES).min(bytes.len()))])
             .collect();
+        match parts.last_mut() {
+            Some(last) => last.push(trailer),
+            None => parts.push(vec![trailer]),
+        }
         let uploaded = async {
             for window in parts.chunks(PARTS_AT_ONCE) {
                 let sent: Vec<_> = window
                     .iter()
-                    .map(|part| Ok(upload.get()?.put_part(PutPayload::from(part.clone()))))
+                    .map(|part| {
+                        let payload = PutPayload::from_iter(part.iter().cloned());
+                        Ok(upload.get()?.put_part(payload))
+                    })
                     .collect::<object_store::Result<_>>()?;
                 futures::future::try_join_all(sent).await?;
             }
@@ -241,7 +254,17 @@ impl Objects {
             })
             .await;
         match fetched {
-            Ok(page) => slot.answer(page.as_deref(), &self.stats),
+            Ok(Some(stored)) => match tier_format::open(&key, &stored) {
+                Ok(page) => slot.answer(Some(page), &self.stats),
+                // Not a whole page of this key: a miss, and counted (a torn or foreign object,
+                // or one of format 1).
+                Err(why) => {
+                    tracing::debug!(key = %key, why, "not a page object");
+                    self.stats.errors(1);
+                    slot.answer(None, &self.stats)
+                }
+            },
+            Ok(None) => slot.answer(None, &self.stats),
             Err(e) => {
                 self.stats.errors(1);
                 Err(e)
@@ -253,7 +276,8 @@ impl Objects {
         Ok(self.stored_len(key).await?.is_some())
     }
 
-    /// The stored length of a key's object (`None`: absent), by one HEAD.
+    /// The page length a key's object holds (`None`: absent, or too short to hold one), by
+    /// one HEAD.
     pub async fn stored_len(&self, key: &PageKey) -> Result<Option<u64>, TierError> {
         Ok(self.object_id(key).await?.map(|id| id.len))
     }
@@ -264,8 +288,8 @@ impl Objects {
         };
         self.bounded("object head", async {
             match self.store.head(&path).await {
-                Ok(meta) => Ok(Some(ObjectId {
-                    len: meta.size,
+                Ok(meta) => Ok(tier_format::page_len(meta.size).map(|len| ObjectId {
+                    len,
                     e_tag: meta.e_tag,
                     version: meta.version,
                     modified: meta.last_modified.timestamp_nanos_opt(),

@@ -222,7 +222,7 @@ impl Fleet {
         // overestimate the next listing corrects), never lost from the count.
         let before = self.usage().since;
         let listed = pages(objects.list().await?);
-        let total: u64 = listed.iter().map(|m| m.size).sum();
+        let total: u64 = listed.iter().map(page_bytes).sum();
         {
             let mut u = self.usage();
             u.listed = total;
@@ -275,7 +275,7 @@ impl Fleet {
             let mut covers = 0;
             while covers < excess && chunk.len() < EVICT_CHUNK {
                 let Some(meta) = candidates.next() else { break };
-                covers += meta.size;
+                covers += page_bytes(meta);
                 chunk.push(meta);
             }
             if !first {
@@ -296,8 +296,10 @@ impl Fleet {
             let unchanged = self.unchanged(objects, &chunk).await;
             self.spared
                 .fetch_add((chunk.len() - unchanged.len()) as u64, Relaxed);
-            let sizes: HashMap<&Path, u64> =
-                unchanged.iter().map(|m| (&m.location, m.size)).collect();
+            let sizes: HashMap<&Path, u64> = unchanged
+                .iter()
+                .map(|m| (&m.location, page_bytes(m)))
+                .collect();
             let deleted = objects
                 .delete_many(unchanged.iter().map(|m| m.location.clone()).collect())
                 .await?;
@@ -478,6 +480,12 @@ fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// The page bytes an object holds, as a prefix's capacity counts them (as its puts do): its
+/// bytes less the trailer.
+fn page_bytes(meta: &object_store::ObjectMeta) -> u64 {
+    tier_format::page_len(meta.size).unwrap_or(meta.size)
 }
 
 fn now_ms() -> u64 {

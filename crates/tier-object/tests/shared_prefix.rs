@@ -20,12 +20,14 @@ fn page(i: usize) -> Page<'static> {
     )
 }
 
+/// The page bytes the objects under `prefix` hold (each less its trailer), as a prefix's
+/// capacity counts them.
 async fn bytes_under(store: &Arc<dyn ObjectStore>, prefix: &str) -> u64 {
     store
         .list(Some(&Path::from(prefix)))
         .filter_map(|m| async move { m.ok() })
         .filter(|m| std::future::ready(!m.location.as_ref().contains("/.")))
-        .map(|m| m.size)
+        .map(|m| m.size - tier_format::TRAILER)
         .fold(0, |a, b| async move { a + b })
         .await
 }

@@ -1,13 +1,7 @@
-//! The page file format (version 2): a page's bytes exactly, then a 32-byte trailer that says
-//! what they are, so a file carries its own proof on every filesystem (no extended attributes,
-//! which NFSv3, 3FS and EFS lack). The page's bytes start at offset 0, so a transfer moves them
-//! in place; the trailer is written after them to the temp file, before the rename.
-//!
-//! Trailer, little-endian: `KVTP` magic (4), format version (1), flags (1: bit 0 = the page's
-//! CRC-32C is present), zero (2), page length (8), the key's route hash (8, see
-//! [`route_hash`]), the page's CRC-32C (4), the CRC-32C of the trailer's first 28 bytes (4).
-//! A file whose trailer is missing, torn, of another version, another key or another length
-//! is not a page: a miss, never a hit.
+//! Page files in the stored format of [`tier_format`] (a page's bytes, then a 32-byte trailer
+//! that says what they are), so a file carries its own proof on every filesystem (no extended
+//! attributes, which NFSv3, 3FS and EFS lack). The trailer is written after the page's bytes to
+//! the temp file, before the rename.
 //!
 //! Each storage folder holds [`MARKER`], naming the format of its pages. A folder with pages
 //! but no marker holds pages of format 1 (checksums in `user.kvtier.crc32c`): opening it is
@@ -21,74 +15,14 @@ use std::time::{Duration, Instant};
 
 use tier_core::{PageKey, TierError};
 
-use super::checksum;
-use super::layout::{route_hash, BUCKETS};
+use super::layout::BUCKETS;
 use super::perms::{nonce, FolderMode};
 
-/// Bytes a page file holds beyond its page.
-pub const TRAILER: u64 = 32;
-/// The format this build writes and reads.
-pub const VERSION: u8 = 2;
+use tier_format::{decode, encode};
+pub use tier_format::{page_len, sealed_len as file_len, Trailer, TRAILER, VERSION};
+
 /// The file in each storage folder naming its pages' format.
 pub const MARKER: &str = ".kvtier.format";
-
-const MAGIC: [u8; 4] = *b"KVTP";
-const HAS_CRC: u8 = 1;
-
-/// The file length of a page of `page_len` bytes.
-pub fn file_len(page_len: usize) -> u64 {
-    page_len as u64 + TRAILER
-}
-
-/// The page length a file of `file_len` bytes holds, if it can hold one.
-pub fn page_len(file_len: u64) -> Option<u64> {
-    file_len.checked_sub(TRAILER)
-}
-
-/// The trailer of `key`'s page of `page_len` bytes, with its CRC-32C if taken.
-fn encode(key: &PageKey, page_len: u64, crc: Option<u32>) -> [u8; TRAILER as usize] {
-    let mut t = [0u8; TRAILER as usize];
-    t[0..4].copy_from_slice(&MAGIC);
-    t[4] = VERSION;
-    t[5] = if crc.is_some() { HAS_CRC } else { 0 };
-    t[8..16].copy_from_slice(&page_len.to_le_bytes());
-    t[16..24].copy_from_slice(&route_hash(key.as_str().as_bytes()).to_le_bytes());
-    t[24..28].copy_from_slice(&crc.unwrap_or(0).to_le_bytes());
-    let own = checksum::of([&t[..28]]);
-    t[28..32].copy_from_slice(&own.to_le_bytes());
-    t
-}
-
-/// What a file's last [`TRAILER`] bytes say of it, read as `key`'s page in a file of
-/// `file_len` bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Trailer {
-    /// A whole page of `key`: its CRC-32C, if it was written with one.
-    Page(Option<u32>),
-    /// Not a page of this format for this key (why).
-    Not(&'static str),
-}
-
-fn decode(t: &[u8; TRAILER as usize], key: &PageKey, file_len: u64) -> Trailer {
-    let word = |at: usize| u32::from_le_bytes(t[at..at + 4].try_into().expect("4 bytes"));
-    let long = |at: usize| u64::from_le_bytes(t[at..at + 8].try_into().expect("8 bytes"));
-    if t[0..4] != MAGIC {
-        return Trailer::Not("no page trailer (a torn or foreign file, or format 1)");
-    }
-    if word(28) != checksum::of([&t[..28]]) {
-        return Trailer::Not("the trailer's own checksum does not match");
-    }
-    if t[4] != VERSION {
-        return Trailer::Not("a page of another format version");
-    }
-    if Some(long(8)) != page_len(file_len) {
-        return Trailer::Not("the file's length is not the page's");
-    }
-    if long(16) != route_hash(key.as_str().as_bytes()) {
-        return Trailer::Not("the page of another key");
-    }
-    Trailer::Page((t[5] & HAS_CRC != 0).then(|| word(24)))
-}
 
 /// Appends the trailer of `key`'s `page_len` bytes to the temp file at `path`, which holds
 /// them; synced to the disk if `sync`.
@@ -247,30 +181,6 @@ mod tests {
 
     fn key(s: &str) -> PageKey {
         PageKey::new(s).unwrap()
-    }
-
-    #[test]
-    fn a_trailer_reads_back_only_as_its_own_page() {
-        let t = encode(&key("a"), 10, Some(7));
-        assert_eq!(decode(&t, &key("a"), 42), Trailer::Page(Some(7)));
-        assert_eq!(
-            decode(&encode(&key("a"), 10, None), &key("a"), 42),
-            Trailer::Page(None)
-        );
-        assert!(matches!(decode(&t, &key("b"), 42), Trailer::Not(_)));
-        assert!(matches!(decode(&t, &key("a"), 43), Trailer::Not(_)));
-        for byte in 0..TRAILER as usize {
-            let mut torn = t;
-            torn[byte] ^= 0x10;
-            assert!(
-                matches!(decode(&torn, &key("a"), 42), Trailer::Not(_)),
-                "a flip in byte {byte} went unseen"
-            );
-        }
-        assert!(matches!(
-            decode(&[0; TRAILER as usize], &key("a"), 42),
-            Trailer::Not(_)
-        ));
     }
 
     #[test]

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tier_core::{PageKey, TierError};
 
 use super::perms::{nonce, FolderMode};
+pub use tier_format::route_hash;
 
 /// Bucket folders per storage folder.
 pub const BUCKETS: usize = 256;
@@ -368,17 +369,6 @@ pub fn bucket_name(b: usize) -> String {
     format!("{b:02x}")
 }
 
-/// The stable routing hash (part of the on-disk format).
-pub fn route_hash(bytes: &[u8]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for b in bytes {
-        h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
-    }
-    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^ (h >> 31)
-}
-
 fn encode(key: &PageKey) -> String {
     key.escaped_name('%')
 }
@@ -411,12 +401,5 @@ mod tests {
         }
         assert_eq!(decode("%zz"), None);
         assert_eq!(decode("%41"), None, "non-canonical escape is not ours");
-    }
-
-    #[test]
-    fn routing_is_stable() {
-        // Part of the on-disk format: these values must never change.
-        assert_eq!(route_hash(b"abc"), 0x0dd4_9049_0804_b508);
-        assert_eq!(route_hash(&[b'f'; 64]), 0x8ccb_da23_24a3_634f);
     }
 }

@@ -123,10 +123,11 @@ impl NixlObjConfig {
         if !(1..=1024).contains(&self.concurrency) {
             return Err(TierError::config("concurrency", "must be 1 to 1024"));
         }
-        if !(1..=MAX_OBJECT).contains(&self.max_page_bytes) {
+        if !(1..=MAX_OBJECT - tier_format::TRAILER as usize).contains(&self.max_page_bytes) {
             return Err(TierError::config(
                 "max_page",
-                "must be 1 byte to 5 GiB (the largest single S3 PUT)",
+                "must be 1 byte to 5 GiB less the page's 32-byte trailer (the largest single \
+                 S3 PUT)",
             ));
         }
         if self.transfer_timeout.is_zero() {

@@ -32,7 +32,7 @@ mod tests;
 mod transfer;
 
 pub use config::{NixlObjConfig, RequestChecksum};
-use transfer::{holds_tagged, OBJ_READ_ATTEMPTS};
+use transfer::OBJ_READ_ATTEMPTS;
 
 /// A shared page tier on S3-compatible object storage, data moved by NIXL OBJ.
 pub struct NixlObjTier {
@@ -158,8 +158,8 @@ impl StorageTier for NixlObjTier {
                 Ok(object) => {
                     positions.push(i);
                     // Owned by the transfer (a timed-out OBJ transfer may outlive this call):
-                    // lent or multi-region pages are gathered into one buffer here.
-                    writes.push((page.key.clone(), object.to_string(), page.data.to_bytes()));
+                    // the page and its trailer (see `tier_format`) gathered into one buffer.
+                    writes.push((page.key.clone(), object.to_string(), sealed(page)));
                 }
             }
         }
@@ -176,7 +176,7 @@ impl StorageTier for NixlObjTier {
                     .iter()
                     .zip(&written)
                     .filter(|(_, r)| r.is_ok())
-                    .map(|((key, _, data), _)| (key, data.len() as u64));
+                    .map(|((key, _, data), _)| (key, data.len() as u64 - tier_format::TRAILER));
                 let evicted = job_shared.control.record_stored(stored);
                 (0..evicted).for_each(|_| job_shared.stats.eviction());
                 drop(turn);
@@ -238,10 +238,10 @@ impl StorageTier for NixlObjTier {
                 },
             }
         }
-        // NIXL reads a range of whatever the name holds when its request arrives: a read is
-        // whole only if the object is the same one after it as before it. One replaced while
-        // it was read is read again (a few times); one removed, or replaced every time, is a
-        // miss: what arrived may mix two objects.
+        // NIXL reads a range of whatever the name holds when its request arrives: what arrived
+        // may mix two objects. The trailer tells: bytes that open as one whole page of the key
+        // are a hit. Others, of an object replaced while it was read, are read again (a few
+        // times); of one unchanged, removed, or replaced every time, a miss.
         for attempt in 1..=OBJ_READ_ATTEMPTS {
             if reads.is_empty() {
                 break;
@@ -259,25 +259,25 @@ impl StorageTier for NixlObjTier {
                 .collect();
             let outcome = run_blocking(|| shared.read_pages(&objects, &mut bufs));
             drop(bufs);
-            let read_keys: Vec<PageKey> = reads.iter().map(|(_, k, _, _)| k.clone()).collect();
-            let after = shared.control.object_ids(&read_keys).await;
+            // Only reads not proven whole ask the store again.
+            let doubtful: Vec<PageKey> = reads
+                .iter()
+                .zip(&outcome)
+                .filter(|(_, r)| !matches!(r, Ok(true)))
+                .map(|((_, k, _, _), _)| k.clone())
+                .collect();
+            let mut after = shared.control.object_ids(&doubtful).await.into_iter();
             let mut again = Vec::new();
-            for ((i, key, object, before), (r, after)) in
-                reads.into_iter().zip(outcome.into_iter().zip(after))
-            {
+            for ((i, key, object, before), r) in reads.into_iter().zip(outcome) {
+                if matches!(r, Ok(true)) {
+                    results[i] = Some(Ok(Lookup::Hit));
+                    continue;
+                }
+                let after = after.next().expect("an answer per doubtful read");
                 results[i] = Some(match (r, after) {
-                    // Overwritten while read, yet the bytes are one whole version: the one
-                    // whose content hash the store gave as its entity tag.
-                    (Ok(()), Ok(Some(now)))
-                        if now != before
-                            && now.len == before.len
-                            && holds_tagged(&slots[i].buf.to_vec(), [&before, &now]) =>
-                    {
-                        Ok(Lookup::Hit)
-                    }
-                    // Overwritten while read (or a transfer failed on an object that did
-                    // not change: S3 clients retry those too; not one that timed out, which
-                    // keeps its memory for good): read it again.
+                    // Replaced while read (or a transfer failed on an object that did not
+                    // change: S3 clients retry those too; not one that timed out, which keeps
+                    // its memory for good): read it again.
                     (r, Ok(Some(now)))
                         if (now != before
                             || matches!(r, Err(ref e) if !matches!(e, TierError::Timeout { .. })))
@@ -287,9 +287,15 @@ impl StorageTier for NixlObjTier {
                         again.push((i, key, object, now));
                         continue;
                     }
-                    (_, Ok(after)) if after.as_ref() != Some(&before) => Ok(Lookup::Miss),
-                    (Ok(()), Ok(_)) => Ok(Lookup::Hit),
-                    (Ok(()), Err(e)) | (Err(e), _) => Err(e),
+                    // Unchanged, yet not a whole page of the key (torn, foreign, of format 1):
+                    // a miss, and counted.
+                    (Ok(false), Ok(Some(now))) if now == before => {
+                        shared.stats.errors(1);
+                        Ok(Lookup::Miss)
+                    }
+                    (Ok(_), _) => Ok(Lookup::Miss),
+                    (Err(_), Ok(after)) if after.as_ref() != Some(&before) => Ok(Lookup::Miss),
+                    (Err(e), _) => Err(e),
                 });
             }
             reads = again;
@@ -336,4 +342,14 @@ impl StorageTier for NixlObjTier {
     async fn clear(&self) -> Result<(), TierError> {
         self.shared.control.clear().await
     }
+}
+
+/// `page`'s bytes then their trailer, in one buffer: the object a put writes.
+fn sealed(page: &Page<'_>) -> tier_core::Bytes {
+    let mut bytes = Vec::with_capacity(tier_format::sealed_len(page.data.len()) as usize);
+    for region in page.data.regions() {
+        bytes.extend_from_slice(region);
+    }
+    bytes.extend_from_slice(&tier_format::seal(&page.key, page.data.regions()));
+    bytes.into()
 }

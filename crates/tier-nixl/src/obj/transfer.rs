@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tier_core::{Bytes, PageBuf, PageKey, TierError};
-use tier_object::ObjectId;
 
 use super::Shared;
 use crate::batch::{send_pages, BatchOutcome};
@@ -19,19 +18,6 @@ pub(super) const MAX_OBJECT: usize = 5 << 30;
 /// between them (2 to 32 ms) about 0.4 s: writers busy on one key under a loaded machine
 /// outlasted eight.
 pub(super) const OBJ_READ_ATTEMPTS: u32 = 16;
-
-/// Whether `bytes` are the content one of `ids` names: their MD5 is its entity tag (what S3
-/// and compatible stores give for an object written by one PUT).
-pub(super) fn holds_tagged(bytes: &[u8], ids: [&ObjectId; 2]) -> bool {
-    use md5::{Digest, Md5};
-    let digest = Md5::digest(bytes);
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    ids.iter().any(|id| {
-        id.e_tag
-            .as_deref()
-            .is_some_and(|tag| tag.trim_matches('"').eq_ignore_ascii_case(&hex))
-    })
-}
 
 /// One page to move: its object, its length, and the DRAM address of its bytes.
 pub(super) struct ObjXfer {
@@ -167,20 +153,23 @@ impl Shared {
         outcome.results
     }
 
-    /// Reads objects into a registered buffer of the batch's own, then copies each page read to
-    /// its caller's buffer. A transfer that timed out may still write into that buffer later:
-    /// it keeps the buffer for good, and the caller's memory is never at risk.
+    /// Reads objects (page and trailer) into a registered buffer of the batch's own, then
+    /// copies each page read whole to its caller's buffer: `Ok(true)`; `Ok(false)` when the
+    /// bytes read are not one whole page of the key (see `tier_format`: overwritten while read,
+    /// torn, foreign, of format 1), its buffer then left as it was. A transfer that timed out
+    /// may still write into that buffer later: it keeps the buffer for good, and the caller's
+    /// memory is never at risk.
     pub(super) fn read_pages(
         &self,
         reads: &[(PageKey, String)],
         bufs: &mut [&mut PageBuf<'_>],
-    ) -> Vec<Result<(), TierError>> {
+    ) -> Vec<Result<bool, TierError>> {
         let backend = self.lane();
         let mut offsets = Vec::with_capacity(bufs.len());
         let mut total = 0;
         for buf in bufs.iter() {
             offsets.push(total);
-            total += buf.len();
+            total += tier_format::sealed_len(buf.len()) as usize;
         }
         let staging = vec![0u8; total.max(1)].into_boxed_slice();
         let base = staging.as_ptr() as usize;
@@ -201,7 +190,7 @@ impl Shared {
             .map(|((key, object), (buf, &off))| ObjXfer {
                 key: key.clone(),
                 object: object.clone(),
-                len: buf.len(),
+                len: tier_format::sealed_len(buf.len()) as usize,
                 local: base + off,
             })
             .collect();
@@ -210,13 +199,24 @@ impl Shared {
         let outcome = self.move_all(backend, XferOp::Read, &items, &held.seal());
         // Each page read has settled; pages whose transfer did not are errors, not copied.
         let bytes = staging.memory();
-        for ((buf, &off), r) in bufs.iter_mut().zip(&offsets).zip(&outcome.results) {
-            if r.is_ok() {
-                let len = buf.len();
-                buf.fill_from(&bytes[off..off + len]);
-            }
-        }
-        outcome.results
+        let results = bufs.iter_mut().zip(reads).zip(&offsets);
+        results
+            .zip(outcome.results)
+            .map(|(((buf, (key, _)), &off), r)| {
+                r?;
+                let stored = &bytes[off..off + tier_format::sealed_len(buf.len()) as usize];
+                match tier_format::open(key, stored) {
+                    Ok(page) => {
+                        buf.fill_from(page);
+                        Ok(true)
+                    }
+                    Err(why) => {
+                        tracing::debug!(key = %key, why, "not a whole page object");
+                        Ok(false)
+                    }
+                }
+            })
+            .collect()
     }
 }
 

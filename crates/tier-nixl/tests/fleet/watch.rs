@@ -228,7 +228,8 @@ pub async fn verify_all(tier: &dyn StorageTier, workers: u64, own_per_worker: u6
     found
 }
 
-/// Bytes of the page objects under the shared prefix, read from the S3 server's data folder.
+/// Page bytes of the objects under the shared prefix (each less its trailer, as the capacity
+/// counts them), read from the S3 server's data folder.
 pub fn prefix_bytes(prefix_dir: &Path) -> u64 {
     let Ok(files) = std::fs::read_dir(prefix_dir) else {
         return 0;
@@ -238,7 +239,7 @@ pub fn prefix_bytes(prefix_dir: &Path) -> u64 {
         .filter(|f| !f.file_name().to_string_lossy().starts_with('.'))
         .filter_map(|f| f.metadata().ok())
         .filter(|m| m.is_file())
-        .map(|m| m.len())
+        .map(|m| m.len().saturating_sub(tier_format::TRAILER))
         .sum()
 }
 
