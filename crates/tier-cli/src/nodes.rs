@@ -45,6 +45,8 @@ pub struct Instance {
     pub blocks_requested: u64,
     pub private_reused: u64,
     pub shared_reused: u64,
+    /// Of the shared run's reused blocks, those another instance stored.
+    pub shared_reused_from_others: u64,
 }
 
 /// The report, for `--json`.
@@ -61,6 +63,8 @@ pub struct NodesReport {
     pub shared_reuse: f64,
     /// Shared reuse over private reuse.
     pub gain: f64,
+    /// Of the blocks the shared run reused, the percentage another instance stored.
+    pub shared_from_others: f64,
 }
 
 /// Deals `requests` to `nodes` instances by `route`.
@@ -121,12 +125,21 @@ fn write_trace(path: &Path, requests: &[Request]) -> Result<(), String> {
 
 /// Runs every instance's replay at once, each in a process of its own; returns each one's
 /// blocks requested and reused.
+/// What one instance's replay reported.
+#[derive(Debug, Default, Clone, Copy)]
+struct Reuse {
+    requested: u64,
+    reused: u64,
+    /// Reused blocks it never stored itself.
+    from_others: u64,
+}
+
 fn run_instances(
     fleet: &Fleet,
     root: &Path,
     parts: &[PathBuf],
     shared: bool,
-) -> Result<Vec<(u64, u64)>, String> {
+) -> Result<Vec<Reuse>, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find kvtier itself: {e}"))?;
     let label = if shared { "shared" } else { "private" };
     let mut children = Vec::new();
@@ -158,7 +171,7 @@ fn run_instances(
     let mut out = Vec::new();
     for (node, running) in children.into_iter().enumerate() {
         let Some((child, json)) = running else {
-            out.push((0, 0));
+            out.push(Reuse::default());
             continue;
         };
         let done = child
@@ -183,7 +196,11 @@ fn run_instances(
                 field("errors")
             ));
         }
-        out.push((field("blocks_requested"), field("blocks_reused")));
+        out.push(Reuse {
+            requested: field("blocks_requested"),
+            reused: field("blocks_reused"),
+            from_others: field("blocks_reused_from_others"),
+        });
     }
     Ok(out)
 }
@@ -226,17 +243,26 @@ pub fn run(requests: &[Request], fleet: Fleet) -> Result<NodesReport, String> {
     let instances: Vec<Instance> = parts
         .iter()
         .zip(private.iter().zip(&shared))
-        .map(|(part, (&(requested, p), &(_, s)))| Instance {
+        .map(|(part, (p, s))| Instance {
             requests: part.len(),
-            blocks_requested: requested,
-            private_reused: p,
-            shared_reused: s,
+            blocks_requested: p.requested,
+            private_reused: p.reused,
+            shared_reused: s.reused,
+            shared_reused_from_others: s.from_others,
         })
         .collect();
+    let private_from_others: u64 = private.iter().map(|p| p.from_others).sum();
+    if private_from_others > 0 {
+        return Err(format!(
+            "instances over private folders reused {private_from_others} blocks they never stored"
+        ));
+    }
     let requested: u64 = instances.iter().map(|i| i.blocks_requested).sum();
     let pct = |reused: u64| 100.0 * reused as f64 / requested.max(1) as f64;
     let private_reuse = pct(instances.iter().map(|i| i.private_reused).sum());
-    let shared_reuse = pct(instances.iter().map(|i| i.shared_reused).sum());
+    let shared_reused: u64 = instances.iter().map(|i| i.shared_reused).sum();
+    let shared_reuse = pct(shared_reused);
+    let from_others: u64 = instances.iter().map(|i| i.shared_reused_from_others).sum();
     let report = NodesReport {
         nodes: fleet.nodes,
         route: fleet.route,
@@ -247,6 +273,7 @@ pub fn run(requests: &[Request], fleet: Fleet) -> Result<NodesReport, String> {
         instances,
         private_reuse,
         shared_reuse,
+        shared_from_others: 100.0 * from_others as f64 / shared_reused.max(1) as f64,
     };
     print!("{}", render(&report, private_secs, shared_secs));
     Ok(report)
@@ -262,13 +289,14 @@ fn render(r: &NodesReport, private_secs: f64, shared_secs: f64) -> String {
         r.nodes, r.top_pages, r.lower_pages, r.page_bytes
     );
     out.push_str(&format!(
-        "{:>8} {:>9} {:>10} {:>14} {:>13}\n",
-        "instance", "requests", "blocks", "private reuse", "shared reuse"
+        "{:>8} {:>9} {:>10} {:>14} {:>13} {:>16}\n",
+        "instance", "requests", "blocks", "private reuse", "shared reuse", "of it, others'"
     ));
     for (n, i) in r.instances.iter().enumerate() {
         let pct = |x: u64| 100.0 * x as f64 / i.blocks_requested.max(1) as f64;
+        let others = 100.0 * i.shared_reused_from_others as f64 / i.shared_reused.max(1) as f64;
         out.push_str(&format!(
-            "{n:>8} {:>9} {:>10} {:>13.2}% {:>12.2}%\n",
+            "{n:>8} {:>9} {:>10} {:>13.2}% {:>12.2}% {others:>15.2}%\n",
             i.requests,
             i.blocks_requested,
             pct(i.private_reused),
@@ -276,14 +304,16 @@ fn render(r: &NodesReport, private_secs: f64, shared_secs: f64) -> String {
         ));
     }
     out.push_str(&format!(
-        "{:>8} {:>9} {:>10} {:>13.2}% {:>12.2}%\n\nsharing one lower tier reuses {:.2}x the blocks of private lower tiers of the same total size \
-         (private run {private_secs:.1} s, shared run {shared_secs:.1} s)\n",
+        "{:>8} {:>9} {:>10} {:>13.2}% {:>12.2}% {:>15.2}%\n\nsharing one lower tier reuses {:.2}x the blocks of private lower tiers of the same total size \
+         (private run {private_secs:.1} s, shared run {shared_secs:.1} s); {:.2}% of the blocks the shared run reused were stored by another instance\n",
         "all",
         r.instances.iter().map(|i| i.requests).sum::<usize>(),
         r.instances.iter().map(|i| i.blocks_requested).sum::<u64>(),
         r.private_reuse,
         r.shared_reuse,
-        r.gain
+        r.shared_from_others,
+        r.gain,
+        r.shared_from_others
     ));
     out
 }

@@ -1,6 +1,7 @@
 //! Driving a trace through a hierarchy: per request, `exists` on its blocks, `get` the
 //! reusable prefix, `put` the rest; then the report.
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use tier_core::{Bytes, Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
@@ -28,6 +29,9 @@ pub struct Report {
     pub tier_curves: Vec<(String, Curve)>,
     /// Errors seen (puts or gets that failed).
     pub errors: u64,
+    /// Reused blocks this process never stored: another process stored them in a tier they
+    /// share.
+    pub reused_from_others: u64,
 }
 
 /// The key of block `id`.
@@ -60,6 +64,8 @@ pub async fn replay(
     let mut latencies = Vec::with_capacity(trace.len());
     let mut curve = Vec::with_capacity(trace.len());
     let mut bufs: Vec<Vec<u8>> = Vec::new();
+    let mut stored_here = HashSet::new();
+    let mut reused_from_others = 0;
     let served = |h: &Hierarchy| -> Vec<u64> {
         h.hierarchy_stats()
             .levels
@@ -104,17 +110,20 @@ pub async fn replay(
             }
         }
         drop(slots);
+        let others = request.hash_ids[..reused].iter();
+        reused_from_others += others.filter(|id| !stored_here.contains(*id)).count() as u64;
         let pages: Vec<Page<'static>> = keys[reused..]
             .iter()
             .zip(&request.hash_ids[reused..])
             .map(|(k, id)| Page::new(k.clone(), content(*id, page_bytes)))
             .collect();
-        errors += hierarchy
-            .put(&pages)
-            .await
-            .iter()
-            .filter(|r| r.is_err())
-            .count() as u64;
+        let put = hierarchy.put(&pages).await;
+        for (id, r) in request.hash_ids[reused..].iter().zip(&put) {
+            match r {
+                Ok(()) => drop(stored_here.insert(*id)),
+                Err(_) => errors += 1,
+            }
+        }
         ratio.reused += reused as u64;
         ratio.requested += keys.len() as u64;
         latencies.push(t.elapsed());
@@ -139,6 +148,7 @@ pub async fn replay(
         curve,
         tier_curves,
         errors,
+        reused_from_others,
     })
 }
 
@@ -247,6 +257,8 @@ pub struct Summary {
     pub requests: usize,
     pub blocks_requested: u64,
     pub blocks_reused: u64,
+    /// Reused blocks another process stored (in a tier they share).
+    pub blocks_reused_from_others: u64,
     pub prefix_hit_ratio: f64,
     pub corrupt: u64,
     pub errors: u64,
@@ -277,6 +289,7 @@ pub fn summary(hierarchy: &Hierarchy, report: &Report, page_bytes: usize) -> Sum
         requests: report.requests,
         blocks_requested: report.ratio.requested,
         blocks_reused: report.ratio.reused,
+        blocks_reused_from_others: report.reused_from_others,
         prefix_hit_ratio: report.ratio.value(),
         corrupt: report.corrupt,
         errors: report.errors,

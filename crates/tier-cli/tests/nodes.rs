@@ -45,7 +45,16 @@ fn two_instances_reuse_more_over_a_shared_folder_than_over_private_ones() {
             let reused = i[run].as_u64().unwrap();
             assert!(reused > 0 && reused <= requested, "{run}: {i}");
         }
+        // Each instance reused pages the other stored, which only a shared folder offers (a
+        // private run reusing any is refused by the replay itself).
+        let from_others = i["shared_reused_from_others"].as_u64().unwrap();
+        assert!(
+            from_others > 0 && from_others <= i["shared_reused"].as_u64().unwrap(),
+            "{i}"
+        );
     }
+    let others = report["shared_from_others"].as_f64().unwrap();
+    assert!(others > 0.0 && others < 100.0, "{others}");
     let (private, shared) = (
         report["private_reuse"].as_f64().unwrap(),
         report["shared_reuse"].as_f64().unwrap(),
