@@ -7,7 +7,10 @@
 //! rounds: listing and `stat`ing every page file once (what an open that reads every page's
 //! metadata pays before its first call). Also the resident memory per page held, owner and
 //! sharer (first round: the process's RSS once the open's background work is done, less
-//! before the open) and `exists` latency once loaded (p50/p99, one key per call).
+//! before the open) and `exists` latency once loaded (p50/p99, one key per call). Last, the
+//! full folder given a capacity a little above what it holds, owner and sharer: single-page
+//! puts timed, those during which the tier evicted apart from those it did not (p50/p99), and
+//! the folder's bytes at the end against its capacity (listed and summed).
 //!
 //! `cargo bench -p tier-nixl --bench open_scale` (pages: `$KVTIER_BENCH_PAGES`, default 100000;
 //! rounds: `$KVTIER_BENCH_ROUNDS`, default 3).
@@ -16,7 +19,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tier_core::{Page, PageKey, StorageTier};
-use tier_nixl::{FileAccess, FileEngine, NixlFileConfig, NixlFileTier};
+use tier_nixl::{FileAccess, FileEngine, NixlFileConfig, NixlFileTier, PAGE_TRAILER};
 
 const PAGE: usize = 4096;
 const BATCH: usize = 1024;
@@ -67,6 +70,71 @@ fn list_and_stat(dir: &Path) -> usize {
         }
     }
     n
+}
+
+/// The bytes of every page file in `dir` and the files counted.
+fn folder_bytes(dir: &Path) -> (u64, usize) {
+    let (mut bytes, mut n) = (0, 0);
+    for bucket in std::fs::read_dir(dir).unwrap().flatten() {
+        if !bucket.path().is_dir() {
+            continue;
+        }
+        for entry in std::fs::read_dir(bucket.path()).unwrap().flatten() {
+            if let Some(m) = entry.metadata().ok().filter(|m| m.is_file()) {
+                bytes += m.len();
+                n += 1;
+            }
+        }
+    }
+    (bytes, n)
+}
+
+/// Puts `extra` single pages, from key `next` on, into the full folder `dir` (of `n` pages)
+/// opened for `access` with room for `n + extra / 2` pages: the first half fits, the second
+/// evicts. Prints the latency of the puts during which the tier evicted and of the others, and
+/// the folder's bytes at the end against the capacity.
+async fn puts_at_capacity(dir: &Path, access: FileAccess, n: usize, next: usize, extra: usize) {
+    let mut config = config(dir, access);
+    // An owner counts pages' bytes; shared folders count files' (page and trailer).
+    let per_page = match access {
+        FileAccess::Shared => (PAGE + PAGE_TRAILER as usize) as u64,
+        _ => PAGE as u64,
+    };
+    let capacity = (n + extra / 2) as u64 * per_page;
+    config.capacity_bytes = Some(capacity);
+    let tier = NixlFileTier::open(config).await.unwrap();
+    tier.opened().await;
+    let (mut evicting, mut plain) = (Vec::new(), Vec::new());
+    for i in next..next + extra {
+        let page = [Page::new(key(i), vec![i as u8; PAGE])];
+        let before = tier.stats().evictions;
+        let started = Instant::now();
+        assert!(tier.put(&page).await.iter().all(Result::is_ok));
+        let took = started.elapsed().as_secs_f64() * 1e3;
+        match tier.stats().evictions > before {
+            true => evicting.push(took),
+            false => plain.push(took),
+        }
+    }
+    drop(tier);
+    let (bytes, files) = folder_bytes(dir);
+    let ms = |v: &[f64], p: f64| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:.2}", percentile(v.to_vec(), p))
+        }
+    };
+    println!(
+        "| {access:?} | {} | {} / {} ms | {} | {} / {} ms | {:.4} | {files} |",
+        plain.len(),
+        ms(&plain, 0.5),
+        ms(&plain, 0.99),
+        evicting.len(),
+        ms(&evicting, 0.5),
+        ms(&evicting, 0.99),
+        bytes as f64 / capacity as f64,
+    );
 }
 
 /// Opens `dir` for `access`: seconds until `open` returned, the first call was answered, and
@@ -178,4 +246,18 @@ async fn main() {
             percentile(lat, 0.99)
         );
     }
+
+    let extra = (n / 20).clamp(1_000, 20_000);
+    println!(
+        "\n{extra} single-page puts into the full folder given room for {} pages more: \
+         the first half fits, the second evicts\n",
+        extra / 2
+    );
+    println!("| access | puts without eviction | p50 / p99 | puts that evicted | p50 / p99 | folder bytes / capacity at the end | page files |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    // Each access starts from the folder as the one before left it: n pages, any over the
+    // capacity evicted by the owner first.
+    puts_at_capacity(&dir, FileAccess::Owner, n, n, extra).await;
+    let (_, held) = folder_bytes(&dir);
+    puts_at_capacity(&dir, FileAccess::Shared, held, n + extra, extra).await;
 }

@@ -315,6 +315,19 @@ impl StorageTier for NixlFileTier {
         })
     }
 
+    /// Shared folders: waits for an eviction this process runs beside its puts, and evicts
+    /// if they are over their capacity, so a process that flushes before it exits leaves
+    /// none cut short. Otherwise nothing to wait for (a put returns once its pages landed).
+    async fn flush(&self) -> Result<(), TierError> {
+        if self.shared.config.access != FileAccess::Shared {
+            return Ok(());
+        }
+        let shared = Arc::clone(&self.shared);
+        tokio::task::spawn_blocking(move || shared.catalog.settle())
+            .await
+            .map_err(|e| TierError::Unavailable(format!("flush task failed: {e}")))?
+    }
+
     async fn clear(&self) -> Result<(), TierError> {
         if self.shared.config.access == FileAccess::Shared {
             // Every key's turn, held to the end even if this call is dropped: a later put or

@@ -17,11 +17,11 @@ mod tests;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tier_core::{PageKey, TierError};
 
-use super::fleet::{Fleet, FleetStats};
+use super::fleet::{Fleet, FleetStats, Room};
 use super::index::{Loaded, PageIndex};
 use super::io::Xfer;
 use super::layout::{FileStamp, Layout};
@@ -29,7 +29,7 @@ use crate::batch::BatchOutcome;
 
 /// The pages of one FILE tier: its folders' layout and what knows which pages they hold.
 pub(super) struct Catalog {
-    layout: Layout,
+    layout: Arc<Layout>,
     keeper: Keeper,
 }
 
@@ -40,7 +40,7 @@ enum Keeper {
     /// The files, which another process writes.
     Reader,
     /// The files, which this and other processes write.
-    Sharer(Fleet),
+    Sharer(Arc<Fleet>),
 }
 
 /// A stored page, as a read plans with it.
@@ -78,7 +78,7 @@ impl Catalog {
     pub fn owned(layout: Layout, mut index: PageIndex) -> Self {
         index.begin_loading();
         Catalog {
-            layout,
+            layout: Arc::new(layout),
             keeper: Keeper::Owner(Mutex::new(index)),
         }
     }
@@ -108,7 +108,7 @@ impl Catalog {
     /// The catalog of folders another process owns.
     pub fn read_only(layout: Layout) -> Self {
         Catalog {
-            layout,
+            layout: Arc::new(layout),
             keeper: Keeper::Reader,
         }
     }
@@ -116,8 +116,8 @@ impl Catalog {
     /// The catalog of folders shared with other processes, kept by `fleet`.
     pub fn shared(layout: Layout, fleet: Fleet) -> Self {
         Catalog {
-            layout,
-            keeper: Keeper::Sharer(fleet),
+            layout: Arc::new(layout),
+            keeper: Keeper::Sharer(Arc::new(fleet)),
         }
     }
 
@@ -349,10 +349,45 @@ impl Catalog {
     }
 
     /// Makes room in shared folders for `bytes` about to be written (see
-    /// [`Fleet::make_room`]); nothing to do for an owner, which evicts after it writes.
+    /// [`Fleet::make_room`]), or starts an eviction beside the write; nothing to do for an
+    /// owner, which evicts after it writes.
     pub fn make_room(&self, bytes: u64) -> Result<(), TierError> {
+        let Some(fleet) = self.fleet() else {
+            return Ok(());
+        };
+        if fleet.make_room(&self.layout, bytes)? == Room::EvictBeside {
+            self.evict_beside();
+        }
+        Ok(())
+    }
+
+    /// Starts an eviction of shared folders on a thread of its own, unless one of this
+    /// process runs already (see [`Fleet::evict_beside`]).
+    fn evict_beside(&self) {
+        let Keeper::Sharer(fleet) = &self.keeper else {
+            return;
+        };
+        if !fleet.begin_beside() {
+            return;
+        }
+        let (fleet, layout) = (Arc::clone(fleet), Arc::clone(&self.layout));
+        let spawned = std::thread::Builder::new()
+            .name("kvtier-evict".into())
+            .spawn({
+                let fleet = Arc::clone(&fleet);
+                move || fleet.evict_beside(&layout)
+            });
+        if let Err(e) = spawned {
+            fleet.end_beside();
+            tracing::warn!(error = %e, "cannot start an eviction of the shared folders");
+        }
+    }
+
+    /// Waits for an eviction of shared folders under way in this process, then evicts if they
+    /// are over their capacity (a flush: nothing left to the background).
+    pub fn settle(&self) -> Result<(), TierError> {
         match self.fleet() {
-            Some(fleet) => fleet.make_room(&self.layout, bytes),
+            Some(fleet) => fleet.settle_now(&self.layout),
             None => Ok(()),
         }
     }
@@ -397,7 +432,10 @@ impl Catalog {
         }
         if let Some(fleet) = self.fleet() {
             fleet.count(landed);
-            fleet.settle_landing(&self.layout);
+            // Writes in flight together may take the folders over: each made room for itself.
+            if fleet.over_capacity() {
+                self.evict_beside();
+            }
         }
         let Some(index) = index.as_deref_mut() else {
             return;

@@ -20,6 +20,11 @@
 //! - A victim is renamed aside before it is unlinked, and unlinked only if it is still the file
 //!   the scan saw, with the use time it saw: a page stored again or read since the scan is put
 //!   back (or left to its newer file). A reader racing an eviction gets the page or a miss.
+//! - **Off the put path**: a put whose pages take the usage past the capacity by at most
+//!   [`EVICT_BESIDE`] (2%) goes on while an eviction runs on a thread of its own (one per
+//!   process at a time), so a put that evicts costs about what one that does not; so does a
+//!   landing that finds writes in flight took the folders over. Past that, the put evicts
+//!   before it writes. A flush waits for an eviction under way.
 //! - A writer whose pages would take the usage beyond the capacity by more than one eviction
 //!   step (capacity minus low watermark) while another process holds the lease waits for it,
 //!   bounded by two lease periods, taking the lease over if it expires. The folders hold at
@@ -32,7 +37,7 @@ mod tests;
 use std::fs;
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -51,6 +56,19 @@ const EVICTION_SAMPLE: usize = 4096;
 /// The largest share of a window's pages (the oldest) an eviction takes before it looks at the
 /// next window.
 const WINDOW_SHARE: usize = 4;
+/// How far past the capacity (a fraction of it, at most one eviction step) a put may take
+/// the folders while an eviction runs beside it.
+const EVICT_BESIDE: f64 = 0.02;
+
+/// What a put does about the capacity before it writes (see [`Fleet::make_room`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Room {
+    /// Room enough: within the capacity, or made.
+    Made,
+    /// Past the capacity by at most [`EVICT_BESIDE`]: the put goes on while an eviction runs
+    /// beside it ([`Fleet::evict_beside`]).
+    EvictBeside,
+}
 
 /// What the processes sharing some folders agree on: their usage, and who evicts.
 pub(super) struct Fleet {
@@ -63,6 +81,8 @@ pub(super) struct Fleet {
     stale_temp: Duration,
     /// One eviction at a time in this process (the lease orders processes).
     evicting: Mutex<()>,
+    /// An eviction beside the puts is started or running.
+    beside: AtomicBool,
     /// Pages an eviction examines per window ([`EVICTION_SAMPLE`]).
     sample: usize,
     counts: Counts,
@@ -143,6 +163,7 @@ impl Fleet {
             settings,
             stale_temp: transfer_timeout * 2 + Duration::from_secs(60),
             evicting: Mutex::new(()),
+            beside: AtomicBool::new(false),
             sample: EVICTION_SAMPLE,
             counts: Counts::default(),
         };
@@ -214,23 +235,28 @@ impl Fleet {
         now_ns() - mtime_ns >= interval
     }
 
-    /// Makes room for `bytes` about to be written: evicts, or waits for the evictor, if they
-    /// would take the folders beyond the capacity (see the module documentation).
-    pub fn make_room(&self, layout: &Layout, bytes: u64) -> Result<(), TierError> {
+    /// Makes room for `bytes` about to be written: nothing to do within the capacity; an
+    /// eviction beside the write if they take the folders past it by at most [`EVICT_BESIDE`];
+    /// else evicts, or waits for the evictor (see the module documentation).
+    pub fn make_room(&self, layout: &Layout, bytes: u64) -> Result<Room, TierError> {
         let Some(capacity) = self.capacity else {
-            return Ok(());
+            return Ok(Room::Made);
         };
         let mut usage = self.usage.read()?;
         if usage + bytes <= capacity {
-            return Ok(());
+            return Ok(Room::Made);
         }
         let step = capacity - self.low;
+        let beside = ((capacity as f64 * EVICT_BESIDE) as u64).min(step);
+        if usage + bytes <= capacity + beside {
+            return Ok(Room::EvictBeside);
+        }
         let started = Instant::now();
         let deadline = started + self.settings.lease * 2 + Duration::from_secs(1);
         loop {
             match self.evict(layout, bytes)? {
-                Eviction::Done => return Ok(()),
-                Eviction::Busy if usage + bytes <= capacity + step => return Ok(()),
+                Eviction::Done => return Ok(Room::Made),
+                Eviction::Busy if usage + bytes <= capacity + step => return Ok(Room::Made),
                 Eviction::Busy => {}
             }
             if Instant::now() >= deadline {
@@ -246,17 +272,41 @@ impl Fleet {
         }
     }
 
-    /// After pages landed: evicts if writes in flight together took the folders over their
-    /// capacity (each made room for itself alone), unless another process is evicting.
-    pub fn settle_landing(&self, layout: &Layout) {
-        let over = self
-            .capacity
-            .is_some_and(|c| self.usage.read().is_ok_and(|u| u > c));
-        if over {
+    /// Whether the folders hold more than their capacity, by the usage file.
+    pub fn over_capacity(&self) -> bool {
+        self.capacity
+            .is_some_and(|c| self.usage.read().is_ok_and(|u| u > c))
+    }
+
+    /// Marks an eviction beside the puts as started: `false` if one is already.
+    pub fn begin_beside(&self) -> bool {
+        !self.beside.swap(true, Relaxed)
+    }
+
+    /// Marks the eviction beside the puts as ended (or never started).
+    pub fn end_beside(&self) {
+        self.beside.store(false, Relaxed);
+    }
+
+    /// The eviction beside the puts ([`Self::begin_beside`]), on its own thread: down to the
+    /// capacity if the folders are still over it and this process gets the lease.
+    pub fn evict_beside(&self, layout: &Layout) {
+        if self.over_capacity() {
             if let Err(e) = self.evict(layout, 0) {
                 tracing::warn!(error = %e, "cannot evict from the shared folders");
             }
         }
+        self.end_beside();
+    }
+
+    /// Waits for this process's eviction under way (bounded by its lease renewals), then
+    /// evicts if the folders are over their capacity.
+    pub fn settle_now(&self, layout: &Layout) -> Result<(), TierError> {
+        drop(self.evicting.lock().unwrap_or_else(|e| e.into_inner()));
+        if self.over_capacity() {
+            self.evict(layout, 0)?;
+        }
+        Ok(())
     }
 
     /// Counts a change of the folders' bytes: pages renamed in (less the files they

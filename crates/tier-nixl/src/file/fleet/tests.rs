@@ -446,3 +446,48 @@ fn victims_are_the_oldest_of_each_window_in_the_share_the_folders_must_lose() {
     );
     drop(dir);
 }
+
+/// A put that takes the folders past their capacity by at most 2% goes on, its eviction left
+/// to a thread beside it (one per process at a time), which brings them within the capacity;
+/// a put that takes them further makes room before it writes. (With no margin, the first put
+/// evicts before it writes: a put that evicts then pays for a window's scan.)
+#[test]
+fn a_put_just_past_the_capacity_leaves_its_eviction_beside_it() {
+    let (_dir, layout) = layout();
+    let page = vec![7u8; 1000];
+    let file = crate::file::format::file_len(page.len());
+    for i in 0..100 {
+        store(&layout, &format!("p{i}"), &page);
+    }
+    let capacity = 100 * file;
+    let fleet = opened(&layout, Some(capacity), SharedFolder::default());
+    assert_eq!(fleet.usage(), capacity);
+    assert_eq!(
+        fleet.make_room(&layout, file).expect("room"),
+        Room::EvictBeside,
+        "1% past the capacity: the put goes on"
+    );
+    assert_eq!(fleet.stats().evicted, 0, "nothing evicted before the write");
+    // The page lands, and is counted.
+    store(&layout, "p100", &page);
+    fleet.count(file as i64);
+    assert!(fleet.over_capacity());
+    assert!(fleet.begin_beside());
+    assert!(
+        !fleet.begin_beside(),
+        "one eviction beside the puts at a time"
+    );
+    fleet.evict_beside(&layout);
+    assert!(!fleet.over_capacity(), "usage {}", fleet.usage());
+    assert!(fleet.stats().evicted > 0);
+    assert!(fleet.begin_beside(), "the eviction beside ended");
+    fleet.end_beside();
+    let evicted = fleet.stats().evicted;
+    let far = capacity - fleet.usage() + 5 * file;
+    assert_eq!(fleet.make_room(&layout, far).expect("room"), Room::Made);
+    assert!(
+        fleet.stats().evicted > evicted,
+        "5% past the capacity: evicted before the write"
+    );
+    assert!(fleet.usage() + far <= capacity, "usage {}", fleet.usage());
+}
