@@ -1,6 +1,8 @@
 //! What a folder of many pages costs to fill, to open and to hold: a NIXL FILE folder is filled
 //! with N pages of 4 KiB through the tier (`access = "owner"`), printing the put rate of each
-//! tenth of the fill; then, in interleaved rounds, it is reopened as an owner and as a sharer,
+//! tenth of the fill beside the raw file I/O baseline of the same tenth (the same pages as
+//! plain files, each written to a temp file and renamed into one of 256 bucket folders, in a
+//! folder of their own: what the filesystem alone does as it fills); then, in interleaved rounds, it is reopened as an owner and as a sharer,
 //! printing when `open` returned, when the first call (an `exists` of a stored page) was
 //! answered, and when the work the open left to the background was done (the owner's index
 //! built, the sharer's scan done), beside the raw file I/O baseline of the same process and
@@ -70,6 +72,19 @@ fn list_and_stat(dir: &Path) -> usize {
         }
     }
     n
+}
+
+/// The baseline of the fill: pages `range` as plain files, each written to a temp file and
+/// renamed into its bucket folder (by the key's first two hex digits of a hash).
+fn plain_files(dir: &Path, range: std::ops::Range<usize>) {
+    for i in range {
+        let k = key(i);
+        let bucket = format!("{:02x}", tier_nixl::route_hash(k.as_str().as_bytes()) as u8);
+        let path = dir.join(bucket).join(k.as_str());
+        let temp = path.with_extension("tmp");
+        std::fs::write(&temp, vec![i as u8; PAGE]).unwrap();
+        std::fs::rename(&temp, &path).unwrap();
+    }
 }
 
 /// The bytes of every page file in `dir` and the files counted.
@@ -169,10 +184,14 @@ async fn main() {
         .await
         .unwrap();
     println!("{n} pages of {PAGE} B put in batches of {BATCH} into one owned folder\n");
-    println!("| tenth of the fill | pages/s | / first tenth |");
-    println!("|---:|---:|---:|");
+    println!("| tenth of the fill | pages/s | / first tenth | plain files pages/s | / first tenth | kvtier / plain |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    let plain = tmp.path().join("plain");
+    for b in 0..256 {
+        std::fs::create_dir_all(plain.join(format!("{b:02x}"))).unwrap();
+    }
     let tenth = n.div_ceil(10);
-    let mut first_rate = 0.0;
+    let (mut first_rate, mut first_plain) = (0.0, 0.0);
     for t in 0..10 {
         let (from, to) = (t * tenth, ((t + 1) * tenth).min(n));
         let started = Instant::now();
@@ -183,12 +202,22 @@ async fn main() {
             assert!(tier.put(&batch).await.iter().all(Result::is_ok));
         }
         let rate = (to - from) as f64 / started.elapsed().as_secs_f64();
+        let started = Instant::now();
+        plain_files(&plain, from..to);
+        let plain_rate = (to - from) as f64 / started.elapsed().as_secs_f64();
         if t == 0 {
-            first_rate = rate;
+            (first_rate, first_plain) = (rate, plain_rate);
         }
-        println!("| {} | {rate:.0} | {:.2}x |", t + 1, rate / first_rate);
+        println!(
+            "| {} | {rate:.0} | {:.2}x | {plain_rate:.0} | {:.2}x | {:.2}x |",
+            t + 1,
+            rate / first_rate,
+            plain_rate / first_plain,
+            rate / plain_rate
+        );
     }
     drop(tier);
+    std::fs::remove_dir_all(&plain).unwrap();
     // SAFETY: plain syscall: no dirty pages of the fill compete with the timed opens.
     unsafe { libc::sync() };
 
