@@ -40,6 +40,7 @@
 //! secret_key = "..."
 //! region = "us-east-1"
 //! virtual_hosted = false
+//! bulk_delete = true            # false where DeleteObjects is missing (GCS's S3 API)
 //! checksum = "required"         # required or supported
 //! ca_bundle = "/etc/ssl/certs/ca-certificates.crt"
 //! crt_min_bytes = "8MiB"        # objects from this size go through the S3 CRT client
@@ -216,6 +217,7 @@ struct ObjParams {
     region: Option<String>,
     #[serde(default)]
     virtual_hosted: bool,
+    bulk_delete: Option<bool>,
     #[serde(default)]
     checksum: RequestChecksum,
     ca_bundle: Option<PathBuf>,
@@ -243,6 +245,9 @@ fn to_obj_config(name: &str, p: ObjParams) -> Result<NixlObjConfig, TierError> {
     s3.keys_from_env();
     s3.endpoint = p.endpoint;
     s3.virtual_hosted = p.virtual_hosted;
+    if let Some(bulk) = p.bulk_delete {
+        s3.bulk_delete = bulk;
+    }
     if let Some(region) = p.region {
         s3.region = region;
     }

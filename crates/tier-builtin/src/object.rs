@@ -10,6 +10,7 @@
 //! access_key = "..."
 //! secret_key = "..."
 //! region = "us-east-1"
+//! bulk_delete = true            # false where DeleteObjects is missing (GCS's S3 API)
 //! concurrency = 16
 //! op_timeout = "30s"
 //! capacity = "2TiB"             # optional bound on the prefix's pages, evicting by `policy`
@@ -41,6 +42,7 @@ struct ObjectParams {
     access_key: Option<String>,
     secret_key: Option<Secret>,
     region: Option<String>,
+    bulk_delete: Option<bool>,
     dir: Option<PathBuf>,
     concurrency: Option<usize>,
     op_timeout: Option<TimeSpan>,
@@ -172,6 +174,9 @@ fn build_store(
             s.endpoint = p.endpoint.clone();
             if let Some(region) = p.region.clone() {
                 s.region = region;
+            }
+            if let Some(bulk) = p.bulk_delete {
+                s.bulk_delete = bulk;
             }
             let store = s
                 .build()

@@ -73,6 +73,10 @@ pub struct S3Settings {
     pub retry_timeout: Duration,
     /// Idle connections kept per host (`None`: the HTTP client's default). Each holds an fd.
     pub max_idle_connections: Option<usize>,
+    /// Deletes many objects per request (S3's `DeleteObjects`); `false` for stores that lack
+    /// it (GCS's S3 API): one `DELETE` per object, concurrently. object_store sends even a
+    /// single delete as a `DeleteObjects` of one, so there every remove and eviction fails.
+    pub bulk_delete: bool,
 }
 
 impl S3Settings {
@@ -89,6 +93,7 @@ impl S3Settings {
             max_retries: 3,
             retry_timeout: Duration::from_secs(20),
             max_idle_connections: None,
+            bulk_delete: true,
         }
     }
 
@@ -111,6 +116,14 @@ impl S3Settings {
     /// the providers object_store asks then (web identity, ECS task role, EC2 instance
     /// metadata); one key without the other is a config error.
     pub fn build(&self) -> Result<Arc<dyn ObjectStore>, TierError> {
+        self.builder()?
+            .build()
+            .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
+            .map_err(|e| TierError::config("s3", e.to_string()))
+    }
+
+    /// The object_store builder these settings make.
+    fn builder(&self) -> Result<AmazonS3Builder, TierError> {
         if self.access_key.is_empty() != self.secret_key.is_empty() {
             return Err(TierError::config(
                 "access_key",
@@ -135,6 +148,7 @@ impl S3Settings {
             .with_bucket_name(&self.bucket)
             .with_region(&self.region)
             .with_virtual_hosted_style_request(self.virtual_hosted)
+            .with_disable_bulk_delete(!self.bulk_delete)
             .with_retry(RetryConfig {
                 max_retries: self.max_retries,
                 retry_timeout: self.retry_timeout,
@@ -144,9 +158,25 @@ impl S3Settings {
         if let Some(endpoint) = &self.endpoint {
             builder = builder.with_endpoint(endpoint);
         }
-        builder
-            .build()
-            .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
-            .map_err(|e| TierError::config("s3", e.to_string()))
+        Ok(builder)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::aws::AmazonS3ConfigKey;
+
+    #[test]
+    fn bulk_delete_reaches_the_client() {
+        let mut s3 = S3Settings::endpoint("http://127.0.0.1:1", "b", "k", "s");
+        let disabled = |s3: &S3Settings| {
+            s3.builder()
+                .expect("a builder")
+                .get_config_value(&AmazonS3ConfigKey::DisableBulkDelete)
+        };
+        assert_eq!(disabled(&s3).as_deref(), Some("false"));
+        s3.bulk_delete = false;
+        assert_eq!(disabled(&s3).as_deref(), Some("true"));
     }
 }
