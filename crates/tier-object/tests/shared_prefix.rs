@@ -274,17 +274,21 @@ impl ObjectStore for Scripted {
     }
 }
 
-/// The listing of a shared prefix runs beside the calls: an open, and puts that find the
-/// listing stale (every put here), return while it is under way; a put that takes the prefix
-/// past its capacity by more than 2% (by this node's count) waits for it, and then the prefix
-/// is within its capacity, though the listing missed every page (the puts it did not see stay
-/// counted).
-#[tokio::test]
-async fn opens_and_puts_do_not_wait_for_the_listing_of_a_shared_prefix() {
+/// A shared prefix of `capacity` pages on a store whose listings are held back (until the
+/// guard returned is dropped), opened, with `pages` pages put one at a time: the open and
+/// each put must return within 10 s while the open's listing is held.
+async fn opened_with_listing_held(
+    capacity: u64,
+    pages: usize,
+) -> (
+    Arc<dyn ObjectStore>,
+    ObjectTier,
+    tokio::sync::OwnedRwLockWriteGuard<()>,
+) {
     let gated = Arc::new(Scripted::default());
     let closed = Arc::clone(&gated.gate).write_owned().await;
     let store: Arc<dyn ObjectStore> = Arc::clone(&gated) as Arc<dyn ObjectStore>;
-    let tier = ObjectTier::open(Arc::clone(&store), shared("kv", 10)).unwrap();
+    let tier = ObjectTier::open(Arc::clone(&store), shared("kv", capacity)).unwrap();
     let bound = Duration::from_secs(10);
     tokio::time::timeout(bound, tier.load_catalog())
         .await
@@ -293,12 +297,24 @@ async fn opens_and_puts_do_not_wait_for_the_listing_of_a_shared_prefix() {
     tokio::time::timeout(bound, gated.taken.notified())
         .await
         .expect("the open's listing is taken");
-    for i in 0..10 {
+    for i in 0..pages {
         let put = tokio::time::timeout(bound, tier.put(&[page(i)]))
             .await
-            .expect("a put within the capacity does not wait for the listing");
+            .expect("a put that does not take the prefix 2% past its capacity does not wait");
         assert!(put[0].is_ok());
     }
+    (store, tier, closed)
+}
+
+/// The listing of a shared prefix runs beside the calls: an open, and puts that find the
+/// listing stale (every put here), return while it is under way; a put that takes the prefix
+/// past its capacity by more than 2% (by this node's count) waits for it, and then the prefix
+/// is within its capacity, though the listing missed every page (the puts it did not see stay
+/// counted).
+#[tokio::test]
+async fn opens_and_puts_do_not_wait_for_the_listing_of_a_shared_prefix() {
+    let bound = Duration::from_secs(10);
+    let (store, tier, closed) = opened_with_listing_held(10, 10).await;
     // One page past the capacity: 10% over it.
     let past = [page(10)];
     let over = tier.put(&past);
@@ -332,22 +348,9 @@ async fn opens_and_puts_do_not_wait_for_the_listing_of_a_shared_prefix() {
 /// within its capacity (a flush that returned at once left it over).
 #[tokio::test]
 async fn a_flush_settles_what_the_puts_of_a_shared_prefix_left_to_the_background() {
-    let gated = Arc::new(Scripted::default());
-    let closed = Arc::clone(&gated.gate).write_owned().await;
-    let store: Arc<dyn ObjectStore> = Arc::clone(&gated) as Arc<dyn ObjectStore>;
-    let tier = ObjectTier::open(Arc::clone(&store), shared("kv", 100)).unwrap();
     let bound = Duration::from_secs(10);
-    tier.load_catalog().await.unwrap();
-    tokio::time::timeout(bound, gated.taken.notified())
-        .await
-        .expect("the open's listing is taken");
     // One page past the capacity: 1% over it, so no put waits.
-    for i in 0..101 {
-        let put = tokio::time::timeout(bound, tier.put(&[page(i)]))
-            .await
-            .expect("a put within 2% of the capacity does not wait for the listing");
-        assert!(put[0].is_ok());
-    }
+    let (store, tier, closed) = opened_with_listing_held(100, 101).await;
     let flush = tier.flush();
     tokio::pin!(flush);
     assert!(
