@@ -370,13 +370,10 @@ impl Catalog {
         if !fleet.begin_beside() {
             return;
         }
-        let (fleet, layout) = (Arc::clone(fleet), Arc::clone(&self.layout));
+        let (evictor, layout) = (Arc::clone(fleet), Arc::clone(&self.layout));
         let spawned = std::thread::Builder::new()
             .name("kvtier-evict".into())
-            .spawn({
-                let fleet = Arc::clone(&fleet);
-                move || fleet.evict_beside(&layout)
-            });
+            .spawn(move || evictor.evict_beside(&layout));
         if let Err(e) = spawned {
             fleet.end_beside();
             tracing::warn!(error = %e, "cannot start an eviction of the shared folders");
