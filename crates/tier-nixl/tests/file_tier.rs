@@ -593,6 +593,37 @@ async fn a_page_rewritten_in_place_after_it_was_verified_is_verified_again() {
     }
 }
 
+/// In a shared folder, a page file showing a length other than the caller's buffer is a miss
+/// (counted as an error) when it holds no whole page: another client's write as this client's
+/// caches still show it, as GlusterFS's do for a moment. A whole page of another length is
+/// still a `LengthMismatch`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_page_file_shown_short_is_a_miss_and_a_whole_page_of_another_length_mismatches() {
+    const LEN: usize = 16 << 10;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = NixlFileConfig::new([tmp.path().join("t")]);
+    config.access = FileAccess::Shared;
+    let tier = NixlFileTier::open(config).await.unwrap();
+    put_ok(&tier, &[page(1, 1, LEN), page(2, 1, LEN / 2)]).await;
+    let path = tier.page_path(&key(1)).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|f| f.set_len(LEN as u64 / 2))
+        .unwrap();
+    let errors = tier.stats().errors;
+    let (r, _) = get_one(&tier, &key(1), LEN).await;
+    assert_eq!(r.unwrap(), Lookup::Miss, "a file cut short is a miss");
+    assert_eq!(tier.stats().errors, errors + 1, "and counted as an error");
+    let (r, _) = get_one(&tier, &key(2), LEN).await;
+    match r {
+        Err(TierError::LengthMismatch { stored, buffer, .. }) => {
+            assert_eq!((stored, buffer), (LEN / 2, LEN));
+        }
+        other => panic!("a whole page of another length: {other:?}"),
+    }
+}
+
 /// A folder of pages without the format marker holds pages of format 1 (page bytes only,
 /// checksums in extended attributes): every access refuses it with an error saying so, and a
 /// marker naming another format is refused too; an empty folder is marked and opens.

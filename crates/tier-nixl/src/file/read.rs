@@ -1,7 +1,8 @@
 //! Reading pages: in place into the caller's buffers (staged for direct I/O), each verified
 //! against its checksum, pinned against eviction while read, made again if a put replaced it.
 
-use std::path::PathBuf;
+use std::fs::File;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -11,7 +12,7 @@ use tier_core::{GetResult, Lookup, PageBuf, PageKey, ReadSlot, TierError};
 use super::catalog::SettledRead;
 use super::helpers::run_split;
 use super::io::{self, FileId, FileIo, Xfer};
-use super::{checksum, chunks, FileAccess, NixlFileTier, PageChecksum, Shared};
+use super::{checksum, chunks, format, FileAccess, NixlFileTier, PageChecksum, Shared};
 use crate::batch::{marked_bufs, run_blocking};
 use crate::nixl::{Held, Registered};
 use crate::staging::StagingLease;
@@ -42,6 +43,7 @@ impl NixlFileTier {
             let (pins, stored) = shared.catalog.pin(slots.iter().map(|s| &s.key));
             (Some(pins), stored)
         };
+        let mut mismatched = Vec::new();
         for (i, (slot, stored)) in slots.iter().zip(stored).enumerate() {
             let Some(stored) = stored else {
                 results[i] = Some(Ok(Lookup::Miss));
@@ -49,11 +51,17 @@ impl NixlFileTier {
             };
             let len = stored.len as usize;
             if len != slot.buf.len() {
-                results[i] = Some(Err(TierError::LengthMismatch {
+                let mismatch = TierError::LengthMismatch {
                     key: slot.key.clone(),
                     stored: len,
                     buffer: slot.buf.len(),
-                }));
+                };
+                match shared.catalog.layout().page_path(&slot.key) {
+                    Ok(path) if shared.config.access == FileAccess::Shared => {
+                        mismatched.push((i, path, mismatch))
+                    }
+                    _ => results[i] = Some(Err(mismatch)),
+                }
                 continue;
             }
             match shared.catalog.layout().page_path(&slot.key) {
@@ -79,6 +87,9 @@ impl NixlFileTier {
                 Err(e) => results[i] = Some(Err(e)),
             }
         }
+        if !mismatched.is_empty() {
+            self.settle_mismatches(mismatched, &mut results).await;
+        }
         let replaced = self.read_round(slots, &mut results, buffered, direct).await;
         if !replaced.is_empty() {
             // Pages a put replaced after they were planned: read again, each checked against
@@ -93,6 +104,42 @@ impl NixlFileTier {
         }
         drop(pins);
         shared.stats.settle_gets(results, slots)
+    }
+
+    /// Answers pages of shared folders whose files show another length than the caller's
+    /// buffer: a whole page of that length (its trailer says so) is a `LengthMismatch`; a file
+    /// that is no whole page is another client's write as this client's caches still show it
+    /// (GlusterFS writes behind), a miss counted as an error.
+    async fn settle_mismatches(
+        &self,
+        mismatched: Vec<(usize, PathBuf, TierError)>,
+        results: &mut [Option<GetResult>],
+    ) {
+        let shared = &self.shared;
+        let slots: Vec<usize> = mismatched.iter().map(|(i, _, _)| *i).collect();
+        let judged = shared
+            .bound(
+                "file lookup",
+                shared.off_thread(move |s| {
+                    mismatched
+                        .into_iter()
+                        .map(|(_, path, mismatch)| s.judge_mismatch(&path, mismatch))
+                        .collect::<Vec<_>>()
+                }),
+            )
+            .await;
+        match judged {
+            Ok(judged) => {
+                for (i, r) in slots.into_iter().zip(judged) {
+                    results[i] = Some(r);
+                }
+            }
+            Err(e) => {
+                for i in slots {
+                    results[i] = Some(Err(again(&e)));
+                }
+            }
+        }
     }
 
     /// Reads planned pages into their slots (buffered ones in place, staged ones, direct or
@@ -446,6 +493,29 @@ struct PlannedRead {
 }
 
 /// Transfers of `reads`; `parts` gives each read's DRAM regions.
+impl Shared {
+    /// See [`NixlFileTier::settle_mismatches`].
+    fn judge_mismatch(&self, path: &Path, mismatch: TierError) -> GetResult {
+        let Some(key) = mismatch.key() else {
+            return Err(mismatch);
+        };
+        let whole = File::open(path).and_then(|f| format::read_from(&f, key));
+        match whole {
+            Ok(format::Trailer::Page(_)) => Err(mismatch),
+            Ok(format::Trailer::Not(why)) => {
+                tracing::debug!(key = %key, path = %path.display(), why, "a shared page file shows no whole page of another length: a miss");
+                self.stats.errors(1);
+                Ok(Lookup::Miss)
+            }
+            Err(e) => {
+                tracing::debug!(key = %key, path = %path.display(), error = %e, "a shared page file of another length could not be read: a miss");
+                self.stats.errors(1);
+                Ok(Lookup::Miss)
+            }
+        }
+    }
+}
+
 /// Whether a read's error, in shared folders, is a miss: the file could not be opened or read,
 /// or its length changed between the plan and the read (replaced by another process, or a
 /// distributed filesystem's client showing another client's new page short for a moment). A

@@ -117,12 +117,7 @@ fn an_evictor_of_a_shared_prefix_killed_holding_the_lease_is_taken_over() {
         }
     };
     let survivors: Vec<_> = workers.into_iter().map(Worker::finish).collect();
-    let sum = |name: &str| {
-        survivors
-            .iter()
-            .map(|(c, _)| c.get(name).copied().unwrap_or(0))
-            .sum::<u64>()
-    };
+    let sum = |name: &str| survivors.iter().map(|r| r.count(name)).sum::<u64>();
     println!(
         "shared prefix: evictor killed holding the lease, taken over after {taken_over:?} \
          (lease {LEASE_MS} ms), {} takeover(s) counted by the survivors",

@@ -13,7 +13,7 @@ use tier_core::{Lookup, PageKey, ReadSlot, StorageTier};
 use tier_tests::content;
 use tier_tests::s3::S3Server;
 
-use crate::worker::{common_key, own_key, BATCH, COMMON, PAGE};
+use crate::worker::{common_key, own_key, BATCH, COMMON, FAILURE_LINE, PAGE};
 
 /// A running child and what it printed.
 pub struct Worker {
@@ -92,9 +92,12 @@ impl Worker {
         assert!(status.success(), "a worker failed: {status}");
         let mut counts = HashMap::new();
         let mut runs = Vec::new();
+        let mut failures = Vec::new();
         let mut began = None;
         for line in self.lines.try_iter() {
-            if let Some(rest) = line.strip_prefix("kvtier-fleet-result ") {
+            if let Some(rest) = line.strip_prefix(FAILURE_LINE) {
+                failures.push(rest.to_string());
+            } else if let Some(rest) = line.strip_prefix("kvtier-fleet-result ") {
                 for pair in rest.split_whitespace() {
                     let (k, v) = pair.split_once('=').unwrap();
                     counts.insert(k.to_string(), v.parse().unwrap());
@@ -112,7 +115,11 @@ impl Worker {
             }
         }
         assert!(!counts.is_empty(), "a worker printed no result");
-        (counts, runs)
+        WorkerResult {
+            counts,
+            runs,
+            failures,
+        }
     }
 }
 
@@ -261,8 +268,31 @@ pub fn kill(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// What a worker printed: its counts, and its eviction runs' (began, ended) times.
-pub type WorkerResult = (HashMap<String, u64>, Vec<(u64, u64)>);
+/// What a worker printed.
+pub struct WorkerResult {
+    /// Its counts by name.
+    pub counts: HashMap<String, u64>,
+    /// Its eviction runs' (began, ended) times.
+    pub runs: Vec<(u64, u64)>,
+    /// What each of its failed or wrong calls said (key: error).
+    pub failures: Vec<String>,
+}
+
+impl WorkerResult {
+    /// The count of `name` (0 if it never happened).
+    pub fn count(&self, name: &str) -> u64 {
+        self.counts.get(name).copied().unwrap_or(0)
+    }
+}
+
+/// What the failed calls of all `results` said, for an assertion's message.
+pub fn failures(results: &[WorkerResult]) -> String {
+    let all: Vec<&str> = results
+        .iter()
+        .flat_map(|r| r.failures.iter().map(String::as_str))
+        .collect();
+    all.join("; ")
+}
 
 /// Prints what the sharing workers did under `title` and checks it: every hit byte-exact, no
 /// call failed, each worker read pages the others stored, they evicted, the storage was
@@ -278,12 +308,7 @@ pub fn check_shared_run(
     steps: u64,
     one_evictor: bool,
 ) {
-    let total = |name: &str| {
-        results
-            .iter()
-            .map(|(c, _)| c.get(name).copied().unwrap_or(0))
-            .sum::<u64>()
-    };
+    let total = |name: &str| results.iter().map(|r| r.count(name)).sum::<u64>();
     println!(
         "{title}: {} hits checked ({} of other processes' pages), {} misses, \
          {} evictions in {} runs, {} spared, peak {} of capacity {} + step {} ({samples} samples)",
@@ -297,16 +322,23 @@ pub fn check_shared_run(
         capacity,
         step,
     );
-    assert_eq!(total("bad_hits"), 0, "every hit is byte-exact");
+    assert_eq!(
+        total("bad_hits"),
+        0,
+        "every hit is byte-exact: {}",
+        failures(results)
+    );
     assert_eq!(
         total("get_errors") + total("put_errors"),
         0,
-        "no call failed"
+        "no call failed: {}",
+        failures(results)
     );
-    for (i, (counts, _)) in results.iter().enumerate() {
+    for (i, r) in results.iter().enumerate() {
         assert!(
-            counts.get("hits_of_others").copied().unwrap_or(0) > 0,
-            "worker {i} read pages the others stored: {counts:?}"
+            r.count("hits_of_others") > 0,
+            "worker {i} read pages the others stored: {:?}",
+            r.counts
         );
     }
     assert!(
@@ -325,7 +357,7 @@ pub fn check_shared_run(
     );
     let mut runs: Vec<(u64, u64)> = results
         .iter()
-        .flat_map(|(_, r)| r.iter().copied())
+        .flat_map(|r| r.runs.iter().copied())
         .collect();
     runs.sort();
     assert!(!runs.is_empty(), "the workers logged their evictions");

@@ -18,6 +18,8 @@ pub const BATCH: u64 = 8;
 /// Pages every process writes under the same keys (chain hashes of a common prefix).
 pub const COMMON: u64 = 96;
 pub const LOW_WATERMARK: f64 = 0.9;
+/// How a worker's line reporting a failed or wrong call begins.
+pub const FAILURE_LINE: &str = "kvtier-fleet-failure ";
 
 pub fn own_key(worker: u64, n: u64) -> PageKey {
     PageKey::new(format!(
@@ -160,10 +162,14 @@ pub async fn run(dir: String) {
             let k = common_key(rng.below(COMMON));
             Page::new(k.clone(), content::page(&k, 1, PAGE))
         }));
-        for r in tier.put(&batch).await {
-            *counts
-                .entry(if r.is_ok() { "puts" } else { "put_errors" })
-                .or_default() += 1;
+        for (page, r) in batch.iter().zip(tier.put(&batch).await) {
+            match r {
+                Ok(()) => *counts.entry("puts").or_default() += 1,
+                Err(e) => {
+                    *counts.entry("put_errors").or_default() += 1;
+                    println!("{FAILURE_LINE}{}: put failed: {e}", page.key);
+                }
+            }
         }
         // Reads: pages any process may have stored by now.
         let wanted: Vec<(PageKey, bool)> = (0..8)
@@ -194,13 +200,13 @@ pub async fn run(dir: String) {
                     }
                     if let Err(e) = content::verify(k, 1, buf) {
                         *counts.entry("bad_hits").or_default() += 1;
-                        eprintln!("{k}: {e}");
+                        println!("{FAILURE_LINE}{k}: wrong bytes: {e}");
                     }
                 }
                 Ok(Lookup::Miss) => *counts.entry("misses").or_default() += 1,
                 Err(e) => {
                     *counts.entry("get_errors").or_default() += 1;
-                    eprintln!("{k}: {e}");
+                    println!("{FAILURE_LINE}{k}: get failed: {e}");
                 }
             }
         }
