@@ -223,7 +223,11 @@ impl ObjectStore for Scripted {
                 .restore_done
                 .swap(true, std::sync::atomic::Ordering::SeqCst)
         {
-            let again = PutPayload::from(vec![0u8; PAGE]);
+            // Page 0 again, whole: its bytes and their trailer.
+            let mut again = vec![0u8; PAGE];
+            let key = PageKey::new(location.filename().unwrap_or_default()).unwrap();
+            again.extend_from_slice(&tier_format::seal(&key, [&again[..]]));
+            let again = PutPayload::from(again);
             self.inner.put(location, again).await?;
         }
         self.inner.get_opts(location, options).await
