@@ -1,7 +1,8 @@
 //! Object tiers on a real S3 server (s3s-fs on loopback), measured in one run: the NIXL OBJ
 //! tier and the object_store tier beside a direct object_store client loop doing the same
 //! requests with the same concurrency (the baseline). Rounds interleave; medians are quoted.
-//! CPU seconds of the client process and of the server show what limits each.
+//! CPU seconds of the client process and of the server show what limits each. Last, the
+//! tiers' `exists` (a ranged GET of each object's trailer) beside plain HEADs.
 //!
 //! `cargo bench -p tier-nixl --bench obj_tier` (rounds: `$KVTIER_BENCH_ROUNDS`, default 3;
 //! the server keeps objects in `$TMPDIR`, e.g. `TMPDIR=/dev/shm` to take the disk out).
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use tier_core::Bytes;
+use tier_core::{Bytes, StorageTier};
 use tier_nixl::{NixlObjConfig, NixlObjTier};
 use tier_object::{ObjectTier, ObjectTierConfig, S3Settings};
 use tier_tests::s3::S3Server;
@@ -100,6 +101,29 @@ async fn direct_get(
     assert_eq!(bufs[last % batch][..], w.data[last][..]);
 }
 
+/// HEADs of every key, `CONCURRENCY` in flight: what an `exists` asked before objects had
+/// trailers to read.
+async fn direct_heads(store: &Arc<dyn ObjectStore>, prefix: &str, w: &Workload) {
+    let paths: Vec<Path> = w
+        .keys
+        .iter()
+        .map(|k| Path::from(format!("{prefix}/{}", k.as_str())))
+        .collect();
+    let found: Vec<_> = futures::stream::iter(&paths)
+        .map(|p| store.head(p))
+        .buffered(CONCURRENCY)
+        .collect()
+        .await;
+    assert!(found.iter().all(|r| r.is_ok()));
+}
+
+/// `exists` of every key, `batch` keys a call.
+async fn exists_batches(tier: &dyn StorageTier, w: &Workload, batch: usize) {
+    for keys in w.keys.chunks(batch) {
+        assert_eq!(tier.exists(keys).await.unwrap(), keys.len());
+    }
+}
+
 fn median(mut v: Vec<Sample>) -> Sample {
     v.sort_by_key(|s| s.elapsed);
     v[v.len() / 2]
@@ -144,7 +168,7 @@ async fn main() {
         (Workload::new(64 << 10, 48 << 20, 1), 128),
         (Workload::new(2 << 20, 128 << 20, 2), 16),
     ] {
-        let mut samples: Vec<[Sample; 6]> = Vec::new();
+        let mut samples: Vec<[Sample; 8]> = Vec::new();
         let mut bufs = common::buffers(&w, batch);
         for _ in 0..rounds {
             samples.push([
@@ -154,9 +178,11 @@ async fn main() {
                 measure(&server, direct_get(&store, "direct", &w, &mut bufs)).await,
                 measure(&server, get_batches(&plain, &w, &mut bufs)).await,
                 measure(&server, get_batches(&nixl, &w, &mut bufs)).await,
+                measure(&server, direct_heads(&store, "direct", &w)).await,
+                measure(&server, exists_batches(&plain, &w, batch)).await,
             ]);
         }
-        let m: Vec<Sample> = (0..6)
+        let m: Vec<Sample> = (0..8)
             .map(|i| median(samples.iter().map(|s| s[i]).collect()))
             .collect();
         row(&w, "direct put (baseline)", m[0], m[0], "direct put");
@@ -165,5 +191,7 @@ async fn main() {
         row(&w, "direct get (baseline)", m[3], m[3], "direct get");
         row(&w, "object_store tier get", m[4], m[3], "direct get");
         row(&w, "NIXL OBJ tier get", m[5], m[3], "direct get");
+        row(&w, "direct HEAD (baseline)", m[6], m[6], "direct HEAD");
+        row(&w, "object tiers' exists", m[7], m[6], "direct HEAD");
     }
 }
