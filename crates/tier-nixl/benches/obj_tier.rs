@@ -60,12 +60,16 @@ async fn measure<F: std::future::Future<Output = ()>>(server: &S3Server, run: F)
     }
 }
 
-async fn direct_put(store: &Arc<dyn ObjectStore>, prefix: &str, w: &Workload) {
-    let paths: Vec<Path> = w
-        .keys
+/// The objects the direct client writes `w`'s pages to under `prefix`.
+fn direct_paths(prefix: &str, w: &Workload) -> Vec<Path> {
+    w.keys
         .iter()
         .map(|k| Path::from(format!("{prefix}/{}", k.as_str())))
-        .collect();
+        .collect()
+}
+
+async fn direct_put(store: &Arc<dyn ObjectStore>, prefix: &str, w: &Workload) {
+    let paths = direct_paths(prefix, w);
     let results: Vec<_> = futures::stream::iter(paths.iter().zip(&w.data))
         .map(|(p, d)| store.put(p, PutPayload::from(d.clone())))
         .buffered(CONCURRENCY)
@@ -104,11 +108,7 @@ async fn direct_get(
 /// HEADs of every key, `CONCURRENCY` in flight: what an `exists` asked before objects had
 /// trailers to read.
 async fn direct_heads(store: &Arc<dyn ObjectStore>, prefix: &str, w: &Workload) {
-    let paths: Vec<Path> = w
-        .keys
-        .iter()
-        .map(|k| Path::from(format!("{prefix}/{}", k.as_str())))
-        .collect();
+    let paths = direct_paths(prefix, w);
     let found: Vec<_> = futures::stream::iter(&paths)
         .map(|p| store.head(p))
         .buffered(CONCURRENCY)
