@@ -2,7 +2,7 @@
 //! tier and the object_store tier beside a direct object_store client loop doing the same
 //! requests with the same concurrency (the baseline). Rounds interleave; medians are quoted.
 //! CPU seconds of the client process and of the server show what limits each. Last, the
-//! tiers' `exists` (a ranged GET of each object's trailer) beside plain HEADs.
+//! tiers' `exists` (a HEAD per key) beside plain HEADs.
 //!
 //! `cargo bench -p tier-nixl --bench obj_tier` (rounds: `$KVTIER_BENCH_ROUNDS`, default 3;
 //! the server keeps objects in `$TMPDIR`, e.g. `TMPDIR=/dev/shm` to take the disk out).
@@ -105,8 +105,7 @@ async fn direct_get(
     assert_eq!(bufs[last % batch][..], w.data[last][..]);
 }
 
-/// HEADs of every key, `CONCURRENCY` in flight: what an `exists` asked before objects had
-/// trailers to read.
+/// HEADs of every key, `CONCURRENCY` in flight.
 async fn direct_heads(store: &Arc<dyn ObjectStore>, prefix: &str, w: &Workload) {
     let paths = direct_paths(prefix, w);
     let found: Vec<_> = futures::stream::iter(&paths)

@@ -7,16 +7,11 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use object_store::path::{Path, PathPart};
-use object_store::{
-    GetOptions, GetRange, MultipartUpload, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
-    PutPayload,
-};
+use object_store::{MultipartUpload, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use tier_core::{
     GetResult, Page, PageData, PageKey, PutResult, ReadSlot, RemoveResult, StatsRecorder,
     TierError, TierInfo, TierStats,
 };
-
-use tier_format::{Trailer, TRAILER};
 
 use crate::catalog::Catalog;
 use crate::names::{escape, parse_prefix};
@@ -277,43 +272,8 @@ impl Objects {
         }
     }
 
-    /// Whether `key`'s object holds a whole page of it by its trailer (read with one ranged
-    /// GET of the last bytes, in place of a HEAD): an object of another key, of format 1, or
-    /// cut is absent, as a get of it would miss. The page's CRC is left to the get.
     pub(crate) async fn present(&self, key: &PageKey) -> Result<bool, TierError> {
-        let Ok(path) = self.object_path(key) else {
-            return Ok(false);
-        };
-        self.bounded("object get", async {
-            let trailer = GetOptions::new().with_range(Some(GetRange::Suffix(TRAILER)));
-            let got = match self.store.get_opts(&path, trailer).await {
-                Ok(got) => got,
-                Err(object_store::Error::NotFound { .. }) => return Ok(false),
-                // A store may refuse a range past the start of an object too short to have
-                // a trailer: no page either way.
-                Err(e) => {
-                    return match self.store.head(&path).await {
-                        Ok(meta) if meta.size < TRAILER => Ok(false),
-                        Err(object_store::Error::NotFound { .. }) => Ok(false),
-                        _ => Err(self.error(Some(key), e)),
-                    }
-                }
-            };
-            let size = got.meta.size;
-            let bytes = got.bytes().await.map_err(|e| self.error(Some(key), e))?;
-            let whole = match <&[u8; TRAILER as usize]>::try_from(bytes.as_ref()) {
-                Ok(t) => tier_format::decode(t, key, size),
-                Err(_) => Trailer::Not("shorter than a trailer"),
-            };
-            Ok(match whole {
-                Trailer::Page(_) => true,
-                Trailer::Not(why) => {
-                    tracing::debug!(key = %key, object = %path, why, "not a page of its key: absent");
-                    false
-                }
-            })
-        })
-        .await
+        Ok(self.stored_len(key).await?.is_some())
     }
 
     /// The page length a key's object holds (`None`: absent, or too short to hold one), by
