@@ -492,7 +492,6 @@ struct PlannedRead {
     direct: bool,
 }
 
-/// Transfers of `reads`; `parts` gives each read's DRAM regions.
 impl Shared {
     /// See [`NixlFileTier::settle_mismatches`].
     fn judge_mismatch(&self, path: &Path, mismatch: TierError) -> GetResult {
@@ -519,8 +518,8 @@ impl Shared {
 /// Whether a read's error, in shared folders, is a miss: the file could not be opened or read,
 /// or its length changed between the plan and the read (replaced by another process, or a
 /// distributed filesystem's client showing another client's new page short for a moment). A
-/// timeout stays an error, for the tier's health; so does a length the plan already saw
-/// differ from the caller's buffer.
+/// timeout stays an error, for the tier's health. (A length the lookup already saw differ
+/// from the caller's buffer is judged by the file's trailer: [`Shared::judge_mismatch`].)
 fn missed_in_shared_folders(e: &TierError) -> bool {
     matches!(
         e,
@@ -528,6 +527,7 @@ fn missed_in_shared_folders(e: &TierError) -> bool {
     )
 }
 
+/// Transfers of `reads`; `parts` gives each read's DRAM regions.
 fn read_xfers(reads: &[PlannedRead], parts: impl Fn(usize) -> Vec<(usize, usize)>) -> Vec<Xfer> {
     reads
         .iter()
