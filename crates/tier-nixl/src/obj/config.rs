@@ -20,7 +20,7 @@ pub enum RequestChecksum {
     Supported,
 }
 
-/// Configuration of a [`NixlObjTier`].
+/// Configuration of a [`NixlObjTier`](super::NixlObjTier).
 #[derive(Debug, Clone)]
 pub struct NixlObjConfig {
     /// Instance name, for logs and stats.
