@@ -123,8 +123,6 @@ fn write_trace(path: &Path, requests: &[Request]) -> Result<(), String> {
     std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
-/// Runs every instance's replay at once, each in a process of its own; returns each one's
-/// blocks requested and reused.
 /// What one instance's replay reported.
 #[derive(Debug, Default, Clone, Copy)]
 struct Reuse {
@@ -134,6 +132,8 @@ struct Reuse {
     from_others: u64,
 }
 
+/// Runs every instance's replay at once, each in a process of its own; returns what each
+/// one reported.
 fn run_instances(
     fleet: &Fleet,
     root: &Path,

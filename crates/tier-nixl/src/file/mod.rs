@@ -322,10 +322,7 @@ impl StorageTier for NixlFileTier {
         if self.shared.config.access != FileAccess::Shared {
             return Ok(());
         }
-        let shared = Arc::clone(&self.shared);
-        tokio::task::spawn_blocking(move || shared.catalog.settle())
-            .await
-            .map_err(|e| TierError::Unavailable(format!("flush task failed: {e}")))?
+        self.shared.off_thread(|s| s.catalog.settle()).await?
     }
 
     async fn clear(&self) -> Result<(), TierError> {
