@@ -16,7 +16,8 @@
 //!   it, the store lets one win. The winner reads it back after 50 ms and goes on only if it
 //!   still holds it: s3s-fs checks the condition apart from the write and lets two racing
 //!   replaces both succeed (the 4-process test caught it), the later one holding. The holder
-//!   renews it (conditionally too) while it deletes.
+//!   renews it (conditionally too) right before each batch of DELETEs, the first included, so
+//!   a racing write that lands even after the read-back stops it before it deletes more.
 //! - **Victims**: the oldest objects by last write (the listing's last-modified time) or, for
 //!   pages the evicting node read itself, by its last read there, down to the low watermark. Before each DELETE, a HEAD checks that the object still has the
 //!   ETag and modification time (to the second, as `Last-Modified` carries it) the listing
@@ -267,9 +268,11 @@ impl Fleet {
         let mut excess = total - self.low;
         let mut freed = 0;
         let mut candidates = listed.iter().peekable();
-        let mut first = true;
         // In chunks: the chunk's candidates looked at (HEAD) `concurrency` at a time, then the
-        // unchanged ones deleted together, the lease renewed before each chunk but the first.
+        // lease renewed, then the unchanged ones deleted together. The renewal right before
+        // each DELETE, the first included, stops an evictor whose lease another node's write
+        // replaced since (a store whose conditional writes are not atomic with their check
+        // can let a racing claim land after this node's read-back).
         while excess > 0 && candidates.peek().is_some() {
             let mut chunk = Vec::new();
             let mut covers = 0;
@@ -278,22 +281,19 @@ impl Fleet {
                 covers += page_bytes(meta);
                 chunk.push(meta);
             }
-            if !first {
-                match self
-                    .write_lease(objects, Some(version.clone()), true)
-                    .await?
-                {
-                    Some(v) => *version = v,
-                    None => {
-                        tracing::warn!(
-                            "lost the shared prefix's eviction lease while evicting; stopping"
-                        );
-                        break;
-                    }
+            let unchanged = self.unchanged(objects, &chunk).await;
+            match self
+                .write_lease(objects, Some(version.clone()), true)
+                .await?
+            {
+                Some(v) => *version = v,
+                None => {
+                    tracing::warn!(
+                        "lost the shared prefix's eviction lease while evicting; stopping"
+                    );
+                    break;
                 }
             }
-            first = false;
-            let unchanged = self.unchanged(objects, &chunk).await;
             self.spared
                 .fetch_add((chunk.len() - unchanged.len()) as u64, Relaxed);
             let sizes: HashMap<&Path, u64> = unchanged

@@ -172,9 +172,35 @@ async fn a_page_stored_again_after_the_listing_is_not_deleted_on_its_strength() 
     );
 }
 
+#[tokio::test]
+async fn an_evictor_whose_lease_another_node_wrote_over_deletes_nothing() {
+    let store = Arc::new(Scripted {
+        usurp: true,
+        ..Scripted::default()
+    });
+    let tier =
+        ObjectTier::open(Arc::clone(&store) as Arc<dyn ObjectStore>, shared("kv", 10)).unwrap();
+    for i in 0..11 {
+        assert!(tier.put(&[page(i)]).await[0].is_ok());
+    }
+    tier.flush().await.unwrap();
+    let stats = tier.prefix_stats().unwrap();
+    assert_eq!(
+        stats.eviction_runs, 1,
+        "the node took the lease and began: {stats:?}"
+    );
+    assert_eq!(
+        stats.evicted, 0,
+        "its lease was another's before its first DELETE: {stats:?}"
+    );
+    let keys: Vec<PageKey> = (0..11).map(|i| page(i).key).collect();
+    assert_eq!(tier.exists(&keys).await.unwrap(), 11, "every page is left");
+}
+
 /// An in-memory store with what the tests script into it:
 /// - `restored`: stored again right before its first HEAD, as another node would store a page
 ///   again right after the evictor listed the prefix (the store's ETag tells);
+/// - `usurp`: the lease written over right before the first HEAD of a page;
 /// - listings taken when asked for, then held back while the test holds `gate` closed: a
 ///   listing that misses the puts made while it was under way (as a paginated S3 listing may).
 #[derive(Debug, Default)]
@@ -182,6 +208,10 @@ struct Scripted {
     inner: Arc<object_store::memory::InMemory>,
     restored: Option<Path>,
     restore_done: std::sync::atomic::AtomicBool,
+    /// The lease written over by another node's holder right before the first HEAD of a page,
+    /// as a racing claim the store let through lands after the evictor read its lease back.
+    usurp: bool,
+    usurp_done: std::sync::atomic::AtomicBool,
     gate: Arc<tokio::sync::RwLock<()>>,
     /// Told when a listing was taken.
     taken: Arc<tokio::sync::Notify>,
@@ -229,6 +259,16 @@ impl ObjectStore for Scripted {
             again.extend_from_slice(&tier_format::seal(&key, [&again[..]]));
             let again = PutPayload::from(again);
             self.inner.put(location, again).await?;
+        }
+        if options.head
+            && self.usurp
+            && !self
+                .usurp_done
+                .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            let lease = Path::from("kv/.kvtier-lease");
+            let held = format!("another-node:1:0 {}\n", u64::MAX / 2);
+            self.inner.put(&lease, PutPayload::from(held)).await?;
         }
         self.inner.get_opts(location, options).await
     }

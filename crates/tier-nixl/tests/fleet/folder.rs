@@ -32,7 +32,7 @@ fn four_processes_share_one_folder_under_one_capacity() {
         (peak, samples),
         (capacity, step),
         1,
-        true,
+        Evictors::One,
     );
 
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -103,7 +103,7 @@ fn on_two_glusterfs_clients(title: &str, env: &[(&str, &str)], steps: u64) {
         steps,
         // Its lease excludes as well as the volume's client caches let it: an eviction may
         // now and then overlap another, which costs capacity accuracy, never bytes.
-        false,
+        Evictors::Any,
     );
     let _ = std::fs::remove_dir_all(&a);
 }
