@@ -5,7 +5,7 @@
 //! kind = "mem"
 //! capacity = "8GiB"      # required
 //! policy = "prefix"      # auto (the default; lru with ttl or tti), lru, tinylfu, sieve,
-//!                        # s3fifo, arc, prefix or radix
+//!                        # s3fifo, arc, prefix, radix, lfu or sampled
 //! ttl = "10m"            # optional time to live (lru and tinylfu only)
 //! tti = "2m"             # optional time to idle (lru and tinylfu only)
 //! ```

@@ -5,7 +5,9 @@
 //! kind = "nixl-file"
 //! dirs = ["/mnt/nvme0/kv", "/mnt/nvme1/kv"]   # required; one per disk
 //! capacity = "1TiB"             # optional; eviction beyond it, by `policy`
-//! policy = "auto"               # auto (default), lru, sieve, s3fifo, arc, prefix, radix
+//! policy = "auto"               # auto (default), lru, sieve, s3fifo, arc, prefix, radix, lfu, sampled
+//! ordered_pages = 262144        # owner: pages kept in the policy's exact order; past them
+//!                               # eviction is sampled LRU (about 85 B a page, not up to 700)
 //! plugin = "POSIX"              # POSIX, GDS, GDS_MT or HF3FS
 //! plugin_params = { use_uring = "true" }
 //! path_mode = "auto"            # auto, on or off
@@ -51,7 +53,7 @@
 //! transfer_timeout = "30s"
 //! max_abandoned = "1GiB"        # kept for good by requests that never finished; then errors
 //! capacity = "2TiB"             # optional bound on the prefix's pages, evicting by `policy`
-//! policy = "auto"               # auto (default), lru, sieve, s3fifo, arc, prefix, radix
+//! policy = "auto"               # auto (default), lru, sieve, s3fifo, arc, prefix, radix, lfu, sampled
 //! access = "private"            # or shared, as for `object` (one evictor per prefix)
 //! ```
 
@@ -75,6 +77,7 @@ struct FileParams {
     dirs: Vec<PathBuf>,
     capacity: Option<ByteSize>,
     policy: Option<tier_policy::PolicyKind>,
+    ordered_pages: Option<usize>,
     #[serde(default)]
     plugin: FilePlugin,
     #[serde(default)]
@@ -112,6 +115,15 @@ fn to_config(name: &str, p: FileParams) -> Result<NixlFileConfig, TierError> {
     let mut c = NixlFileConfig::new(p.dirs);
     c.name = name.to_string();
     c.capacity_bytes = p.capacity.map(|b| b.0);
+    if let Some(pages) = p.ordered_pages {
+        if p.access != FileAccess::Owner {
+            return Err(TierError::config(
+                "ordered_pages",
+                "is a setting of access = \"owner\" (only an owner keeps an index)",
+            ));
+        }
+        c.ordered_pages = pages;
+    }
     let shared_only = [
         ("lease", p.lease.is_some()),
         ("touch_interval", p.touch_interval.is_some()),

@@ -14,7 +14,7 @@
 //! concurrency = 16
 //! op_timeout = "30s"
 //! capacity = "2TiB"             # optional bound on the prefix's pages, evicting by `policy`
-//! policy = "auto"               # auto (default), lru, sieve, s3fifo, arc, prefix, radix
+//! policy = "auto"               # auto (default), lru, sieve, s3fifo, arc, prefix, radix, lfu, sampled
 //! access = "private"            # private, or shared: the capacity is the prefix's, for every
 //!                               # node writing it (one evictor at a time, by a lease object)
 //! lease = "30s"                 # shared: an evictor that dies or stalls is taken over after it

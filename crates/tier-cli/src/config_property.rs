@@ -64,6 +64,7 @@ const POLICIES: Values = Values {
         "\"prefix\"",
         "\"s3fifo\"",
         "\"radix\"",
+        "\"sampled\"",
     ],
     bad: &["\"tinylfu\"", "\"bogus\"", "3"],
 };

@@ -45,4 +45,4 @@ macro_rules! per_policy {
     };
 }
 
-per_policy!(lru: Lru, tinylfu: Tinylfu, sieve: Sieve, s3fifo: S3fifo, arc: Arc, prefix: Prefix, radix: Radix, lfu: Lfu, auto: Auto);
+per_policy!(lru: Lru, tinylfu: Tinylfu, sieve: Sieve, s3fifo: S3fifo, arc: Arc, prefix: Prefix, radix: Radix, lfu: Lfu, sampled: Sampled, auto: Auto);

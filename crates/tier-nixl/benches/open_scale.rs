@@ -15,7 +15,8 @@
 //! the folder's bytes at the end against its capacity (listed and summed).
 //!
 //! `cargo bench -p tier-nixl --bench open_scale` (pages: `$KVTIER_BENCH_PAGES`, default 100000;
-//! rounds: `$KVTIER_BENCH_ROUNDS`, default 3).
+//! rounds: `$KVTIER_BENCH_ROUNDS`, default 3; the owner's policy: `$KVTIER_BENCH_POLICY`, default
+//! the tier's).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -33,12 +34,22 @@ fn key(i: usize) -> PageKey {
 fn config(dir: &Path, access: FileAccess) -> NixlFileConfig {
     let mut config = NixlFileConfig::new([dir.to_path_buf()]);
     config.access = access;
+    if let Ok(policy) = std::env::var("KVTIER_BENCH_POLICY") {
+        config.policy = policy.parse().expect("KVTIER_BENCH_POLICY names a policy");
+    }
     config.engine = FileEngine::Syscalls;
     config.transfer_timeout = Duration::from_secs(600);
     config
 }
 
+/// The process's resident set, the allocator's free memory handed back first: memory earlier
+/// work freed (a dropped tier's index) would otherwise be counted out of the baseline and
+/// reused unseen by the next.
 fn rss_bytes() -> u64 {
+    // SAFETY: malloc_trim only hands free memory of the allocator's arenas back to the system.
+    unsafe {
+        libc::malloc_trim(0);
+    }
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     let pages: u64 = statm
         .split_whitespace()

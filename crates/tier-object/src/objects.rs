@@ -76,7 +76,7 @@ impl Objects {
                 let policy = config.policy.build().ok_or_else(|| {
                     TierError::config(
                         "policy",
-                        "tinylfu is moka's, for DRAM tiers; an object tier takes lru, sieve, s3fifo, arc or prefix",
+                        "tinylfu is moka's, for DRAM tiers; an object tier takes auto, lru, sieve, s3fifo, arc, prefix, radix, lfu or sampled",
                     )
                 })?;
                 Some(Catalog::new(policy, capacity))

@@ -177,4 +177,4 @@ macro_rules! per_policy {
     };
 }
 
-per_policy!(lru: Lru, radix: Radix, sieve: Sieve, s3fifo: S3fifo, arc: Arc, prefix: Prefix, lfu: Lfu, auto: Auto);
+per_policy!(lru: Lru, radix: Radix, sieve: Sieve, s3fifo: S3fifo, arc: Arc, prefix: Prefix, lfu: Lfu, sampled: Sampled, auto: Auto);

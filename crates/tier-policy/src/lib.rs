@@ -14,6 +14,7 @@ mod lfu;
 mod lru;
 mod prefix;
 mod s3fifo;
+mod sampled;
 mod sieve;
 
 use std::hash::Hash;
@@ -24,6 +25,7 @@ pub use lfu::Lfu;
 pub use lru::Lru;
 pub use prefix::Prefix;
 pub use s3fifo::S3Fifo;
+pub use sampled::{Sampled, SampledTable};
 pub use sieve::Sieve;
 
 /// The maps the policies keep per key: hashbrown's fast hasher, not SipHash (a policy hashes a
@@ -75,6 +77,9 @@ pub enum PolicyKind {
     Radix,
     /// Least frequently used, counts never aged and kept past eviction (see [`Lfu`]).
     Lfu,
+    /// Least recently used as Redis approximates it: the oldest of random samples, no order
+    /// kept, so the smallest index per page (see [`Sampled`]).
+    Sampled,
     /// The default: LRU, `prefix`, `lfu` or `arc`, whichever miniature simulations of the
     /// recent requests favour (see [`Auto`]); never below LRU on any trace measured.
     #[default]
@@ -83,7 +88,7 @@ pub enum PolicyKind {
 
 impl PolicyKind {
     /// Every policy, in the order reports list them.
-    pub const ALL: [PolicyKind; 9] = [
+    pub const ALL: [PolicyKind; 10] = [
         PolicyKind::Lru,
         PolicyKind::Tinylfu,
         PolicyKind::Sieve,
@@ -92,6 +97,7 @@ impl PolicyKind {
         PolicyKind::Prefix,
         PolicyKind::Radix,
         PolicyKind::Lfu,
+        PolicyKind::Sampled,
         PolicyKind::Auto,
     ];
 
@@ -106,6 +112,7 @@ impl PolicyKind {
             PolicyKind::Prefix => "prefix",
             PolicyKind::Radix => "radix",
             PolicyKind::Lfu => "lfu",
+            PolicyKind::Sampled => "sampled",
             PolicyKind::Auto => "auto",
         }
     }
@@ -121,6 +128,7 @@ impl PolicyKind {
             PolicyKind::Prefix => Box::new(Prefix::default()),
             PolicyKind::Radix => Box::new(Prefix::leaf_lru()),
             PolicyKind::Lfu => Box::new(Lfu::default()),
+            PolicyKind::Sampled => Box::new(Sampled::default()),
             PolicyKind::Auto => Box::new(Auto::default()),
         })
     }

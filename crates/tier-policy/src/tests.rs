@@ -107,6 +107,46 @@ fn lru_evicts_the_least_recently_used() {
     assert_eq!(order, vec![1, 2, 3, 0]);
 }
 
+/// Sampled LRU evicts old keys: of 10,000 keys, the half read again after all were stored
+/// loses almost none of the first 2,000 victims, the half not read loses the rest.
+#[test]
+fn sampled_evicts_keys_not_used_for_long() {
+    let mut p = PolicyKind::Sampled.build::<u32>().unwrap();
+    for k in 0..10_000u32 {
+        p.insert(&k, 1, None);
+    }
+    for k in 0..5_000u32 {
+        p.touch(&k, None);
+    }
+    let victims: Vec<u32> = (0..2_000)
+        .map(|_| p.victim(&mut |_| false).unwrap())
+        .collect();
+    let recent = victims.iter().filter(|&&k| k < 5_000).count();
+    assert!(recent <= 20, "{recent} of 2,000 victims were read recently");
+    let distinct: HashSet<u32> = victims.iter().copied().collect();
+    assert_eq!(distinct.len(), 2_000, "each victim goes once");
+}
+
+/// With every key but one protected, that one is found (after the samples found none).
+#[test]
+fn sampled_finds_the_one_unprotected_key() {
+    let mut table = crate::SampledTable::<u32, bool>::default();
+    for k in 0..1_000u32 {
+        table.insert(k, k != 777);
+    }
+    assert_eq!(table.victim(&mut |_, &pinned| pinned), Some((777, false)));
+    assert_eq!(table.victim(&mut |_, &pinned| pinned), None);
+    assert_eq!(table.len(), 999);
+    assert_eq!(table.remove(&5), Some(true));
+    assert_eq!(
+        table.get(&999),
+        Some(&true),
+        "the slot moved into 5's place is found"
+    );
+    assert_eq!(table.drain().count(), 998);
+    assert!(table.is_empty());
+}
+
 /// A scan of keys used once, longer than the cache, does not flush keys read twice before:
 /// the frequency-aware policies keep them where LRU lets every one go.
 #[test]

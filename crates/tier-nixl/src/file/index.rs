@@ -9,31 +9,102 @@
 //! The index is authoritative for the process that owns the storage folders (an exclusive lock
 //! file makes that one process). It is rebuilt by scanning at start, while calls are served
 //! (see [`PageIndex::load`]): until it is, a key it does not hold has its file looked at, and a
-//! key removed meanwhile is never indexed from the scan. Cost per page, for
-//! 64-character keys, in heap bytes: about 705 under the default policy, `auto` (which keeps
-//! an LRU, a prefix, an ARC and an LFU order), 235 under `lru` (hash-map slot with the page's length,
-//! generation and checksum, the key's shared string, and the policy's entries; the
-//! `footprint` test counts both). Nothing else in the tier grows
-//! with the pages stored.
+//! key removed meanwhile is never indexed from the scan.
+//!
+//! It keeps its policy's exact order up to `ordered_pages` pages, then carries that order over
+//! to sampled LRU ([`SampledTable`]) for good. Cost per page, for 64-character keys, in heap
+//! bytes (the `footprint` test, 500,000 pages): in exact order about 690 under `auto` (which
+//! keeps an LRU, a prefix, an ARC and an LFU order) and 220 under `lru` (a hash-map slot with
+//! the page's length, generation and checksum, the key's shared string, and the policy's
+//! entries); sampled, 86 (one dense slot with the key packed, the entry and its clock, and
+//! 32-bit slot numbers in a hash table). Nothing else in the tier grows with the pages stored.
 
 use std::collections::{HashMap, HashSet};
 
 use tier_core::PageKey;
-use tier_policy::{Policy, PolicyKind};
+use tier_policy::{Policy, PolicyKind, SampledTable};
 
 #[derive(Debug)]
 struct Entry {
     len: u64,
-    pins: u32,
     generation: u64,
-    /// The checksum of the file it describes, once known (written or verified by this process).
-    checksum: Option<u32>,
+    /// The checksum of the file it describes, once known (written or verified by this
+    /// process): valid where `checksummed`.
+    checksum: u32,
+    checksummed: bool,
+    pins: u16,
 }
 
-/// Pages known to be complete on disk, ordered for eviction by a [`Policy`].
+/// Where the entries are, and what orders them for eviction.
+enum Store {
+    /// A map of entries and a [`Policy`] holding the keys in its order.
+    Ordered {
+        entries: HashMap<PageKey, Entry>,
+        policy: Box<dyn Policy<PageKey>>,
+    },
+    /// `sampled`: the entries in a [`SampledTable`], each with its last use and no order, under
+    /// keys packed where they are hex digests (see [`Packed`]).
+    Sampled(SampledTable<Packed, Entry>),
+}
+
+/// A key as the sampled store holds it: a key of 64 lower-case hex digits (a SHA-256 hex
+/// digest, as SGLang names pages) as its 32 bytes, any other key as itself.
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Packed {
+    Digest([u8; 32]),
+    Key(PageKey),
+}
+
+impl Packed {
+    fn of(key: &PageKey) -> Packed {
+        let text = key.as_str().as_bytes();
+        let nibble = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        };
+        if text.len() == 64 {
+            let mut bytes = [0u8; 32];
+            let all = bytes.iter_mut().zip(text.chunks(2)).all(|(b, pair)| {
+                match (nibble(pair[0]), nibble(pair[1])) {
+                    (Some(hi), Some(lo)) => {
+                        *b = hi << 4 | lo;
+                        true
+                    }
+                    _ => false,
+                }
+            });
+            if all {
+                return Packed::Digest(bytes);
+            }
+        }
+        Packed::Key(key.clone())
+    }
+
+    fn key(&self) -> PageKey {
+        match self {
+            Packed::Digest(bytes) => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                let mut text = String::with_capacity(64);
+                for b in bytes {
+                    text.push(HEX[usize::from(b >> 4)] as char);
+                    text.push(HEX[usize::from(b & 0xf)] as char);
+                }
+                PageKey::new(text).unwrap_or_else(|_| unreachable!("64 hex digits are a key"))
+            }
+            Packed::Key(key) => key.clone(),
+        }
+    }
+}
+
+/// Pages an index keeps in its policy's exact order by default; past them it turns sampled.
+pub const ORDERED_PAGES: usize = 1 << 18;
+
+/// Pages known to be complete on disk, ordered for eviction by a [`Policy`] up to
+/// `ordered_pages`, by sampled last use past them (and from the start under `sampled`).
 pub struct PageIndex {
-    entries: HashMap<PageKey, Entry>,
-    policy: Box<dyn Policy<PageKey>>,
+    store: Store,
+    ordered_pages: usize,
     next_generation: u64,
     bytes: u64,
     /// Set while the pages found at open are indexed (see [`PageIndex::load`]).
@@ -72,13 +143,76 @@ impl PageIndex {
     /// An empty index evicting by `policy`; `None` for a policy kvtier does not implement
     /// (TinyLFU is moka's, for DRAM only).
     pub fn new(policy: PolicyKind) -> Option<Self> {
+        let store = match policy {
+            PolicyKind::Sampled => Store::Sampled(SampledTable::default()),
+            other => Store::Ordered {
+                entries: HashMap::new(),
+                policy: other.build()?,
+            },
+        };
         Some(PageIndex {
-            entries: HashMap::new(),
-            policy: policy.build()?,
+            store,
+            ordered_pages: ORDERED_PAGES,
             next_generation: 0,
             bytes: 0,
             loading: None,
         })
+    }
+
+    /// The same index, keeping its policy's order up to `pages` pages (default
+    /// [`ORDERED_PAGES`]): past them it carries that order over to sampled last use for good.
+    pub fn ordered_up_to(mut self, pages: usize) -> Self {
+        self.ordered_pages = pages;
+        self
+    }
+
+    /// Whether the index holds its policy's exact order (else sampled last use).
+    #[cfg(test)]
+    fn ordered(&self) -> bool {
+        matches!(self.store, Store::Ordered { .. })
+    }
+
+    /// Readies the index for `pages` more pages (those an open's scan found): if they would
+    /// take it past its ordered pages, it turns sampled now, while it holds few, rather than in
+    /// the middle of the load (carrying 262,144 pages' `auto` order over held the index's lock
+    /// for about half a second).
+    pub fn expect(&mut self, pages: usize) {
+        if self.pages().saturating_add(pages) > self.ordered_pages {
+            self.turn_sampled();
+        }
+    }
+
+    /// Turns an ordered index sampled, its policy's order kept: the policy's victims, first to
+    /// last, become the least to the most recently used.
+    fn turn_sampled(&mut self) {
+        let Store::Ordered { entries, policy } = &mut self.store else {
+            return;
+        };
+        let mut table = SampledTable::default();
+        while let Some(key) = policy.victim(&mut |_| false) {
+            if let Some(e) = entries.remove(&key) {
+                table.insert(Packed::of(&key), e);
+            }
+        }
+        for (key, e) in entries.drain() {
+            table.insert(Packed::of(&key), e);
+        }
+        self.store = Store::Sampled(table);
+        release_freed_memory();
+    }
+
+    fn entry(&self, key: &PageKey) -> Option<&Entry> {
+        match &self.store {
+            Store::Ordered { entries, .. } => entries.get(key),
+            Store::Sampled(table) => table.get(&Packed::of(key)),
+        }
+    }
+
+    fn entry_mut(&mut self, key: &PageKey) -> Option<&mut Entry> {
+        match &mut self.store {
+            Store::Ordered { entries, .. } => entries.get_mut(key),
+            Store::Sampled(table) => table.get_mut(&Packed::of(key)),
+        }
     }
 
     /// Starts indexing pages found on disk beside the calls served meanwhile (see
@@ -95,7 +229,7 @@ impl PageIndex {
     /// Whether `key`'s file may hold a page found at open and not indexed yet: its file is
     /// to be looked at.
     pub fn may_hold_unindexed(&self, key: &PageKey) -> bool {
-        !self.entries.contains_key(key)
+        !self.contains(key)
             && self
                 .loading
                 .as_ref()
@@ -109,7 +243,7 @@ impl PageIndex {
         let Some(loading) = &self.loading else {
             return Loaded::Known;
         };
-        if self.entries.contains_key(&key) || loading.gone.contains(&key) {
+        if loading.gone.contains(&key) || self.contains(&key) {
             return Loaded::Known;
         }
         if loading.cleared {
@@ -127,25 +261,27 @@ impl PageIndex {
 
     /// The stored length of `key`, if present.
     pub fn len_of(&self, key: &PageKey) -> Option<u64> {
-        self.entries.get(key).map(|e| e.len)
+        self.entry(key).map(|e| e.len)
     }
 
     /// The generation of `key`'s entry (new with every insert), if present.
     pub fn generation(&self, key: &PageKey) -> Option<u64> {
-        self.entries.get(key).map(|e| e.generation)
+        self.entry(key).map(|e| e.generation)
     }
 
     /// The checksum recorded for `key`'s file, if this process knows it.
     pub fn checksum(&self, key: &PageKey) -> Option<u32> {
-        self.entries.get(key).and_then(|e| e.checksum)
+        self.entry(key)
+            .and_then(|e| e.checksummed.then_some(e.checksum))
     }
 
     /// Records the checksum of `key`'s file, verified against its recorded one, if its entry is
     /// still of `generation`.
     pub fn learn_checksum(&mut self, key: &PageKey, generation: u64, checksum: u32) {
-        if let Some(e) = self.entries.get_mut(key) {
+        if let Some(e) = self.entry_mut(key) {
             if e.generation == generation {
-                e.checksum = Some(checksum);
+                e.checksum = checksum;
+                e.checksummed = true;
             }
         }
     }
@@ -160,7 +296,7 @@ impl PageIndex {
 
     /// Whether `key` is present.
     pub fn contains(&self, key: &PageKey) -> bool {
-        self.entries.contains_key(key)
+        self.entry(key).is_some()
     }
 
     /// Bytes of all indexed pages.
@@ -170,7 +306,10 @@ impl PageIndex {
 
     /// Number of indexed pages.
     pub fn pages(&self) -> usize {
-        self.entries.len()
+        match &self.store {
+            Store::Ordered { entries, .. } => entries.len(),
+            Store::Sampled(table) => table.len(),
+        }
     }
 
     /// Records a complete page (new or replaced) and its file's checksum if known, stored after
@@ -183,40 +322,69 @@ impl PageIndex {
         after: Option<&PageKey>,
     ) {
         self.next_generation += 1;
-        let generation = self.next_generation;
-        self.policy.insert(&key, len, after);
-        if let Some(e) = self.entries.get_mut(&key) {
-            self.bytes = self.bytes - e.len + len;
-            e.len = len;
-            e.generation = generation;
-            e.checksum = checksum;
-        } else {
-            self.bytes += len;
-            self.entries.insert(
-                key,
-                Entry {
-                    len,
-                    pins: 0,
-                    generation,
-                    checksum,
-                },
-            );
-        }
+        let entry = Entry {
+            len,
+            generation: self.next_generation,
+            checksum: checksum.unwrap_or(0),
+            checksummed: checksum.is_some(),
+            pins: 0,
+        };
+        let replaced = match &mut self.store {
+            Store::Ordered { entries, policy } => {
+                policy.insert(&key, len, after);
+                let replaced = match entries.get_mut(&key) {
+                    Some(e) => Some(std::mem::replace(
+                        e,
+                        Entry {
+                            pins: e.pins,
+                            ..entry
+                        },
+                    )),
+                    None => entries.insert(key, entry),
+                };
+                if entries.len() > self.ordered_pages {
+                    self.turn_sampled();
+                }
+                replaced
+            }
+            Store::Sampled(table) => {
+                let packed = Packed::of(&key);
+                let pins = table.get(&packed).map_or(0, |e| e.pins);
+                table.insert(packed, Entry { pins, ..entry })
+            }
+        };
+        self.bytes = self.bytes - replaced.map_or(0, |e| e.len) + len;
     }
 
     /// Marks `key` as just read (after `after` in its batch).
     pub fn touch(&mut self, key: &PageKey, after: Option<&PageKey>) {
-        if self.entries.contains_key(key) {
-            self.policy.touch(key, after);
+        match &mut self.store {
+            Store::Ordered { entries, policy } => {
+                if entries.contains_key(key) {
+                    policy.touch(key, after);
+                }
+            }
+            Store::Sampled(table) => {
+                table.touch(&Packed::of(key));
+            }
         }
     }
 
     /// Forgets `key`; returns whether it was present.
     pub fn remove(&mut self, key: &PageKey) -> bool {
         self.forgotten(key);
-        match self.entries.remove(key) {
+        let removed = match &mut self.store {
+            Store::Ordered { entries, policy } => {
+                let e = entries.remove(key);
+                if e.is_some() {
+                    policy.remove(key);
+                }
+                e
+            }
+            Store::Sampled(table) => table.remove(&Packed::of(key)),
+        };
+        match removed {
             Some(e) => {
-                self.policy.remove(key);
                 self.bytes -= e.len;
                 true
             }
@@ -230,21 +398,26 @@ impl PageIndex {
             loading.gone.clear();
             loading.cleared = true;
         }
-        self.policy.clear();
         self.bytes = 0;
-        self.entries.drain().map(|(k, _)| k).collect()
+        match &mut self.store {
+            Store::Ordered { entries, policy } => {
+                policy.clear();
+                entries.drain().map(|(k, _)| k).collect()
+            }
+            Store::Sampled(table) => table.drain().map(|(k, _)| k.key()).collect(),
+        }
     }
 
     /// Protects `key` from eviction while it is read.
     pub fn pin(&mut self, key: &PageKey) {
-        if let Some(e) = self.entries.get_mut(key) {
-            e.pins += 1;
+        if let Some(e) = self.entry_mut(key) {
+            e.pins = e.pins.saturating_add(1);
         }
     }
 
     /// Ends one [`PageIndex::pin`].
     pub fn unpin(&mut self, key: &PageKey) {
-        if let Some(e) = self.entries.get_mut(key) {
+        if let Some(e) = self.entry_mut(key) {
             e.pins = e.pins.saturating_sub(1);
         }
     }
@@ -254,18 +427,36 @@ impl PageIndex {
     pub fn evict_to(&mut self, capacity: u64) -> Vec<PageKey> {
         let mut victims = Vec::new();
         while self.bytes > capacity {
-            let entries = &self.entries;
-            let mut pinned = |k: &PageKey| entries.get(k).is_some_and(|e| e.pins > 0);
-            let Some(key) = self.policy.victim(&mut pinned) else {
+            let victim = match &mut self.store {
+                Store::Ordered { entries, policy } => {
+                    let mut pinned = |k: &PageKey| entries.get(k).is_some_and(|e| e.pins > 0);
+                    policy
+                        .victim(&mut pinned)
+                        .map(|key| (entries.remove(&key).map_or(0, |e| e.len), key))
+                }
+                Store::Sampled(table) => table
+                    .victim(&mut |_, e| e.pins > 0)
+                    .map(|(packed, e)| (e.len, packed.key())),
+            };
+            let Some((len, key)) = victim else {
                 break;
             };
-            if let Some(e) = self.entries.remove(&key) {
-                self.bytes -= e.len;
-            }
+            self.bytes -= len;
             self.forgotten(&key);
             victims.push(key);
         }
         victims
+    }
+}
+
+/// Gives the allocator's free memory back to the system: after an index turned sampled (its
+/// policy's entries freed) and after an open's scan (its keys freed once indexed), glibc keeps
+/// the freed blocks, millions of small ones, in the process's resident set otherwise.
+pub(super) fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only hands free memory of the allocator's arenas back to the system.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -290,6 +481,61 @@ mod tests {
         assert!(idx.contains(&k("a")) && idx.contains(&k("b")));
         idx.unpin(&k("b"));
         assert_eq!(idx.evict_to(10), vec![k("b")]);
+    }
+
+    /// Past its ordered pages the index turns sampled, keeping what each page was (length,
+    /// generation, checksum, pins) and the policy's order: the pages it evicts first are those
+    /// the policy held least recently used, never a pinned one.
+    #[test]
+    fn past_its_ordered_pages_the_index_turns_sampled_and_keeps_the_order() {
+        let mut idx = PageIndex::new(PolicyKind::Lru)
+            .unwrap()
+            .ordered_up_to(1_000);
+        let key = |i: u64| k(&format!("{:064x}", i * 7919));
+        for i in 0..1_000 {
+            idx.insert(key(i), 10, Some(i as u32), None);
+        }
+        assert!(idx.ordered());
+        // The first half read again: the second half is now the least recently used.
+        for i in 0..500 {
+            idx.touch(&key(i), None);
+        }
+        idx.pin(&key(999));
+        let generation = idx.generation(&key(3));
+        idx.insert(k("not-a-digest"), 10, None, None);
+        assert!(!idx.ordered(), "1,001 pages: sampled");
+        assert_eq!((idx.pages(), idx.bytes()), (1_001, 10_010));
+        assert_eq!(idx.checksum(&key(3)), Some(3));
+        assert_eq!(idx.generation(&key(3)), generation);
+        let victims = idx.evict_to(10_010 - 2_000);
+        assert_eq!(victims.len(), 200);
+        let recent = victims
+            .iter()
+            .filter(|v| (0..500).any(|i| **v == key(i)))
+            .count();
+        assert!(
+            recent <= 2,
+            "{recent} of 200 victims were read after the others"
+        );
+        assert!(!victims.contains(&key(999)), "a pinned page stays");
+        assert!(idx.contains(&k("not-a-digest")));
+        assert_eq!(idx.drain().len(), 801);
+    }
+
+    /// An open whose scan found more pages than the index keeps in order turns it sampled
+    /// before loading them; fewer leave it ordered.
+    #[test]
+    fn an_index_expecting_more_than_its_ordered_pages_turns_sampled_first() {
+        let mut idx = PageIndex::new(PolicyKind::Auto).unwrap().ordered_up_to(100);
+        for name in ["a", "b", "c"] {
+            idx.insert(k(name), 10, None, None);
+        }
+        idx.expect(97);
+        assert!(idx.ordered(), "100 pages fit the order");
+        idx.expect(98);
+        assert!(!idx.ordered(), "101 would not");
+        assert_eq!((idx.pages(), idx.bytes()), (3, 30));
+        assert_eq!(idx.evict_to(20), vec![k("a")], "the oldest goes first");
     }
 
     #[test]
@@ -339,18 +585,22 @@ mod footprint {
     #[global_allocator]
     static ALLOCATOR: Counting = Counting;
 
-    /// Heap bytes per page of an index of `PAGES` 64-character keys under `policy`.
-    fn per_page(policy: PolicyKind) -> f64 {
+    /// Heap bytes per page of an index of `PAGES` 64-character keys under `policy`, in its
+    /// exact order up to `ordered` pages.
+    fn per_page(policy: PolicyKind, ordered: usize) -> f64 {
         const PAGES: usize = 500_000;
         let before = LIVE.load(Relaxed);
-        let mut idx = PageIndex::new(policy).unwrap();
+        let mut idx = PageIndex::new(policy).unwrap().ordered_up_to(ordered);
         for i in 0..PAGES {
             let key = format!("{:064x}", (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
             idx.insert(PageKey::new(key).unwrap(), 65536, Some(i as u32), None);
         }
         assert_eq!(idx.pages(), PAGES);
         let per_page = (LIVE.load(Relaxed) - before) as f64 / PAGES as f64;
-        println!("page index, {policy}: {per_page:.0} heap bytes per page ({PAGES} pages)");
+        println!(
+            "page index, {policy}, ordered up to {ordered} pages: {per_page:.0} heap bytes per \
+             page ({PAGES} pages)"
+        );
         per_page
     }
 
@@ -361,9 +611,13 @@ mod footprint {
         if !tier_tests::fd::in_own_process() {
             return;
         }
-        let default = per_page(PolicyKind::default());
-        assert!(default < 750.0, "default policy: {default} bytes per page");
-        let lru = per_page(PolicyKind::Lru);
-        assert!(lru < 255.0, "lru: {lru} bytes per page");
+        let default = per_page(PolicyKind::default(), ORDERED_PAGES);
+        assert!(default <= 96.0, "default: {default} bytes per page");
+        let auto = per_page(PolicyKind::Auto, usize::MAX);
+        assert!(auto < 700.0, "auto, ordered: {auto} bytes per page");
+        let lru = per_page(PolicyKind::Lru, usize::MAX);
+        assert!(lru < 230.0, "lru, ordered: {lru} bytes per page");
+        let sampled = per_page(PolicyKind::Sampled, ORDERED_PAGES);
+        assert!(sampled <= 96.0, "sampled: {sampled} bytes per page");
     }
 }

@@ -34,9 +34,11 @@ impl Shared {
     ) -> Result<Self, TierError> {
         let runtime = crate::runtime::load(config.runtime_dir.as_deref())?;
         let layout = Layout::create(&config.dirs, config.mode)?;
-        let index = PageIndex::new(config.policy).ok_or_else(|| {
-            TierError::config("policy", format!("{} is not for file tiers", config.policy))
-        })?;
+        let index = PageIndex::new(config.policy)
+            .ok_or_else(|| {
+                TierError::config("policy", format!("{} is not for file tiers", config.policy))
+            })?
+            .ordered_up_to(config.ordered_pages);
         let locks = match config.access {
             FileAccess::Reader => Vec::new(),
             // Nothing to lock with: sharers cannot keep an owner out (see `SharedLocks::None`).

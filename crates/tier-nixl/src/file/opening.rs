@@ -87,15 +87,19 @@ impl Work {
                     .into_iter()
                     .map(|(k, len, _)| (k, len))
                     .collect();
+                self.catalog.expect(found.len());
                 for batch in found.chunks(LOAD_BATCH) {
                     self.alive()?;
                     self.catalog.load(batch);
                 }
+                let pages = found.len();
+                drop(found);
                 self.catalog.loaded();
+                super::index::release_freed_memory();
                 self.tier.upgrade()?.enforce_capacity();
                 Some(format!(
                     "the pages found at open are indexed: {} pages, {} leftover temp files removed, {} foreign files left",
-                    found.len(),
+                    pages,
                     report.temps_removed,
                     report.foreign
                 ))

@@ -101,7 +101,7 @@ impl NixlObjConfig {
         if self.capacity_bytes.is_some() && self.policy.build::<PageKey>().is_none() {
             return Err(TierError::config(
                 "policy",
-                "tinylfu is moka's, for DRAM tiers; an object tier takes lru, sieve, s3fifo, arc or prefix",
+                "tinylfu is moka's, for DRAM tiers; an object tier takes auto, lru, sieve, s3fifo, arc, prefix, radix, lfu or sampled",
             ));
         }
         if self.s3.access_key.is_empty() || self.s3.secret_key.is_empty() {

@@ -83,6 +83,14 @@ impl Catalog {
         }
     }
 
+    /// Readies an owner's index for the `pages` its open's scan found (see
+    /// [`PageIndex::expect`]).
+    pub fn expect(&self, pages: usize) {
+        if let Some(mut index) = self.index() {
+            index.expect(pages);
+        }
+    }
+
     /// Indexes pages found in an owner's folders at open (oldest first), as
     /// [`PageIndex::load`] decides; unlinks those a clear since then left on disk.
     pub fn load(&self, found: &[(PageKey, u64)]) {
