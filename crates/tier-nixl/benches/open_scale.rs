@@ -9,7 +9,8 @@
 //! rounds: listing and `stat`ing every page file once (what an open that reads every page's
 //! metadata pays before its first call). Also the resident memory per page held, owner and
 //! sharer (first round: the process's RSS once the open's background work is done, less
-//! before the open) and `exists` latency once loaded (p50/p99, one key per call). Last, the
+//! before the open; and the same less what an open of an empty folder grew it by, its staging
+//! buffers and threads) and `exists` latency once loaded (p50/p99, one key per call). Last, the
 //! full folder given a capacity a little above what it holds, owner and sharer: single-page
 //! puts timed, those during which the tier evicted apart from those it did not (p50/p99), and
 //! the folder's bytes at the end against its capacity (listed and summed).
@@ -179,6 +180,20 @@ async fn reopen(dir: &Path, access: FileAccess, probe: &PageKey) -> ([f64; 3], u
     ([opened, first, done], grown)
 }
 
+/// The RSS an open of an empty folder for `access` grew by, once its background work was done.
+async fn open_empty(access: FileAccess) -> u64 {
+    let dir = tempfile::tempdir().unwrap();
+    let rss = rss_bytes();
+    let tier = NixlFileTier::open(config(dir.path(), access))
+        .await
+        .unwrap();
+    assert_eq!(tier.exists(&[key(0)]).await.unwrap(), 0);
+    tier.opened().await;
+    let grown = rss_bytes().saturating_sub(rss);
+    drop(tier);
+    grown
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let n: usize = std::env::var("KVTIER_BENCH_PAGES")
@@ -238,6 +253,12 @@ async fn main() {
     // Per access, in the first round: the sharer's first, before the owner's index has grown
     // the heap (an allocator keeps what it freed).
     let mut rss_per_page = [None, None];
+    // What an open costs whatever the folder holds (its staging buffers, threads): an empty
+    // folder's, here, after the fill did the process's one-time setup.
+    let mut rss_empty = [0u64; 2];
+    for (i, access) in [(1, FileAccess::Shared), (0, FileAccess::Owner)] {
+        rss_empty[i] = open_empty(access).await;
+    }
     for _ in 0..rounds {
         for (i, access) in [(1, FileAccess::Shared), (0, FileAccess::Owner)] {
             let (t, grown) = reopen(&dir, access, &probe).await;
@@ -264,10 +285,18 @@ async fn main() {
             col(1) / base
         );
     }
-    println!(
-        "\nRSS per page held (first round, background work done): owner {:.0} B, shared {:.0} B",
+    let (owner, shared) = (
         rss_per_page[0].unwrap_or(0.0),
-        rss_per_page[1].unwrap_or(0.0)
+        rss_per_page[1].unwrap_or(0.0),
+    );
+    println!(
+        "\nRSS per page held (first round, background work done): owner {owner:.0} B, shared \
+         {shared:.0} B; less an empty folder's open (owner {:.1} MiB, shared {:.1} MiB): owner \
+         {:.0} B, shared {:.0} B",
+        rss_empty[0] as f64 / (1 << 20) as f64,
+        rss_empty[1] as f64 / (1 << 20) as f64,
+        owner - rss_empty[0] as f64 / n as f64,
+        shared - rss_empty[1] as f64 / n as f64,
     );
 
     for access in [FileAccess::Owner, FileAccess::Shared] {

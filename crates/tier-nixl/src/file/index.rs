@@ -16,13 +16,15 @@
 //! bytes (the `footprint` test, 500,000 pages): in exact order about 690 under `auto` (which
 //! keeps an LRU, a prefix, an ARC and an LFU order) and 220 under `lru` (a hash-map slot with
 //! the page's length, generation and checksum, the key's shared string, and the policy's
-//! entries); sampled, 86 (one dense slot with the key packed, the entry and its clock, and
-//! 32-bit slot numbers in a hash table). Nothing else in the tier grows with the pages stored.
+//! entries); sampled, 86 (one dense slot with the key packed (see [`Packer`]), the entry and its
+//! clock, and 32-bit slot numbers in a hash table). Nothing else in the tier grows with the pages stored.
 
 use std::collections::{HashMap, HashSet};
 
 use tier_core::PageKey;
 use tier_policy::{Policy, PolicyKind, SampledTable};
+
+use super::packed::{Packed, Packer};
 
 #[derive(Debug)]
 struct Entry {
@@ -43,58 +45,11 @@ enum Store {
         policy: Box<dyn Policy<PageKey>>,
     },
     /// `sampled`: the entries in a [`SampledTable`], each with its last use and no order, under
-    /// keys packed where they are hex digests (see [`Packed`]).
-    Sampled(SampledTable<Packed, Entry>),
-}
-
-/// A key as the sampled store holds it: a key of 64 lower-case hex digits (a SHA-256 hex
-/// digest, as SGLang names pages) as its 32 bytes, any other key as itself.
-#[derive(Clone, PartialEq, Eq, Hash)]
-enum Packed {
-    Digest([u8; 32]),
-    Key(PageKey),
-}
-
-impl Packed {
-    fn of(key: &PageKey) -> Packed {
-        let text = key.as_str().as_bytes();
-        let nibble = |c: u8| match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            _ => None,
-        };
-        if text.len() == 64 {
-            let mut bytes = [0u8; 32];
-            let all = bytes.iter_mut().zip(text.chunks(2)).all(|(b, pair)| {
-                match (nibble(pair[0]), nibble(pair[1])) {
-                    (Some(hi), Some(lo)) => {
-                        *b = hi << 4 | lo;
-                        true
-                    }
-                    _ => false,
-                }
-            });
-            if all {
-                return Packed::Digest(bytes);
-            }
-        }
-        Packed::Key(key.clone())
-    }
-
-    fn key(&self) -> PageKey {
-        match self {
-            Packed::Digest(bytes) => {
-                const HEX: &[u8; 16] = b"0123456789abcdef";
-                let mut text = String::with_capacity(64);
-                for b in bytes {
-                    text.push(HEX[usize::from(b >> 4)] as char);
-                    text.push(HEX[usize::from(b & 0xf)] as char);
-                }
-                PageKey::new(text).unwrap_or_else(|_| unreachable!("64 hex digits are a key"))
-            }
-            Packed::Key(key) => key.clone(),
-        }
-    }
+    /// keys packed where they end in a hex digest (see [`Packer`]).
+    Sampled {
+        table: SampledTable<Packed, Entry>,
+        packer: Packer,
+    },
 }
 
 /// Pages an index keeps in its policy's exact order by default; past them it turns sampled.
@@ -144,7 +99,10 @@ impl PageIndex {
     /// (TinyLFU is moka's, for DRAM only).
     pub fn new(policy: PolicyKind) -> Option<Self> {
         let store = match policy {
-            PolicyKind::Sampled => Store::Sampled(SampledTable::default()),
+            PolicyKind::Sampled => Store::Sampled {
+                table: SampledTable::default(),
+                packer: Packer::default(),
+            },
             other => Store::Ordered {
                 entries: HashMap::new(),
                 policy: other.build()?,
@@ -188,30 +146,30 @@ impl PageIndex {
         let Store::Ordered { entries, policy } = &mut self.store else {
             return;
         };
-        let mut table = SampledTable::default();
+        let (mut table, mut packer) = (SampledTable::default(), Packer::default());
         while let Some(key) = policy.victim(&mut |_| false) {
             if let Some(e) = entries.remove(&key) {
-                table.insert(Packed::of(&key), e);
+                table.insert(packer.pack(&key), e);
             }
         }
         for (key, e) in entries.drain() {
-            table.insert(Packed::of(&key), e);
+            table.insert(packer.pack(&key), e);
         }
-        self.store = Store::Sampled(table);
+        self.store = Store::Sampled { table, packer };
         release_freed_memory();
     }
 
     fn entry(&self, key: &PageKey) -> Option<&Entry> {
         match &self.store {
             Store::Ordered { entries, .. } => entries.get(key),
-            Store::Sampled(table) => table.get(&Packed::of(key)),
+            Store::Sampled { table, packer } => table.get(&packer.find(key)),
         }
     }
 
     fn entry_mut(&mut self, key: &PageKey) -> Option<&mut Entry> {
         match &mut self.store {
             Store::Ordered { entries, .. } => entries.get_mut(key),
-            Store::Sampled(table) => table.get_mut(&Packed::of(key)),
+            Store::Sampled { table, packer } => table.get_mut(&packer.find(key)),
         }
     }
 
@@ -308,7 +266,7 @@ impl PageIndex {
     pub fn pages(&self) -> usize {
         match &self.store {
             Store::Ordered { entries, .. } => entries.len(),
-            Store::Sampled(table) => table.len(),
+            Store::Sampled { table, .. } => table.len(),
         }
     }
 
@@ -347,8 +305,8 @@ impl PageIndex {
                 }
                 replaced
             }
-            Store::Sampled(table) => {
-                let packed = Packed::of(&key);
+            Store::Sampled { table, packer } => {
+                let packed = packer.pack(&key);
                 let pins = table.get(&packed).map_or(0, |e| e.pins);
                 table.insert(packed, Entry { pins, ..entry })
             }
@@ -364,8 +322,8 @@ impl PageIndex {
                     policy.touch(key, after);
                 }
             }
-            Store::Sampled(table) => {
-                table.touch(&Packed::of(key));
+            Store::Sampled { table, packer } => {
+                table.touch(&packer.find(key));
             }
         }
     }
@@ -381,7 +339,7 @@ impl PageIndex {
                 }
                 e
             }
-            Store::Sampled(table) => table.remove(&Packed::of(key)),
+            Store::Sampled { table, packer } => table.remove(&packer.find(key)),
         };
         match removed {
             Some(e) => {
@@ -404,7 +362,9 @@ impl PageIndex {
                 policy.clear();
                 entries.drain().map(|(k, _)| k).collect()
             }
-            Store::Sampled(table) => table.drain().map(|(k, _)| k.key()).collect(),
+            Store::Sampled { table, packer } => {
+                table.drain().map(|(k, _)| packer.key(&k)).collect()
+            }
         }
     }
 
@@ -434,9 +394,9 @@ impl PageIndex {
                         .victim(&mut pinned)
                         .map(|key| (entries.remove(&key).map_or(0, |e| e.len), key))
                 }
-                Store::Sampled(table) => table
+                Store::Sampled { table, packer } => table
                     .victim(&mut |_, e| e.pins > 0)
-                    .map(|(packed, e)| (e.len, packed.key())),
+                    .map(|(packed, e)| (e.len, packer.key(&packed))),
             };
             let Some((len, key)) = victim else {
                 break;
@@ -587,19 +547,20 @@ mod footprint {
 
     /// Heap bytes per page of an index of `PAGES` 64-character keys under `policy`, in its
     /// exact order up to `ordered` pages.
-    fn per_page(policy: PolicyKind, ordered: usize) -> f64 {
+    fn per_page(policy: PolicyKind, ordered: usize, prefix: &str) -> f64 {
         const PAGES: usize = 500_000;
         let before = LIVE.load(Relaxed);
         let mut idx = PageIndex::new(policy).unwrap().ordered_up_to(ordered);
         for i in 0..PAGES {
-            let key = format!("{:064x}", (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let hash = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let key = format!("{prefix}{hash:064x}");
             idx.insert(PageKey::new(key).unwrap(), 65536, Some(i as u32), None);
         }
         assert_eq!(idx.pages(), PAGES);
         let per_page = (LIVE.load(Relaxed) - before) as f64 / PAGES as f64;
         println!(
-            "page index, {policy}, ordered up to {ordered} pages: {per_page:.0} heap bytes per \
-             page ({PAGES} pages)"
+            "page index, {policy}, ordered up to {ordered} pages, keys {prefix:?} + 64 hex \
+             digits: {per_page:.0} heap bytes per page ({PAGES} pages)"
         );
         per_page
     }
@@ -611,13 +572,23 @@ mod footprint {
         if !tier_tests::fd::in_own_process() {
             return;
         }
-        let default = per_page(PolicyKind::default(), ORDERED_PAGES);
+        let default = per_page(PolicyKind::default(), ORDERED_PAGES, "");
         assert!(default <= 96.0, "default: {default} bytes per page");
-        let auto = per_page(PolicyKind::Auto, usize::MAX);
+        // As the SGLang adapter names pages: a namespace, then the block's digest.
+        let named = per_page(
+            PolicyKind::default(),
+            ORDERED_PAGES,
+            "sgl-0123456789abcdef-",
+        );
+        assert!(
+            named <= 96.0,
+            "default, namespaced keys: {named} bytes per page"
+        );
+        let auto = per_page(PolicyKind::Auto, usize::MAX, "");
         assert!(auto < 700.0, "auto, ordered: {auto} bytes per page");
-        let lru = per_page(PolicyKind::Lru, usize::MAX);
+        let lru = per_page(PolicyKind::Lru, usize::MAX, "");
         assert!(lru < 230.0, "lru, ordered: {lru} bytes per page");
-        let sampled = per_page(PolicyKind::Sampled, ORDERED_PAGES);
+        let sampled = per_page(PolicyKind::Sampled, ORDERED_PAGES, "");
         assert!(sampled <= 96.0, "sampled: {sampled} bytes per page");
     }
 }

@@ -33,6 +33,7 @@ mod io;
 mod layout;
 mod open;
 mod opening;
+mod packed;
 mod perms;
 mod probe;
 mod read;
