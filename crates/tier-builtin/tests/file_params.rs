@@ -43,3 +43,31 @@ async fn bounded_io_is_a_setting_and_a_wrong_value_is_named() {
         "{wrong}"
     );
 }
+
+/// `ordered_pages` is an owner's setting (it sizes an index only an owner keeps): taken there,
+/// refused naming itself where the access is shared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_pages_is_an_owners_setting() {
+    let tmp = tempfile::tempdir().unwrap();
+    let registry = tier_builtin::registry();
+    registry
+        .build(&config(
+            &tmp.path().join("owner"),
+            "capacity = \"1MiB\"\nordered_pages = 0",
+        ))
+        .await
+        .expect("an owner takes ordered_pages");
+    let shared = registry
+        .build(&config(
+            &tmp.path().join("shared"),
+            "access = \"shared\"\ncapacity = \"1MiB\"\nordered_pages = 10",
+        ))
+        .await
+        .err()
+        .expect("a sharer refuses ordered_pages")
+        .to_string();
+    assert!(
+        shared.contains("ordered_pages") && shared.contains("owner"),
+        "{shared}"
+    );
+}

@@ -36,7 +36,7 @@ pub(super) struct Catalog {
 /// Who knows which pages the folders hold.
 enum Keeper {
     /// This process, which owns the folders: its index.
-    Owner(Mutex<PageIndex>),
+    Owner(Box<Mutex<PageIndex>>),
     /// The files, which another process writes.
     Reader,
     /// The files, which this and other processes write.
@@ -79,7 +79,7 @@ impl Catalog {
         index.begin_loading();
         Catalog {
             layout: Arc::new(layout),
-            keeper: Keeper::Owner(Mutex::new(index)),
+            keeper: Keeper::Owner(Box::new(Mutex::new(index))),
         }
     }
 
