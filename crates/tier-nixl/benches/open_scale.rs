@@ -9,8 +9,8 @@
 //! rounds: listing and `stat`ing every page file once (what an open that reads every page's
 //! metadata pays before its first call). Also the resident memory per page held, owner and
 //! sharer (first round: the process's RSS once the open's background work is done, less
-//! before the open; and the same less what an open of an empty folder grew it by, its staging
-//! buffers and threads) and `exists` latency once loaded (p50/p99, one key per call). Last, the
+//! before the open; and the same less what an open of an empty folder grew it by, a cost that
+//! does not grow with the pages) and `exists` latency once loaded (p50/p99, one key per call). Last, the
 //! full folder given a capacity a little above what it holds, owner and sharer: single-page
 //! puts timed, those during which the tier evicted apart from those it did not (p50/p99), and
 //! the folder's bytes at the end against its capacity (listed and summed).
@@ -253,8 +253,8 @@ async fn main() {
     // Per access, in the first round: the sharer's first, before the owner's index has grown
     // the heap (an allocator keeps what it freed).
     let mut rss_per_page = [None, None];
-    // What an open costs whatever the folder holds (its staging buffers, threads): an empty
-    // folder's, here, after the fill did the process's one-time setup.
+    // What an open costs whatever the folder holds: an empty folder's, here, after the fill
+    // did the process's one-time setup.
     let mut rss_empty = [0u64; 2];
     for (i, access) in [(1, FileAccess::Shared), (0, FileAccess::Owner)] {
         rss_empty[i] = open_empty(access).await;
