@@ -58,6 +58,11 @@ impl<K: std::fmt::Debug, V> std::fmt::Debug for SampledTable<K, V> {
     }
 }
 
+impl<K, V> SampledTable<K, V> {
+    /// Bytes of one key's slot (its key, value and last use) in the dense array.
+    pub const SLOT_BYTES: usize = std::mem::size_of::<Slot<K, V>>();
+}
+
 impl<K: Clone + Eq + Hash, V> SampledTable<K, V> {
     /// Keys held.
     pub fn len(&self) -> usize {

@@ -10,8 +10,8 @@ use tier_policy::PolicyKind;
 use super::{FolderMode, PageChecksum, VerifyReads};
 use crate::staging::ALIGN;
 
-/// Largest staging buffer (and page).
-const MAX_STAGING: usize = 1 << 30;
+/// Largest staging buffer (it bounds the largest page).
+const MAX_STAGING: usize = super::format::MAX_PAGE;
 /// Most lanes (NIXL agents) one tier runs.
 pub(crate) const MAX_LANES: usize = 64;
 

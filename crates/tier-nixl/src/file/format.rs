@@ -19,7 +19,19 @@ use super::layout::BUCKETS;
 use super::perms::{nonce, FolderMode};
 
 use tier_format::{decode, encode};
-pub use tier_format::{page_len, sealed_len as file_len, Trailer, TRAILER, VERSION};
+pub use tier_format::{sealed_len as file_len, Trailer, TRAILER, VERSION};
+
+/// The largest page a FILE tier stores (a staging buffer bounds it): its index holds lengths
+/// in 32 bits.
+pub const MAX_PAGE: usize = 1 << 30;
+
+/// The length of the page a page file of `file_len` bytes holds, if it can hold one of this
+/// tier's: a longer file is none of its pages.
+pub fn page_len(file_len: u64) -> Option<u32> {
+    tier_format::page_len(file_len)
+        .filter(|&len| len <= MAX_PAGE as u64)
+        .and_then(|len| u32::try_from(len).ok())
+}
 
 /// The file in each storage folder naming its pages' format.
 pub const MARKER: &str = ".kvtier.format";

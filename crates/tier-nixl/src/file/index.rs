@@ -13,11 +13,11 @@
 //!
 //! It keeps its policy's exact order up to `ordered_pages` pages, then carries that order over
 //! to sampled LRU ([`SampledTable`]) for good. Cost per page, for 64-character keys, in heap
-//! bytes (the `footprint` test, 500,000 pages): in exact order about 690 under `auto` (which
-//! keeps an LRU, a prefix, an ARC and an LFU order) and 220 under `lru` (a hash-map slot with
-//! the page's length, generation and checksum, the key's shared string, and the policy's
-//! entries); sampled, 86 (one dense slot with the key packed (see [`Packer`]), the entry and its
-//! clock, and 32-bit slot numbers in a hash table). Nothing else in the tier grows with the pages stored.
+//! bytes (the `footprint` test, 500,000 pages): in exact order about 670 under `auto` (which
+//! keeps an LRU, a prefix, an ARC and an LFU order) and 200 under `lru` (a hash-map slot with
+//! the page's 16-byte entry, the key's shared string, and the policy's entries); sampled, 78
+//! (one dense 64-byte slot with the key packed (see [`Packer`]), the entry and its clock, and
+//! 32-bit slot numbers in a hash table). Nothing else in the tier grows with the pages stored.
 
 use std::collections::{HashMap, HashSet};
 
@@ -26,15 +26,33 @@ use tier_policy::{Policy, PolicyKind, SampledTable};
 
 use super::packed::{Packed, Packer};
 
+/// A page's entry: 16 bytes, so that a sampled index's slot (the packed key, the entry and its
+/// clock) is 64.
 #[derive(Debug)]
 struct Entry {
-    len: u64,
-    generation: u64,
+    /// The page's length: a FILE tier's pages are at most [`MAX_PAGE`](super::format::MAX_PAGE).
+    len: u32,
+    generation: Generation,
     /// The checksum of the file it describes, once known (written or verified by this
     /// process): valid where `checksummed`.
     checksum: u32,
-    checksummed: bool,
     pins: u16,
+    checksummed: bool,
+}
+
+const _: () = assert!(SampledTable::<Packed, Entry>::SLOT_BYTES == 64);
+
+/// An entry's generation, new with every insert; the default is none (a catalog without an
+/// index). It wraps after 2^32 inserts: a read compares the generation it planned with within
+/// its transfer's timeout, and 2^32 inserts in that time would take over 10^8 puts a second.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Generation(u32);
+
+impl Generation {
+    /// The generation after this one (never none).
+    fn next(self) -> Self {
+        Generation(self.0.wrapping_add(1).max(1))
+    }
 }
 
 /// Where the entries are, and what orders them for eviction.
@@ -60,7 +78,7 @@ pub const ORDERED_PAGES: usize = 1 << 18;
 pub struct PageIndex {
     store: Store,
     ordered_pages: usize,
-    next_generation: u64,
+    last_generation: Generation,
     bytes: u64,
     /// Set while the pages found at open are indexed (see [`PageIndex::load`]).
     loading: Option<Loading>,
@@ -111,7 +129,7 @@ impl PageIndex {
         Some(PageIndex {
             store,
             ordered_pages: ORDERED_PAGES,
-            next_generation: 0,
+            last_generation: Generation::default(),
             bytes: 0,
             loading: None,
         })
@@ -197,7 +215,7 @@ impl PageIndex {
     /// Indexes a page file of `len` found at open, unless the index has learnt of its key
     /// since loading began. It ranks as used after the pages stored meanwhile (the policies
     /// only append), so those few seconds of puts are evicted first.
-    pub fn load(&mut self, key: PageKey, len: u64) -> Loaded {
+    pub fn load(&mut self, key: PageKey, len: u32) -> Loaded {
         let Some(loading) = &self.loading else {
             return Loaded::Known;
         };
@@ -219,11 +237,11 @@ impl PageIndex {
 
     /// The stored length of `key`, if present.
     pub fn len_of(&self, key: &PageKey) -> Option<u64> {
-        self.entry(key).map(|e| e.len)
+        self.entry(key).map(|e| u64::from(e.len))
     }
 
     /// The generation of `key`'s entry (new with every insert), if present.
-    pub fn generation(&self, key: &PageKey) -> Option<u64> {
+    pub fn generation(&self, key: &PageKey) -> Option<Generation> {
         self.entry(key).map(|e| e.generation)
     }
 
@@ -235,7 +253,7 @@ impl PageIndex {
 
     /// Records the checksum of `key`'s file, verified against its recorded one, if its entry is
     /// still of `generation`.
-    pub fn learn_checksum(&mut self, key: &PageKey, generation: u64, checksum: u32) {
+    pub fn learn_checksum(&mut self, key: &PageKey, generation: Generation, checksum: u32) {
         if let Some(e) = self.entry_mut(key) {
             if e.generation == generation {
                 e.checksum = checksum;
@@ -245,7 +263,7 @@ impl PageIndex {
     }
 
     /// Forgets `key` if its entry is still of `generation`; returns whether it did.
-    pub fn remove_if(&mut self, key: &PageKey, generation: u64) -> bool {
+    pub fn remove_if(&mut self, key: &PageKey, generation: Generation) -> bool {
         if self.generation(key) != Some(generation) {
             return false;
         }
@@ -275,21 +293,21 @@ impl PageIndex {
     pub fn insert(
         &mut self,
         key: PageKey,
-        len: u64,
+        len: u32,
         checksum: Option<u32>,
         after: Option<&PageKey>,
     ) {
-        self.next_generation += 1;
+        self.last_generation = self.last_generation.next();
         let entry = Entry {
             len,
-            generation: self.next_generation,
+            generation: self.last_generation,
             checksum: checksum.unwrap_or(0),
             checksummed: checksum.is_some(),
             pins: 0,
         };
         let replaced = match &mut self.store {
             Store::Ordered { entries, policy } => {
-                policy.insert(&key, len, after);
+                policy.insert(&key, u64::from(len), after);
                 let replaced = match entries.get_mut(&key) {
                     Some(e) => Some(std::mem::replace(
                         e,
@@ -311,7 +329,7 @@ impl PageIndex {
                 table.insert(packed, Entry { pins, ..entry })
             }
         };
-        self.bytes = self.bytes - replaced.map_or(0, |e| e.len) + len;
+        self.bytes = self.bytes - replaced.map_or(0, |e| u64::from(e.len)) + u64::from(len);
     }
 
     /// Marks `key` as just read (after `after` in its batch).
@@ -343,7 +361,7 @@ impl PageIndex {
         };
         match removed {
             Some(e) => {
-                self.bytes -= e.len;
+                self.bytes -= u64::from(e.len);
                 true
             }
             None => false,
@@ -401,7 +419,7 @@ impl PageIndex {
             let Some((len, key)) = victim else {
                 break;
             };
-            self.bytes -= len;
+            self.bytes -= u64::from(len);
             self.forgotten(&key);
             victims.push(key);
         }
@@ -573,7 +591,7 @@ mod footprint {
             return;
         }
         let default = per_page(PolicyKind::default(), ORDERED_PAGES, "");
-        assert!(default <= 96.0, "default: {default} bytes per page");
+        assert!(default <= 80.0, "default: {default} bytes per page");
         // As the SGLang adapter names pages: a namespace, then the block's digest.
         let named = per_page(
             PolicyKind::default(),
@@ -581,14 +599,14 @@ mod footprint {
             "sgl-0123456789abcdef-",
         );
         assert!(
-            named <= 96.0,
+            named <= 80.0,
             "default, namespaced keys: {named} bytes per page"
         );
         let auto = per_page(PolicyKind::Auto, usize::MAX, "");
-        assert!(auto < 700.0, "auto, ordered: {auto} bytes per page");
+        assert!(auto < 680.0, "auto, ordered: {auto} bytes per page");
         let lru = per_page(PolicyKind::Lru, usize::MAX, "");
-        assert!(lru < 230.0, "lru, ordered: {lru} bytes per page");
+        assert!(lru < 210.0, "lru, ordered: {lru} bytes per page");
         let sampled = per_page(PolicyKind::Sampled, ORDERED_PAGES, "");
-        assert!(sampled <= 96.0, "sampled: {sampled} bytes per page");
+        assert!(sampled <= 80.0, "sampled: {sampled} bytes per page");
     }
 }

@@ -358,7 +358,7 @@ pub fn pid_space_tag() -> &'static str {
 #[derive(Debug, Default)]
 pub struct ScanReport {
     /// Complete pages: key, length, modification time.
-    pub pages: Vec<(PageKey, u64, Option<std::time::SystemTime>)>,
+    pub pages: Vec<(PageKey, u32, Option<std::time::SystemTime>)>,
     /// Leftovers of interrupted writes that were removed.
     pub temps_removed: usize,
     /// Files that are not kvtier pages of this layout (left alone).

@@ -11,6 +11,7 @@ use tier_core::{GetResult, Lookup, PageBuf, PageKey, ReadSlot, TierError};
 
 use super::catalog::SettledRead;
 use super::helpers::run_split;
+use super::index::Generation;
 use super::io::{self, FileId, FileIo, Xfer};
 use super::{checksum, chunks, format, FileAccess, NixlFileTier, PageChecksum, Shared};
 use crate::batch::{marked_bufs, run_blocking};
@@ -482,7 +483,7 @@ struct PlannedRead {
     slot: usize,
     key: PageKey,
     /// The index entry's generation when planned (0 without an index).
-    generation: u64,
+    generation: Generation,
     /// Its file's last use when planned, where the file was looked at (no index).
     mtime_ns: Option<i128>,
     /// The checksum the index knows for the entry's file, if any (none: read the file's).

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tier_core::{PageKey, TierError};
 
 use super::fleet::{Fleet, FleetStats, Room};
-use super::index::{Loaded, PageIndex};
+use super::index::{Generation, Loaded, PageIndex};
 use super::io::Xfer;
 use super::layout::{FileStamp, Layout};
 use crate::batch::BatchOutcome;
@@ -48,7 +48,7 @@ enum Keeper {
 pub(super) struct Stored {
     pub len: u64,
     /// Its entry's generation (0 without an index).
-    pub generation: u64,
+    pub generation: Generation,
     /// Its file's checksum, once this process wrote or verified it.
     pub checksum: Option<u32>,
     /// Its file's last use, where the file was looked at (no index).
@@ -93,7 +93,7 @@ impl Catalog {
 
     /// Indexes pages found in an owner's folders at open (oldest first), as
     /// [`PageIndex::load`] decides; unlinks those a clear since then left on disk.
-    pub fn load(&self, found: &[(PageKey, u64)]) {
+    pub fn load(&self, found: &[(PageKey, u32)]) {
         let Some(mut index) = self.index() else {
             return;
         };
@@ -200,8 +200,10 @@ impl Catalog {
         // client's caches still see it (GlusterFS: a page just renamed in, stat'ed as 32
         // bytes through the other mount). Absent, not a page of length 0.
         Some(Stored {
-            len: super::format::page_len(meta.len()).filter(|&len| len > 0)?,
-            generation: 0,
+            len: super::format::page_len(meta.len())
+                .filter(|&len| len > 0)
+                .map(u64::from)?,
+            generation: Generation::default(),
             checksum: None,
             mtime_ns: Some(FileStamp::of(&meta).mtime_ns),
         })
@@ -239,21 +241,21 @@ impl Catalog {
         (pins, stored)
     }
 
-    /// The generation of `key`'s entry (0 if it has none).
-    pub fn generation(&self, key: &PageKey) -> u64 {
+    /// The generation of `key`'s entry (none if it has none).
+    pub fn generation(&self, key: &PageKey) -> Generation {
         self.index()
             .and_then(|index| index.generation(key))
-            .unwrap_or(0)
+            .unwrap_or_default()
     }
 
     /// Whether `key`'s entry is still the one of `generation`.
-    pub fn is_current(&self, key: &PageKey, generation: u64) -> bool {
+    pub fn is_current(&self, key: &PageKey, generation: Generation) -> bool {
         self.index()
             .is_some_and(|index| index.generation(key) == Some(generation))
     }
 
     /// Records checksums verified by reads, each for its entry if still of its generation.
-    pub fn learn_checksums(&self, learned: &[(&PageKey, u64, u32)]) {
+    pub fn learn_checksums(&self, learned: &[(&PageKey, Generation, u32)]) {
         let Some(mut index) = self.index() else {
             return;
         };
@@ -265,7 +267,13 @@ impl Catalog {
     /// Forgets a page whose file failed its checksum and unlinks the file, if its entry is
     /// still of `generation` (a newer put's file is left alone); in shared folders, unlinks it
     /// if it is still the file that was read (`mtime_ns`).
-    pub fn discard(&self, key: &PageKey, generation: u64, path: &Path, mtime_ns: Option<i128>) {
+    pub fn discard(
+        &self,
+        key: &PageKey,
+        generation: Generation,
+        path: &Path,
+        mtime_ns: Option<i128>,
+    ) {
         match &self.keeper {
             Keeper::Owner(_) => {
                 if let Some(mut index) = self.index() {
@@ -447,9 +455,21 @@ impl Catalog {
         };
         let mut after = None;
         for ((xfer, result), crc) in xfers.iter().zip(&outcome.results).zip(checksums) {
-            if result.is_ok() {
-                index.insert(xfer.key.clone(), xfer.len as u64, *crc, after);
-                after = Some(&xfer.key);
+            if result.is_err() {
+                continue;
+            }
+            // A page longer than `MAX_PAGE` is refused before it is written; were one renamed
+            // in, it would be unlinked rather than held unindexed.
+            match u32::try_from(xfer.len) {
+                Ok(len) if xfer.len <= super::format::MAX_PAGE => {
+                    index.insert(xfer.key.clone(), len, *crc, after);
+                    after = Some(&xfer.key);
+                }
+                _ => {
+                    if let Ok(path) = self.layout.page_path(&xfer.key) {
+                        let _ = fs::remove_file(path);
+                    }
+                }
             }
         }
     }
@@ -555,7 +575,7 @@ impl Catalog {
 /// A read as [`Catalog::settle_reads`] takes it.
 pub(super) struct SettledRead<'r> {
     pub key: &'r PageKey,
-    pub generation: u64,
+    pub generation: Generation,
     pub mtime_ns: Option<i128>,
     pub path: &'r Path,
     /// Hit or miss; `None`: the read failed.

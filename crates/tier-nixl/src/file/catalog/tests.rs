@@ -33,7 +33,7 @@ fn sharer(dir: &Path) -> Catalog {
 
 /// An owner catalog reopened on `dir`'s folder, its index still loading, and the pages a scan
 /// of its buckets lists (oldest first), as the open's background thread has them.
-fn reopened(dir: &Path) -> (Catalog, Vec<(PageKey, u64)>) {
+fn reopened(dir: &Path) -> (Catalog, Vec<(PageKey, u32)>) {
     let layout = Layout::create(&[dir.to_path_buf()], FolderMode::Owner).expect("a layout");
     let mut report = ScanReport::default();
     for bucket in layout.buckets() {
@@ -83,7 +83,7 @@ fn commit(catalog: &Catalog, key: &PageKey, bytes: &[u8], ok: bool) -> (PathBuf,
 }
 
 /// A read of `key`'s page (planned with `generation`) that found it gone.
-fn settled<'r>(key: &'r PageKey, generation: u64, path: &'r Path) -> SettledRead<'r> {
+fn settled<'r>(key: &'r PageKey, generation: Generation, path: &'r Path) -> SettledRead<'r> {
     SettledRead {
         key,
         generation,
@@ -93,7 +93,7 @@ fn settled<'r>(key: &'r PageKey, generation: u64, path: &'r Path) -> SettledRead
     }
 }
 
-fn generation_of(catalog: &Catalog, key: &PageKey) -> Option<u64> {
+fn generation_of(catalog: &Catalog, key: &PageKey) -> Option<Generation> {
     let (_pins, stored) = catalog.pin([key]);
     stored[0].map(|s| s.generation)
 }
