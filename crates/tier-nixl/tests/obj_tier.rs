@@ -268,11 +268,14 @@ async fn a_config_file_puts_dram_over_nixl_obj() {
         assert_eq!(r.unwrap(), Lookup::Hit, "page {i}");
         content::verify(&key(i), 1, &buf).unwrap();
     }
-    let bucket = s.data_dir().join(&s.bucket).join("cfg");
+    let prefix = s.data_dir().join(&s.bucket).join("cfg");
+    let objects: usize = std::fs::read_dir(prefix)
+        .unwrap()
+        .map(|bucket| std::fs::read_dir(bucket.unwrap().path()).unwrap().count())
+        .sum();
     assert_eq!(
-        std::fs::read_dir(bucket).unwrap().count(),
-        64,
-        "every page is an object"
+        objects, 64,
+        "every page is an object, in the prefix's buckets"
     );
     h.close().await.unwrap();
 
@@ -478,8 +481,9 @@ async fn hostile_keys_stay_single_objects_under_the_prefix() {
             .unwrap();
     assert_eq!(listed.len(), 2 * names.len());
     for meta in listed {
+        // Under the prefix's buckets: the prefix, then a bucket, then one name.
         let parts: Vec<_> = meta.location.parts().collect();
-        let under = parts[..parts.len() - 1]
+        let under = parts[..parts.len() - 2]
             .iter()
             .map(|p| p.as_ref())
             .collect::<Vec<_>>()

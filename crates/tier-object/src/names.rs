@@ -3,7 +3,8 @@
 use object_store::path::Path;
 use tier_core::{PageKey, TierError};
 
-/// Checks a namespace prefix: `/`-separated parts of `[A-Za-z0-9._-]`, none `.` or `..`.
+/// Checks a namespace prefix: `/`-separated parts of `[A-Za-z0-9._-]`, none `.` or `..`,
+/// none of two hex digits (a prefix's buckets are named so).
 pub fn check_prefix(prefix: &str) -> Result<(), TierError> {
     parse_prefix(prefix).map(|_| ())
 }
@@ -27,6 +28,15 @@ pub(crate) fn parse_prefix(prefix: &str) -> Result<Path, TierError> {
             return Err(TierError::config(
                 "prefix",
                 format!("{part:?} is not a plain name ([A-Za-z0-9._-], not . or ..)"),
+            ));
+        }
+        if part.len() == 2 && part.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(TierError::config(
+                "prefix",
+                format!(
+                    "{part:?} is named as a prefix's bucket (two hex digits): a tier's prefix \
+                     inside another's bucket would mix their pages"
+                ),
             ));
         }
     }
@@ -63,7 +73,8 @@ mod tests {
     #[test]
     fn prefixes_are_checked() {
         assert!(parse_prefix("models/llama-8b").is_ok());
-        for bad in ["", "/", "a/../b", "a b", "."] {
+        assert!(parse_prefix("kv/2024/v1").is_ok());
+        for bad in ["", "/", "a/../b", "a b", ".", "models/0a", "1F/kv"] {
             assert!(
                 matches!(parse_prefix(bad), Err(TierError::Config { .. })),
                 "{bad}"

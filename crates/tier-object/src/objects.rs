@@ -14,13 +14,26 @@ use tier_core::{
 };
 
 use crate::catalog::Catalog;
-use crate::names::{escape, parse_prefix};
+use crate::names::{escape, parse_prefix, MARKER};
 use crate::shared::Fleet;
 use crate::PrefixAccess;
 use crate::{ObjectId, ObjectTierConfig};
 
 /// Longest escaped object name (stores that keep objects as files need it under NAME_MAX).
 const MAX_NAME: usize = 200;
+/// Buckets a prefix's pages are spread over: `<prefix>/<bucket>/<escaped key>`, the bucket
+/// named by two hex digits of the key's route hash, so that a prefix lists bucket by bucket,
+/// in parallel (and on stores that keep objects as files, folder by folder).
+pub(crate) const BUCKETS: usize = 256;
+
+/// The bucket of `key`'s object.
+pub(crate) fn bucket_of(key: &PageKey) -> usize {
+    (tier_format::route_hash(key.as_str().as_bytes()) % BUCKETS as u64) as usize
+}
+
+fn bucket_name(b: usize) -> String {
+    format!("{b:02x}")
+}
 
 /// The tier's requests; shared with the tasks its writes run in.
 pub(crate) struct Objects {
@@ -122,7 +135,16 @@ impl Objects {
                 reason: "the key escaped as an object name exceeds 200 bytes",
             });
         }
-        Ok(self.prefix.clone().join(PathPart::from(name.as_str())))
+        Ok(self
+            .bucket(bucket_of(key))
+            .join(PathPart::from(name.as_str())))
+    }
+
+    /// The folder of bucket `b` under the prefix.
+    fn bucket(&self, b: usize) -> Path {
+        self.prefix
+            .clone()
+            .join(PathPart::from(bucket_name(b).as_str()))
     }
 
     pub(crate) fn error(&self, key: Option<&PageKey>, e: object_store::Error) -> TierError {
@@ -442,29 +464,75 @@ impl Objects {
         run_ordered(jobs, self.config.concurrency).await
     }
 
-    /// The objects directly under the prefix. Only those are the tier's: a page name never
-    /// holds a `/`, so anything deeper (another tier's prefix nested in this one, `models`
-    /// over `models/llama`) is not ours. The listing streams page by page (1,000 objects per
-    /// request on S3), each request bounded by `op_timeout`, so a prefix of any size lists.
+    /// The tier's pages: the objects of each bucket whose names are keys of that bucket.
+    /// Anything else (another tier's prefix nested in this one, `models` over `models/llama`,
+    /// lies deeper) is not ours. Buckets are listed `concurrency` at a time, each listing
+    /// (1,000 objects per request on S3) bounded by `op_timeout`, so a prefix of any size
+    /// lists, in parallel where one prefix's listing would be a chain of requests. A prefix
+    /// of the flat layout fails every listing (see [`Self::check_layout`]).
     pub(crate) async fn list(&self) -> Result<Vec<object_store::ObjectMeta>, TierError> {
-        let depth = self.prefix.parts().count() + 1;
-        let mut listing = self.store.list(Some(&self.prefix));
-        let mut objects = Vec::new();
-        while let Some(next) = self
-            .bounded("object list", async {
-                listing
-                    .next()
-                    .await
-                    .transpose()
-                    .map_err(|e| self.error(None, e))
+        self.check_layout().await?;
+        let mut listings = futures::stream::iter(0..BUCKETS)
+            .map(|b| async move {
+                let listed = self
+                    .bounded("object list", async {
+                        self.store
+                            .list_with_delimiter(Some(&self.bucket(b)))
+                            .await
+                            .map_err(|e| self.error(None, e))
+                    })
+                    .await?;
+                Ok::<_, TierError>(
+                    listed
+                        .objects
+                        .into_iter()
+                        .filter(|m| {
+                            m.location
+                                .filename()
+                                .and_then(|n| PageKey::from_escaped_name(n, MARKER))
+                                .is_some_and(|key| bucket_of(&key) == b)
+                        })
+                        .collect::<Vec<_>>(),
+                )
             })
-            .await?
-        {
-            if next.location.parts().count() == depth {
-                objects.push(next);
-            }
+            .buffer_unordered(self.config.concurrency.max(1));
+        let mut objects = Vec::new();
+        while let Some(listed) = listings.next().await {
+            objects.extend(listed?);
         }
         Ok(objects)
+    }
+
+    /// Refuses a prefix holding pages where kvtier before bucketed prefixes put them,
+    /// directly under the prefix: they would be neither read nor counted nor evicted. One
+    /// request on S3 (the prefix's own objects and its buckets' names).
+    pub(crate) async fn check_layout(&self) -> Result<(), TierError> {
+        let top = self
+            .bounded("object list", async {
+                self.store
+                    .list_with_delimiter(Some(&self.prefix))
+                    .await
+                    .map_err(|e| self.error(None, e))
+            })
+            .await?;
+        let flat = top.objects.iter().find(|m| {
+            m.location
+                .filename()
+                .and_then(|n| PageKey::from_escaped_name(n, MARKER))
+                .is_some()
+        });
+        match flat {
+            None => Ok(()),
+            Some(meta) => Err(TierError::Backend {
+                backend: self.backend.clone(),
+                key: None,
+                message: format!(
+                    "{} is a page in the flat layout of an earlier kvtier (pages directly \
+                     under the prefix, not in its buckets): clear the prefix {} to use it",
+                    meta.location, self.prefix
+                ),
+            }),
+        }
     }
 
     /// Deletes `paths`, with the store's multi-object delete where it has one (1,000 per

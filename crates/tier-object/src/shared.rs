@@ -1,9 +1,9 @@
 //! A prefix shared by many nodes (`access = "shared"`): its capacity is the prefix's, whoever
 //! wrote the objects, and one node evicts at a time.
 //!
-//! - **Usage**: each node lists the prefix (one LIST per 1,000 objects) when it evicts, and
-//!   at most once per [`SharedPrefix::relist`] otherwise; between listings it adds what it put
-//!   itself. Other nodes' puts are seen at the next listing, so the prefix may exceed its
+//! - **Usage**: each node lists the prefix (bucket by bucket, `concurrency` buckets at a time;
+//!   one LIST per 1,000 objects of a bucket) when it evicts, and at most once per
+//!   [`SharedPrefix::relist`] otherwise; between listings it adds what it put itself. Other nodes' puts are seen at the next listing, so the prefix may exceed its
 //!   capacity by what the other nodes put in one `relist` period.
 //! - **Off the put path**: an open, and a put that finds the listing stale or the prefix over
 //!   its capacity, start the listing (and the eviction it calls for) in a task of its own and
@@ -222,7 +222,7 @@ impl Fleet {
         // This node's puts during the listing may be in it or not: they stay counted (an
         // overestimate the next listing corrects), never lost from the count.
         let before = self.usage().since;
-        let listed = pages(objects.list().await?);
+        let listed = objects.list().await?;
         let total: u64 = listed.iter().map(page_bytes).sum();
         {
             let mut u = self.usage();
@@ -255,14 +255,15 @@ impl Fleet {
     ) -> Result<(), TierError> {
         {
             let read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+            // Oldest first; of one time, by name (buckets list in any order).
             listed.sort_by_cached_key(|m| {
                 let written = m.last_modified.timestamp_millis();
-                let key = m
-                    .location
-                    .filename()
-                    .and_then(|n| PageKey::from_escaped_name(n, MARKER));
-                key.and_then(|k| read.get(&k).copied())
-                    .map_or(written, |r| r.max(written))
+                let name = m.location.filename().unwrap_or_default();
+                let key = PageKey::from_escaped_name(name, MARKER);
+                let used = key
+                    .and_then(|k| read.get(&k).copied())
+                    .map_or(written, |r| r.max(written));
+                (used, name.to_owned())
             });
         }
         let mut excess = total - self.low;
@@ -469,13 +470,6 @@ impl Fleet {
 }
 
 /// The page objects of a listing (not the lease).
-fn pages(listed: Vec<object_store::ObjectMeta>) -> Vec<object_store::ObjectMeta> {
-    listed
-        .into_iter()
-        .filter(|m| m.location.filename().is_some_and(|n| !n.starts_with('.')))
-        .collect()
-}
-
 fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

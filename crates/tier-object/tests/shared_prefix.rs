@@ -20,6 +20,13 @@ fn page(i: usize) -> Page<'static> {
     )
 }
 
+/// The object `key`'s page is stored as under `prefix`.
+fn object_path(prefix: &str, key: &PageKey) -> Path {
+    let store = Arc::new(object_store::memory::InMemory::new());
+    let tier = ObjectTier::open(store, ObjectTierConfig::new(prefix)).unwrap();
+    tier.object_path(key).unwrap()
+}
+
 /// The page bytes the objects under `prefix` hold (each less its trailer), as a prefix's
 /// capacity counts them.
 async fn bytes_under(store: &Arc<dyn ObjectStore>, prefix: &str) -> u64 {
@@ -144,7 +151,7 @@ async fn a_page_read_here_outlives_later_writes_and_each_prefix_keeps_its_own_bo
 #[tokio::test]
 async fn a_page_stored_again_after_the_listing_is_not_deleted_on_its_strength() {
     let store = Arc::new(Scripted {
-        restored: Some(Path::from("kv/page-0000")),
+        restored: Some(object_path("kv", &page(0).key)),
         ..Scripted::default()
     });
     let tier =
@@ -304,8 +311,10 @@ impl ObjectStore for Scripted {
         &self,
         prefix: Option<&Path>,
     ) -> object_store::Result<object_store::ListResult> {
+        let listing = self.inner.list_with_delimiter(prefix).await;
+        self.taken.notify_one();
         drop(self.gate.read().await);
-        self.inner.list_with_delimiter(prefix).await
+        listing
     }
 
     async fn copy_opts(

@@ -6,8 +6,8 @@
 //! bucket, by [`tier_object::ObjectTier`]: `exists` (concurrent HEADs), `remove`, `clear` (of
 //! the tier's prefix only), and the length check before a read.
 //!
-//! Objects are named exactly as [`tier_object::ObjectTier`] names them (`<prefix>/<escaped
-//! key>`), so both tiers on one bucket and prefix see the same pages.
+//! Objects are named exactly as [`tier_object::ObjectTier`] names them (`<prefix>/<bucket>/
+//! <escaped key>`), so both tiers on one bucket and prefix see the same pages.
 //!
 //! A read needs each object's length first: NIXL OBJ reads a byte range, and a range of the
 //! wrong length would silently return part of a page. So a get is one HEAD per page plus one
