@@ -190,9 +190,9 @@ async fn main() {
         "shared prefix of {n} pages of 4 KiB on {where_}, over half evicted, medians of {rounds} rounds:"
     );
     println!(
-        "  tier (listing streamed, HEADs concurrent, multi-object delete): {t:>8.0} objects/s"
+        "  tier (buckets listed in parallel, HEADs concurrent, multi-object delete): {t:>8.0} objects/s"
     );
-    println!("  one HEAD and one DELETE at a time (before):                    {l:>8.0} objects/s");
+    println!("  one HEAD and one DELETE at a time (before):                                {l:>8.0} objects/s");
     println!("  ratio: {:.1}x", t / l);
     println!(
         "  a node's open to its first call answered: {o:.2} s (its usage listed: {listed:.2} s)"
