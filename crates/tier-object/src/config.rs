@@ -18,7 +18,7 @@ pub enum PrefixAccess {
     Shared,
 }
 
-/// Configuration of an [`ObjectTier`].
+/// Configuration of an [`ObjectTier`](crate::ObjectTier).
 #[derive(Debug, Clone)]
 pub struct ObjectTierConfig {
     /// Instance name.

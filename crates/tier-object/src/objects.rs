@@ -31,6 +31,10 @@ pub(crate) fn bucket_of(key: &PageKey) -> usize {
     (tier_format::route_hash(key.as_str().as_bytes()) % BUCKETS as u64) as usize
 }
 
+/// Objects a listing takes from one recursive listing of the prefix (one request on S3) before
+/// it lists the prefix bucket by bucket instead.
+const FLAT_LISTING: usize = 1000;
+
 fn bucket_name(b: usize) -> String {
     format!("{b:02x}")
 }
@@ -464,49 +468,40 @@ impl Objects {
         run_ordered(jobs, self.config.concurrency).await
     }
 
-    /// The tier's pages: the objects of each bucket whose names are keys of that bucket.
-    /// Anything else (another tier's prefix nested in this one, `models` over `models/llama`,
-    /// lies deeper) is not ours. Buckets are listed `concurrency` at a time, each listing
-    /// (1,000 objects per request on S3) bounded by `op_timeout`, so a prefix of any size
-    /// lists, in parallel where one prefix's listing would be a chain of requests. A prefix
-    /// of the flat layout fails every listing (see [`Self::check_layout`]).
+    /// The tier's pages: the objects in its buckets whose names are keys routed to that
+    /// bucket. Anything else (another tier's prefix nested in this one, `models` over
+    /// `models/llama`, lies deeper) is not ours. A prefix of up to [`FLAT_LISTING`] objects
+    /// lists in one recursive listing (one request on S3); a larger one bucket by bucket,
+    /// `concurrency` buckets at a time, each bucket's listing (1,000 objects per request on
+    /// S3) bounded by `op_timeout`: so a prefix of any size lists, in parallel where one
+    /// prefix's listing would be a chain of requests. A prefix holding pages of the flat
+    /// layout fails every listing (see [`Self::flat_layout`]).
     pub(crate) async fn list(&self) -> Result<Vec<object_store::ObjectMeta>, TierError> {
-        self.check_layout().await?;
-        let mut listings = futures::stream::iter(0..BUCKETS)
-            .map(|b| async move {
-                let listed = self
-                    .bounded("object list", async {
-                        self.store
-                            .list_with_delimiter(Some(&self.bucket(b)))
-                            .await
-                            .map_err(|e| self.error(None, e))
-                    })
-                    .await?;
-                Ok::<_, TierError>(
-                    listed
-                        .objects
-                        .into_iter()
-                        .filter(|m| {
-                            m.location
-                                .filename()
-                                .and_then(|n| PageKey::from_escaped_name(n, MARKER))
-                                .is_some_and(|key| bucket_of(&key) == b)
-                        })
-                        .collect::<Vec<_>>(),
-                )
-            })
-            .buffer_unordered(self.config.concurrency.max(1));
+        let mut listing = self.store.list(Some(&self.prefix));
         let mut objects = Vec::new();
-        while let Some(listed) = listings.next().await {
-            objects.extend(listed?);
+        while let Some(next) = self
+            .bounded("object list", async {
+                listing
+                    .next()
+                    .await
+                    .transpose()
+                    .map_err(|e| self.error(None, e))
+            })
+            .await?
+        {
+            if objects.len() == FLAT_LISTING {
+                drop(listing);
+                return self.list_buckets().await;
+            }
+            objects.push(next);
         }
+        self.flat_layout(&objects)?;
+        objects.retain(|m| self.is_page(m));
         Ok(objects)
     }
 
-    /// Refuses a prefix holding pages where kvtier before bucketed prefixes put them,
-    /// directly under the prefix: they would be neither read nor counted nor evicted. One
-    /// request on S3 (the prefix's own objects and its buckets' names).
-    pub(crate) async fn check_layout(&self) -> Result<(), TierError> {
+    /// [`Self::list`] bucket by bucket.
+    async fn list_buckets(&self) -> Result<Vec<object_store::ObjectMeta>, TierError> {
         let top = self
             .bounded("object list", async {
                 self.store
@@ -515,11 +510,45 @@ impl Objects {
                     .map_err(|e| self.error(None, e))
             })
             .await?;
-        let flat = top.objects.iter().find(|m| {
-            m.location
-                .filename()
-                .and_then(|n| PageKey::from_escaped_name(n, MARKER))
-                .is_some()
+        self.flat_layout(&top.objects)?;
+        let mut listings = futures::stream::iter(0..BUCKETS)
+            .map(|b| async move {
+                self.bounded("object list", async {
+                    self.store
+                        .list_with_delimiter(Some(&self.bucket(b)))
+                        .await
+                        .map_err(|e| self.error(None, e))
+                })
+                .await
+            })
+            .buffer_unordered(self.config.concurrency.max(1));
+        let mut objects = Vec::new();
+        while let Some(listed) = listings.next().await {
+            objects.extend(listed?.objects.into_iter().filter(|m| self.is_page(m)));
+        }
+        Ok(objects)
+    }
+
+    /// Whether `meta` is one of the tier's pages: in one of its buckets, named as a key routed
+    /// to that bucket.
+    fn is_page(&self, meta: &object_store::ObjectMeta) -> bool {
+        let depth = self.prefix.parts().count();
+        let parts: Vec<PathPart<'_>> = meta.location.parts().collect();
+        parts.len() == depth + 2
+            && PageKey::from_escaped_name(parts[depth + 1].as_ref(), MARKER)
+                .is_some_and(|key| bucket_name(bucket_of(&key)) == parts[depth].as_ref())
+    }
+
+    /// Refuses a prefix holding, among `listed`, a page where kvtier before bucketed prefixes
+    /// put pages, directly under the prefix: it would be neither read nor counted nor evicted.
+    fn flat_layout(&self, listed: &[object_store::ObjectMeta]) -> Result<(), TierError> {
+        let depth = self.prefix.parts().count();
+        let flat = listed.iter().find(|m| {
+            m.location.parts().count() == depth + 1
+                && m.location
+                    .filename()
+                    .and_then(|n| PageKey::from_escaped_name(n, MARKER))
+                    .is_some()
         });
         match flat {
             None => Ok(()),

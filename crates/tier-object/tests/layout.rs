@@ -23,36 +23,55 @@ fn config(access: PrefixAccess) -> ObjectTierConfig {
     config
 }
 
-#[tokio::test]
-async fn pages_land_in_buckets_named_by_two_hex_digits() {
-    let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-    let tier = ObjectTier::open(Arc::clone(&store), config(PrefixAccess::Private)).unwrap();
-    let pages: Vec<_> = (0..64).map(page).collect();
+/// Puts pages `0..n` through a private tier on `store`.
+async fn put(store: &Arc<dyn ObjectStore>, n: usize) {
+    let tier = ObjectTier::open(Arc::clone(store), config(PrefixAccess::Private)).unwrap();
+    let pages: Vec<_> = (0..n).map(page).collect();
     for r in tier.put(&pages).await {
         r.unwrap();
     }
-    let top = store
-        .list_with_delimiter(Some(&Path::from("kv")))
-        .await
-        .unwrap();
-    assert!(top.objects.is_empty(), "no page directly under the prefix");
-    assert!(top.common_prefixes.len() > 1, "pages spread over buckets");
-    for bucket in &top.common_prefixes {
-        let name = bucket.filename().unwrap();
-        assert!(
-            name.len() == 2 && name.bytes().all(|b| b.is_ascii_hexdigit()),
-            "{name}"
-        );
+}
+
+/// Up to 1,000 objects a prefix lists in one listing; past them, bucket by bucket.
+#[tokio::test]
+async fn pages_land_in_buckets_named_by_two_hex_digits_and_list_either_way() {
+    for n in [64, 1500] {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        put(&store, n).await;
+        let top = store
+            .list_with_delimiter(Some(&Path::from("kv")))
+            .await
+            .unwrap();
+        assert!(top.objects.is_empty(), "no page directly under the prefix");
+        assert!(top.common_prefixes.len() > 1, "pages spread over buckets");
+        for bucket in &top.common_prefixes {
+            let name = bucket.filename().unwrap();
+            assert!(
+                name.len() == 2 && name.bytes().all(|b| b.is_ascii_hexdigit()),
+                "{name}"
+            );
+        }
+        // Another tier's objects in a nested prefix are not this one's.
+        let nested =
+            ObjectTier::open(Arc::clone(&store), ObjectTierConfig::new("kv/nested")).unwrap();
+        for r in nested.put(&[page(0), page(1)]).await {
+            r.unwrap();
+        }
+        let reopened = ObjectTier::open(Arc::clone(&store), config(PrefixAccess::Private)).unwrap();
+        assert_eq!(reopened.load_catalog().await.unwrap(), n, "{n} pages");
     }
-    // Reopened, it finds them all.
-    let reopened = ObjectTier::open(Arc::clone(&store), config(PrefixAccess::Private)).unwrap();
-    assert_eq!(reopened.load_catalog().await.unwrap(), 64);
 }
 
 #[tokio::test]
 async fn a_prefix_of_the_flat_layout_is_refused_naming_it() {
-    for access in [PrefixAccess::Private, PrefixAccess::Shared] {
+    for (access, others) in [
+        (PrefixAccess::Private, 0),
+        (PrefixAccess::Shared, 0),
+        (PrefixAccess::Private, 1500),
+        (PrefixAccess::Shared, 1500),
+    ] {
         let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        put(&store, others).await;
         let p = page(1);
         let sealed = tier_format::seal(&p.key, [&vec![1u8; 512][..]]);
         let mut bytes = vec![1u8; 512];
@@ -70,7 +89,7 @@ async fn a_prefix_of_the_flat_layout_is_refused_naming_it() {
                 assert!(message.contains("flat layout"), "{message}");
                 assert!(message.contains(flat.as_ref()), "{message}");
             }
-            other => panic!("{access:?}: a flat prefix was used: {other:?}"),
+            other => panic!("{access:?}, {others} pages: a flat prefix was used: {other:?}"),
         }
     }
 }
