@@ -195,6 +195,16 @@ mod tests {
         PageKey::new(s).unwrap()
     }
 
+    /// A file longer than the largest page with its trailer holds none of the tier's pages,
+    /// so its length never reaches the index's 32 bits.
+    #[test]
+    fn a_file_past_the_largest_page_holds_no_page() {
+        assert_eq!(page_len(file_len(MAX_PAGE)), Some(MAX_PAGE as u32));
+        assert_eq!(page_len(file_len(MAX_PAGE + 1)), None);
+        assert_eq!(page_len(u64::from(u32::MAX) + TRAILER + 1), None);
+        assert_eq!(page_len(TRAILER - 1), None);
+    }
+
     #[test]
     fn a_sealed_file_reads_back() {
         let dir = tempfile::tempdir().unwrap();

@@ -47,7 +47,7 @@ enum Keeper {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Stored {
     pub len: u64,
-    /// Its entry's generation (0 without an index).
+    /// Its entry's generation (none without an index).
     pub generation: Generation,
     /// Its file's checksum, once this process wrote or verified it.
     pub checksum: Option<u32>,
