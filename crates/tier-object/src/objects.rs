@@ -31,13 +31,13 @@ pub(crate) fn bucket_of(key: &PageKey) -> usize {
     (tier_format::route_hash(key.as_str().as_bytes()) % BUCKETS as u64) as usize
 }
 
-/// Objects a listing takes from one recursive listing of the prefix (one request on S3) before
-/// it lists the prefix bucket by bucket instead.
-const FLAT_LISTING: usize = 1000;
-
 fn bucket_name(b: usize) -> String {
     format!("{b:02x}")
 }
+
+/// Objects a listing takes from one recursive listing of the prefix (one request on S3) before
+/// it lists the prefix bucket by bucket instead.
+const FLAT_LISTING: usize = 1000;
 
 /// The tier's requests; shared with the tasks its writes run in.
 pub(crate) struct Objects {

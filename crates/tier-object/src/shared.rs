@@ -1,10 +1,11 @@
 //! A prefix shared by many nodes (`access = "shared"`): its capacity is the prefix's, whoever
 //! wrote the objects, and one node evicts at a time.
 //!
-//! - **Usage**: each node lists the prefix (bucket by bucket, `concurrency` buckets at a time;
-//!   one LIST per 1,000 objects of a bucket) when it evicts, and at most once per
-//!   [`SharedPrefix::relist`] otherwise; between listings it adds what it put itself. Other nodes' puts are seen at the next listing, so the prefix may exceed its
-//!   capacity by what the other nodes put in one `relist` period.
+//! - **Usage**: each node lists the prefix (one LIST up to 1,000 objects, past them bucket by
+//!   bucket, `concurrency` buckets at a time) when it evicts, and at most once per
+//!   [`SharedPrefix::relist`] otherwise; between listings it adds what it put itself. Other
+//!   nodes' puts are seen at the next listing, so the prefix may exceed its capacity by what
+//!   the other nodes put in one `relist` period.
 //! - **Off the put path**: an open, and a put that finds the listing stale or the prefix over
 //!   its capacity, start the listing (and the eviction it calls for) in a task of its own and
 //!   return; only a put that finds the prefix over its capacity by more than 2% (by this
@@ -469,7 +470,6 @@ impl Fleet {
     }
 }
 
-/// The page objects of a listing (not the lease).
 fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
