@@ -35,10 +35,6 @@ fn bucket_name(b: usize) -> String {
     format!("{b:02x}")
 }
 
-/// Objects a listing takes from one recursive listing of the prefix (one request on S3) before
-/// it lists the prefix bucket by bucket instead.
-const FLAT_LISTING: usize = 1000;
-
 /// The tier's requests; shared with the tasks its writes run in.
 pub(crate) struct Objects {
     pub(crate) store: Arc<dyn ObjectStore>,
@@ -470,13 +466,19 @@ impl Objects {
 
     /// The tier's pages: the objects in its buckets whose names are keys routed to that
     /// bucket. Anything else (another tier's prefix nested in this one, `models` over
-    /// `models/llama`, lies deeper) is not ours. A prefix of up to [`FLAT_LISTING`] objects
-    /// lists in one recursive listing (one request on S3); a larger one bucket by bucket,
-    /// `concurrency` buckets at a time, each bucket's listing (1,000 objects per request on
-    /// S3) bounded by `op_timeout`: so a prefix of any size lists, in parallel where one
-    /// prefix's listing would be a chain of requests. A prefix holding pages of the flat
-    /// layout fails every listing (see [`Self::flat_layout`]).
+    /// `models/llama`, lies deeper) is not ours. First the prefix's own level is listed (one
+    /// request on S3: its buckets' names, and any page of the flat layout, which fails the
+    /// listing: see [`Self::flat_layout`]). A prefix with all its buckets (about 1,500 pages
+    /// or more) is then listed bucket by bucket, `concurrency` buckets at a time, in parallel
+    /// where one prefix's listing would be a chain of requests; a smaller one in one
+    /// recursive listing (one request per 1,000 objects on S3, as cheap as a small prefix
+    /// was). Each request is bounded by `op_timeout`, so a prefix of any size lists.
     pub(crate) async fn list(&self) -> Result<Vec<object_store::ObjectMeta>, TierError> {
+        let top = self.list_level(&self.prefix).await?;
+        self.flat_layout(&top.objects)?;
+        if top.common_prefixes.len() >= BUCKETS {
+            return self.list_buckets().await;
+        }
         let mut listing = self.store.list(Some(&self.prefix));
         let mut objects = Vec::new();
         while let Some(next) = self
@@ -489,38 +491,28 @@ impl Objects {
             })
             .await?
         {
-            if objects.len() == FLAT_LISTING {
-                drop(listing);
-                return self.list_buckets().await;
+            if self.is_page(&next) {
+                objects.push(next);
             }
-            objects.push(next);
         }
-        self.flat_layout(&objects)?;
-        objects.retain(|m| self.is_page(m));
         Ok(objects)
+    }
+
+    /// The objects and folders directly under `path`, in one bounded listing.
+    async fn list_level(&self, path: &Path) -> Result<object_store::ListResult, TierError> {
+        self.bounded("object list", async {
+            self.store
+                .list_with_delimiter(Some(path))
+                .await
+                .map_err(|e| self.error(None, e))
+        })
+        .await
     }
 
     /// [`Self::list`] bucket by bucket.
     async fn list_buckets(&self) -> Result<Vec<object_store::ObjectMeta>, TierError> {
-        let top = self
-            .bounded("object list", async {
-                self.store
-                    .list_with_delimiter(Some(&self.prefix))
-                    .await
-                    .map_err(|e| self.error(None, e))
-            })
-            .await?;
-        self.flat_layout(&top.objects)?;
         let mut listings = futures::stream::iter(0..BUCKETS)
-            .map(|b| async move {
-                self.bounded("object list", async {
-                    self.store
-                        .list_with_delimiter(Some(&self.bucket(b)))
-                        .await
-                        .map_err(|e| self.error(None, e))
-                })
-                .await
-            })
+            .map(|b| async move { self.list_level(&self.bucket(b)).await })
             .buffer_unordered(self.config.concurrency.max(1));
         let mut objects = Vec::new();
         while let Some(listed) = listings.next().await {

@@ -1,8 +1,8 @@
 //! A prefix shared by many nodes (`access = "shared"`): its capacity is the prefix's, whoever
 //! wrote the objects, and one node evicts at a time.
 //!
-//! - **Usage**: each node lists the prefix (one LIST up to 1,000 objects, past them bucket by
-//!   bucket, `concurrency` buckets at a time) when it evicts, and at most once per
+//! - **Usage**: each node lists the prefix (a large one bucket by bucket, `concurrency`
+//!   buckets at a time: see `Objects::list`) when it evicts, and at most once per
 //!   [`SharedPrefix::relist`] otherwise; between listings it adds what it put itself. Other
 //!   nodes' puts are seen at the next listing, so the prefix may exceed its capacity by what
 //!   the other nodes put in one `relist` period.

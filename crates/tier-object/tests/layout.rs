@@ -19,7 +19,7 @@ fn page(i: usize) -> Page<'static> {
 fn config(access: PrefixAccess) -> ObjectTierConfig {
     let mut config = ObjectTierConfig::new("kv");
     config.access = access;
-    config.capacity_bytes = Some(1 << 20);
+    config.capacity_bytes = Some(8 << 20);
     config
 }
 
@@ -32,10 +32,11 @@ async fn put(store: &Arc<dyn ObjectStore>, n: usize) {
     }
 }
 
-/// Up to 1,000 objects a prefix lists in one listing; past them, bucket by bucket.
+/// A prefix without all its buckets lists in one recursive listing; with them, bucket by
+/// bucket (4,000 pages fill all 256).
 #[tokio::test]
 async fn pages_land_in_buckets_named_by_two_hex_digits_and_list_either_way() {
-    for n in [64, 1500] {
+    for n in [64, 4000] {
         let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
         put(&store, n).await;
         let top = store
@@ -67,8 +68,8 @@ async fn a_prefix_of_the_flat_layout_is_refused_naming_it() {
     for (access, others) in [
         (PrefixAccess::Private, 0),
         (PrefixAccess::Shared, 0),
-        (PrefixAccess::Private, 1500),
-        (PrefixAccess::Shared, 1500),
+        (PrefixAccess::Private, 4000),
+        (PrefixAccess::Shared, 4000),
     ] {
         let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
         put(&store, others).await;
