@@ -235,14 +235,17 @@ pub async fn verify_all(tier: &dyn StorageTier, workers: u64, own_per_worker: u6
     found
 }
 
-/// Page bytes of the objects under the shared prefix (each less its trailer, as the capacity
-/// counts them), read from the S3 server's data folder.
+/// Page bytes of the objects in the shared prefix's buckets (each less its trailer, as the
+/// capacity counts them), read from the S3 server's data folder (a folder per bucket).
 pub fn prefix_bytes(prefix_dir: &Path) -> u64 {
-    let Ok(files) = std::fs::read_dir(prefix_dir) else {
+    let Ok(buckets) = std::fs::read_dir(prefix_dir) else {
         return 0;
     };
-    files
+    buckets
         .flatten()
+        .filter(|b| b.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|b| std::fs::read_dir(b.path()).ok())
+        .flat_map(|files| files.flatten())
         .filter(|f| !f.file_name().to_string_lossy().starts_with('.'))
         .filter_map(|f| f.metadata().ok())
         .filter(|m| m.is_file())
@@ -347,6 +350,12 @@ pub fn check_shared_run(
     assert!(
         samples > 10,
         "the storage was sampled while the processes ran"
+    );
+    // The processes wrote three times the capacity: a sampler that saw far less read the
+    // wrong place.
+    assert!(
+        peak >= capacity / 2,
+        "the samples saw the storage fill: peak {peak} of capacity {capacity}"
     );
     let in_flight = results.len() as u64 * BATCH * (PAGE as u64 + tier_nixl::PAGE_TRAILER);
     assert!(
