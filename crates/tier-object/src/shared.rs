@@ -113,6 +113,16 @@ struct Usage {
     listed_at: Option<Instant>,
 }
 
+/// A random part of a lease holder's name: containers sharing a host name (host networking)
+/// with equal pids (a pid-1 entrypoint in each) must not take each other's live lease.
+fn holder_nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // Seeded from the OS's random source for each new `RandomState`.
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(now_ms() as u128);
+    hasher.finish()
+}
+
 /// The lease as read: its holder and expiry, and the ETag a conditional replace needs.
 struct LeaseSeen {
     holder: String,
@@ -131,9 +141,10 @@ impl Fleet {
             capacity,
             low: (capacity as f64 * settings.low_watermark) as u64,
             holder: format!(
-                "{host}:{}:{}",
+                "{host}:{}:{}:{:016x}",
                 std::process::id(),
-                NEXT.fetch_add(1, Relaxed)
+                NEXT.fetch_add(1, Relaxed),
+                holder_nonce()
             ),
             usage: Mutex::new(Usage::default()),
             read: Mutex::new(HashMap::new()),

@@ -82,6 +82,39 @@ async fn a_dead_holders_lease_is_taken_over_once_it_expires() {
     assert_eq!(tier.exists(&[page(0).key]).await.unwrap(), 0);
 }
 
+/// A live lease of a node whose host name and pid are this node's (containers sharing a host
+/// name, each with its entrypoint at pid 1) is another's: nothing is evicted under it. (With
+/// holders named `host:pid:n`, this process's first node took it as its own.)
+#[tokio::test]
+async fn a_live_lease_of_another_node_with_this_hosts_name_and_pid_is_not_taken() {
+    let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let twin = format!("{}:{}:0", host.trim(), std::process::id());
+    let lease = format!("{twin} {}\n", now_ms + 60_000);
+    store
+        .put(
+            &Path::from("kv/.kvtier-lease"),
+            PutPayload::from(lease.into_bytes()),
+        )
+        .await
+        .unwrap();
+    let tier = ObjectTier::open(Arc::clone(&store), shared("kv", 10)).unwrap();
+    for i in 0..20 {
+        assert!(tier.put(&[page(i)]).await[0].is_ok());
+    }
+    let stats = tier.prefix_stats().unwrap();
+    assert_eq!(
+        (stats.evicted, stats.eviction_runs),
+        (0, 0),
+        "a live lease of {twin} was taken: {stats:?}"
+    );
+    assert_eq!(bytes_under(&store, "kv").await, 20 * PAGE as u64);
+}
+
 fn shared(prefix: &str, pages: u64) -> ObjectTierConfig {
     let mut config = ObjectTierConfig::new(prefix);
     config.access = PrefixAccess::Shared;

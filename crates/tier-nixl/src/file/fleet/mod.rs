@@ -349,8 +349,11 @@ impl Fleet {
         let Some(capacity) = self.capacity else {
             return Ok(Eviction::Done);
         };
-        let Ok(_one) = self.evicting.try_lock() else {
-            return Ok(Eviction::Busy);
+        // A run that panicked held nothing the next one needs: its guard's poison is ignored.
+        let _one = match self.evicting.try_lock() {
+            Ok(one) => one,
+            Err(std::sync::TryLockError::Poisoned(one)) => one.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(Eviction::Busy),
         };
         match self.lease.claim().map_err(|e| self.lease_error(e))? {
             None => return Ok(Eviction::Busy),
@@ -438,6 +441,11 @@ impl Fleet {
             let mut excess = (usage + incoming).saturating_sub(self.low);
             if excess == 0 {
                 return Ok(());
+            }
+            if window.pages.is_empty() {
+                // This window's buckets hold no page (emptied since the usage was counted, by
+                // another process's `clear` say): on to the next window, if any is left.
+                continue;
             }
             window.pages.sort_by_key(|p| p.stamp.mtime_ns);
             let fraction = *fraction.get_or_insert(excess as f64 / usage.max(1) as f64);

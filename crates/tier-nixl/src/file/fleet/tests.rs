@@ -491,3 +491,27 @@ fn a_put_just_past_the_capacity_leaves_its_eviction_beside_it() {
     );
     assert!(fleet.usage() + far <= capacity, "usage {}", fleet.usage());
 }
+
+/// A window after the first that finds no page (the buckets left were emptied, by another
+/// process's `clear` say, while the usage file still counts their pages) ends the run; the
+/// evictor stays usable. (Sized by `clamp(1, 0)`, the window panicked and poisoned the
+/// evictor, and every later eviction of this process answered busy.)
+#[test]
+fn a_window_that_finds_no_page_ends_the_run_and_the_evictor_stays_usable() {
+    let (dir, layout) = layout();
+    let path = store(&layout, "page", &[1u8; 100]);
+    let page_len = fs::metadata(&path).expect("a page").len();
+    let mut fleet = opened(&layout, Some(10 * page_len), SharedFolder::default());
+    fleet.sample = 1;
+    // Another process's pages, counted in the usage file but gone from the folders.
+    fleet.count(100 * page_len as i64);
+    for _ in 0..2 {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            fleet.evict(&layout, page_len)
+        }));
+        let outcome = outcome.expect("an eviction over empty windows does not panic");
+        assert_eq!(outcome.expect("an eviction"), Eviction::Done);
+    }
+    assert!(!path.exists(), "the one page found is evicted");
+    drop(dir);
+}
