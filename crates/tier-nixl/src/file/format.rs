@@ -114,17 +114,28 @@ pub fn check_folder(dir: &Path, mark: bool, mode: FolderMode) -> Result<FolderFo
     let deadline = Instant::now() + Duration::from_secs(2);
     let unmarked_deadline = Instant::now() + UNMARKED_WAIT;
     loop {
-        match fs::read_to_string(&marker) {
-            Ok(text) if text == marker_text() => return Ok(FolderFormat::Current),
+        match read_marker(&marker) {
+            Ok(Marker::Text(text)) if text == marker_text() => return Ok(FolderFormat::Current),
+            Ok(Marker::NotAFile) => {
+                return Err(TierError::config(
+                    "dirs",
+                    format!(
+                        "{} is not a regular file (a link, FIFO, device or folder): kvtier \
+                         reads no marker through it; remove it or give the tier another folder",
+                        marker.display()
+                    ),
+                ))
+            }
             // A marker being written by another process right now.
-            Ok(text) if text.is_empty() && Instant::now() < deadline => {
+            Ok(Marker::Text(text)) if text.is_empty() && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            Ok(text) => {
-                return Err(refuse(format!(
-                    "pages of another format ({MARKER} says {:?})",
-                    text.trim()
-                )))
+            // The marker's text is never quoted: it may be any file's.
+            Ok(Marker::Text(text)) => {
+                return Err(refuse(match marked_version(&text) {
+                    Some(version) => format!("pages of format {version} (by its {MARKER})"),
+                    None => format!("a {MARKER} that is no kvtier format marker"),
+                }))
             }
             // Pages but no marker: another client's marker may not show through this one's
             // caches yet (GlusterFS: seen opening a folder its owner had just marked and
@@ -176,6 +187,46 @@ fn marker_text() -> String {
     format!("kvtier page format {VERSION}\n")
 }
 
+/// The most of a marker read: a marker is one short line.
+const MARKER_CAP: u64 = 256;
+
+/// What a folder's marker holds.
+enum Marker {
+    /// Its text (at most [`MARKER_CAP`] bytes, lossily decoded).
+    Text(String),
+    /// It is a link, FIFO, device or folder: never read through.
+    NotAFile,
+}
+
+/// Reads the marker at `path` without following a link or waiting on a FIFO: only a regular
+/// file's first [`MARKER_CAP`] bytes are read.
+fn read_marker(path: &Path) -> io::Result<Marker> {
+    use std::io::Read;
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(Marker::NotAFile),
+        Err(e) => return Err(e),
+    };
+    if !file.metadata()?.is_file() {
+        return Ok(Marker::NotAFile);
+    }
+    let mut bytes = Vec::new();
+    file.take(MARKER_CAP).read_to_end(&mut bytes)?;
+    Ok(Marker::Text(String::from_utf8_lossy(&bytes).into_owned()))
+}
+
+/// The format version a marker of any kvtier version names, if `text` is one.
+fn marked_version(text: &str) -> Option<u32> {
+    text.strip_prefix("kvtier page format ")?
+        .strip_suffix('\n')?
+        .parse()
+        .ok()
+}
+
 /// Whether any bucket of `dir` holds a file other than kvtier's dot files (one listing entry
 /// per bucket at most, so it costs about 256 directory reads however full the folder is).
 fn holds_files(dir: &Path) -> bool {
@@ -225,6 +276,67 @@ mod tests {
             b"0123456789",
             "the page's bytes stay in place"
         );
+    }
+
+    /// A marker planted as a link to another file, or a FIFO, or holding another file's text,
+    /// is refused at once, and nothing it holds reaches the error (a link to a credentials
+    /// file was read through and its text quoted; a FIFO made the open wait for ever).
+    #[test]
+    fn a_planted_marker_is_refused_at_once_and_never_quoted() {
+        let secret = "aws_secret_access_key = NOT-FOR-LOGS";
+        let elsewhere = tempfile::tempdir().unwrap();
+        let credentials = elsewhere.path().join("credentials");
+        fs::write(&credentials, format!("{secret}\n")).unwrap();
+        let planted: [(&str, &dyn Fn(&Path)); 4] = [
+            ("a link", &|m| {
+                std::os::unix::fs::symlink(&credentials, m).unwrap()
+            }),
+            ("a FIFO", &|m| {
+                let c = std::ffi::CString::new(m.as_os_str().as_encoded_bytes()).unwrap();
+                // SAFETY: a valid C string.
+                assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+            }),
+            ("another file's text", &|m| fs::write(m, secret).unwrap()),
+            ("a folder", &|m| fs::create_dir(m).unwrap()),
+        ];
+        for (what, plant) in planted {
+            let dir = tempfile::tempdir().unwrap();
+            plant(&dir.path().join(MARKER));
+            let (sent, answered) = std::sync::mpsc::channel();
+            let path = dir.path().to_path_buf();
+            std::thread::spawn(move || {
+                let _ = sent.send(check_folder(&path, true, FolderMode::Owner));
+            });
+            let outcome = answered
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("the open waited on a marker that is {what}"));
+            let message = match outcome {
+                Err(e @ TierError::Config { .. }) => e.to_string(),
+                other => panic!("a marker that is {what} was taken: {other:?}"),
+            };
+            assert!(
+                !message.contains("NOT-FOR-LOGS"),
+                "a marker that is {what} was quoted: {message}"
+            );
+            assert!(message.contains(MARKER), "{message}");
+        }
+        assert_eq!(
+            fs::read_to_string(&credentials).unwrap(),
+            format!("{secret}\n"),
+            "the link's target is untouched"
+        );
+    }
+
+    /// A marker of another kvtier format is named by its version.
+    #[test]
+    fn a_marker_of_another_format_is_named_by_its_version() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(MARKER), "kvtier page format 9\n").unwrap();
+        let message = check_folder(dir.path(), false, FolderMode::Owner)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(message.contains("pages of format 9"), "{message}");
     }
 
     /// A folder whose pages show through this client before its marker does (another client
