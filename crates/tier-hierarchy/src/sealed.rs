@@ -68,26 +68,60 @@ impl IntegrityConfig {
     }
 }
 
+/// The largest key file read: a secret is a line, not a file of data.
+const MAX_KEY_FILE: u64 = 4096;
+
+/// Reads the secret at `path` from the one descriptor whose file was checked: opened without
+/// following a link or waiting on a FIFO, a regular file of this process's user (or root),
+/// readable by its owner only, at most [`MAX_KEY_FILE`] bytes. Errors never quote it.
 fn read_key_file(path: &std::path::Path, field: &str) -> Result<Vec<u8>, TierError> {
-    use std::os::unix::fs::MetadataExt;
-    let err = |e: std::io::Error| {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let refuse = |why: String| {
         TierError::config(
             format!("{field}.key_file"),
-            format!("cannot read {}: {e}", path.display()),
+            format!("{} {why}", path.display()),
         )
     };
-    let meta = std::fs::metadata(path).map_err(err)?;
-    if meta.mode() & 0o077 != 0 {
-        return Err(TierError::config(
-            format!("{field}.key_file"),
-            format!(
-                "{} has mode {:o}: a secret must be readable by its owner only (chmod 600)",
-                path.display(),
-                meta.mode() & 0o777
-            ),
-        ));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => refuse("is a link: give the secret's own file".into()),
+            _ => refuse(format!("cannot be read: {e}")),
+        })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| refuse(format!("cannot be read: {e}")))?;
+    if !meta.is_file() {
+        return Err(refuse("is not a regular file".into()));
     }
-    std::fs::read(path).map_err(err)
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me && meta.uid() != 0 {
+        return Err(refuse(format!(
+            "belongs to user {}, not to this process's user {me} (or root): another user \
+             could have chosen the secret",
+            meta.uid()
+        )));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(refuse(format!(
+            "has mode {:o}: a secret must be readable by its owner only (chmod 600)",
+            meta.mode() & 0o777
+        )));
+    }
+    let mut secret = Vec::new();
+    file.take(MAX_KEY_FILE + 1)
+        .read_to_end(&mut secret)
+        .map_err(|e| refuse(format!("cannot be read: {e}")))?;
+    if secret.len() as u64 > MAX_KEY_FILE {
+        return Err(refuse(format!(
+            "holds over {MAX_KEY_FILE} bytes: a secret file holds one secret"
+        )));
+    }
+    Ok(secret)
 }
 
 /// A tier whose pages carry a MAC under a shared secret (see the module docs).

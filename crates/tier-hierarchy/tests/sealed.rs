@@ -171,3 +171,43 @@ fn secrets_that_cannot_work_are_config_errors() {
         .to_string()
         .contains("at least 16"));
 }
+
+/// A key file planted as a link (to a file whose mode passes), a FIFO, or a huge file is
+/// refused at once, naming what it is; nothing is read through the link. (Checked by path
+/// and read by path again, a link was followed and a FIFO hung the open.)
+#[test]
+fn a_key_file_is_read_only_from_a_regular_file_checked_by_its_descriptor() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let target = tmp.path().join("someone-elses-secret");
+    std::fs::write(&target, "a secret of enough bytes\n").unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let link = tmp.path().join("link");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let fifo = tmp.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let huge = tmp.path().join("huge");
+    std::fs::write(&huge, vec![b'k'; 1 << 20]).unwrap();
+    std::fs::set_permissions(&huge, std::fs::Permissions::from_mode(0o600)).unwrap();
+    for (path, why) in [
+        (link, "is a link"),
+        (fifo, "not a regular file"),
+        (huge, "over 4096 bytes"),
+    ] {
+        let config = IntegrityConfig {
+            key_env: None,
+            key_file: Some(path.clone()),
+        };
+        let (sent, answered) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = sent.send(config.key("x").map_err(|e| e.to_string()));
+        });
+        let outcome = answered
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("reading {} waited", path.display()));
+        let message = outcome.expect_err("a planted key file was taken");
+        assert!(message.contains(why), "{message}");
+    }
+}
