@@ -494,6 +494,11 @@ impl CompletionQueue {
             )));
         }
         self.shared.lock().closed = true;
+        if self.hierarchy.forked() {
+            // The parent's calls run in the parent: nothing here to wait for.
+            self.hierarchy.take();
+            return Ok(());
+        }
         let shared = &self.shared;
         // Past about 30 years a wait is a wait for ever: bounded there, never an overflow.
         let wait = Duration::from_secs_f64(timeout.min(MAX_WAIT_SECS));
@@ -529,6 +534,11 @@ impl Drop for CompletionQueue {
     /// the interpreter alive, rather than by a runtime thread later.
     fn drop(&mut self) {
         self.shared.lock().closed = true;
+        if self.hierarchy.forked() {
+            // In a forked child the parent's calls never end here: their buffers stay held.
+            self.hierarchy.take();
+            return;
+        }
         Python::with_gil(|py| {
             let shared = &self.shared;
             py.allow_threads(|| shared.wait_idle(Duration::from_secs(60)));

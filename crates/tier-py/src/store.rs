@@ -20,17 +20,39 @@ use crate::completions::{read_results, CompletionQueue, Outcome};
 use crate::errors::{config_error, to_py};
 use crate::handle::OpenHierarchy;
 
-/// The one runtime of the process, shared by every store and adapter.
+/// The one runtime of the process, shared by every store and adapter. A child forked from a
+/// process that used it gets a runtime of its own (the parent's threads do not cross a fork:
+/// its runtime is left untouched, never dropped).
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)))
-            .thread_name("kvtier")
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("kvtier cannot start its runtime: {e}"))
-    })
+    use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+    static CURRENT: AtomicPtr<tokio::runtime::Runtime> = AtomicPtr::new(std::ptr::null_mut());
+    static OWNER: AtomicU32 = AtomicU32::new(0);
+    static STARTING: Mutex<()> = Mutex::new(());
+    let pid = std::process::id();
+    // OWNER is stored after CURRENT: seeing this process as the owner, CURRENT is its runtime.
+    let ours = || {
+        (OWNER.load(Ordering::Acquire) == pid).then(|| {
+            // SAFETY: a runtime stored in CURRENT is leaked, so it lives for the process.
+            unsafe { &*CURRENT.load(Ordering::Acquire) }
+        })
+    };
+    if let Some(runtime) = ours() {
+        return runtime;
+    }
+    let _one = STARTING.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(runtime) = ours() {
+        return runtime;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)))
+        .thread_name("kvtier")
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("kvtier cannot start its runtime: {e}"));
+    let runtime: &'static tokio::runtime::Runtime = Box::leak(Box::new(runtime));
+    CURRENT.store(std::ptr::from_ref(runtime).cast_mut(), Ordering::Release);
+    OWNER.store(pid, Ordering::Release);
+    runtime
 }
 
 pub(crate) fn keys(py: Python<'_>, keys: &[String]) -> PyResult<Vec<PageKey>> {
@@ -65,7 +87,12 @@ impl Drop for Store {
             .get_mut()
             .unwrap_or_else(|e| e.into_inner());
         if let Some(task) = server.take() {
-            task.abort();
+            if self.hierarchy.forked() {
+                // The parent's task: aborting it here would reach for the parent's runtime.
+                std::mem::forget(task);
+            } else {
+                task.abort();
+            }
         }
         if let Some(hierarchy) = self.hierarchy.take() {
             if Arc::strong_count(&hierarchy) == 1 {
@@ -80,9 +107,10 @@ impl Drop for Store {
     }
 }
 
-/// Every hierarchy a `Store` opened in this process, to close at interpreter exit.
-fn open_hierarchies() -> &'static Mutex<Vec<Weak<Hierarchy>>> {
-    static OPEN: OnceLock<Mutex<Vec<Weak<Hierarchy>>>> = OnceLock::new();
+/// Every hierarchy a `Store` opened in this process (with the process's id: a forked child
+/// inherits its parent's list), to close at interpreter exit.
+fn open_hierarchies() -> &'static Mutex<Vec<(u32, Weak<Hierarchy>)>> {
+    static OPEN: OnceLock<Mutex<Vec<(u32, Weak<Hierarchy>)>>> = OnceLock::new();
     OPEN.get_or_init(|| Mutex::new(Vec::new()))
 }
 
@@ -107,8 +135,10 @@ fn close_or_warn(hierarchy: &Hierarchy, when: &str) {
 pub(crate) fn close_all_at_exit(py: Python<'_>) {
     let open: Vec<Arc<Hierarchy>> = {
         let mut open = open_hierarchies().lock().unwrap_or_else(|e| e.into_inner());
-        open.retain(|h| h.strong_count() > 0);
-        open.iter().filter_map(Weak::upgrade).collect()
+        // A forked child closes none of its parent's hierarchies: they are the parent's to close.
+        let pid = std::process::id();
+        open.retain(|(opened_in, h)| *opened_in == pid && h.strong_count() > 0);
+        open.iter().filter_map(|(_, h)| h.upgrade()).collect()
     };
     py.allow_threads(|| {
         for hierarchy in &open {
@@ -176,8 +206,9 @@ impl Store {
             .map_err(|e| to_py(py, &e))?;
         let hierarchy = Arc::new(hierarchy);
         let mut open = open_hierarchies().lock().unwrap_or_else(|e| e.into_inner());
-        open.retain(|h| h.strong_count() > 0);
-        open.push(Arc::downgrade(&hierarchy));
+        let pid = std::process::id();
+        open.retain(|(opened_in, h)| *opened_in == pid && h.strong_count() > 0);
+        open.push((pid, Arc::downgrade(&hierarchy)));
         drop(open);
         Ok(Self {
             hierarchy: OpenHierarchy::new(hierarchy, "store"),
@@ -483,7 +514,11 @@ impl Store {
             .unwrap_or_else(|e| e.into_inner())
             .take();
         if let Some(task) = server {
-            task.abort();
+            if self.hierarchy.forked() {
+                std::mem::forget(task);
+            } else {
+                task.abort();
+            }
         }
         let Some(hierarchy) = self.hierarchy.take() else {
             return Ok(());

@@ -1,7 +1,7 @@
 //! The helper threads that move parts of big batches beside the calling thread.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
 /// The threads that move the other parts of big batches while the calling thread moves the
 /// first: started once, one per core, kept for the process (a thread started per batch often
@@ -23,23 +23,34 @@ impl Drop for Claimed<'_> {
 }
 
 impl Helpers {
-    /// The process's helpers; `None` if none could be started.
+    /// The process's helpers; `None` if none could be started. A child forked from a process
+    /// that started them starts its own: the parent's threads do not cross a fork (a part
+    /// given to them would wait for ever), and their pool is left untouched, never dropped.
     fn get() -> Option<&'static Helpers> {
-        static HELPERS: OnceLock<Option<Helpers>> = OnceLock::new();
-        HELPERS
-            .get_or_init(|| {
-                let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .thread_name(|_| "kvtier-io".into())
-                    .build()
-                    .ok()?;
-                Some(Helpers {
-                    pool,
-                    idle: AtomicUsize::new(threads),
-                })
-            })
-            .as_ref()
+        static HELPERS: Mutex<Option<(u32, &'static Option<Helpers>)>> = Mutex::new(None);
+        let pid = std::process::id();
+        let mut held = HELPERS.lock().unwrap_or_else(|e| e.into_inner());
+        match *held {
+            Some((owner, helpers)) if owner == pid => helpers.as_ref(),
+            _ => {
+                let helpers: &'static Option<Helpers> = Box::leak(Box::new(Self::start()));
+                *held = Some((pid, helpers));
+                helpers.as_ref()
+            }
+        }
+    }
+
+    fn start() -> Option<Helpers> {
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|_| "kvtier-io".into())
+            .build()
+            .ok()?;
+        Some(Helpers {
+            pool,
+            idle: AtomicUsize::new(threads),
+        })
     }
 
     /// Claims an idle helper, if one is.
