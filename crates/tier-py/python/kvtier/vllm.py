@@ -11,7 +11,8 @@ vLLM loads it by module path from ``kv_connector_extra_config``::
 The tier's entry holds ``config`` (a TOML or JSON path) or inline ``tiers`` (and optional
 ``hierarchy``); optional ``namespace`` (default: derived from the model, dtype, chunk geometry
 and parallelism, which chunks in vLLM's parallelism-agnostic layouts leave out, so engines
-sharing a folder or bucket never read each other's chunks and share what they can),
+sharing a folder or bucket never read each other's chunks and share what they can; a given one
+is suffixed with a digest of the ``tenant`` and the integrity secret where either is set),
 ``max_pending`` (calls in flight, default 4096), ``drain_timeout`` (seconds after which
 :meth:`KvtierSecondaryTier.drain_jobs` logs an error while it goes on waiting, default 120),
 ``lookup_timeout_ms`` (bound on each presence check, default 1000, as vLLM's KVCR tier's
@@ -148,9 +149,17 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self.queue: Any = self.store.completion_queue(max_pending)
         self.log = RateLimitedLog(logger)
         self.drain_timeout = float(drain_timeout)
-        self.namespace = namespace or self._default_namespace(
-            offloading_spec, self.block_size_bytes, tenant, integrity_secret(loaded)
-        )
+        secret = integrity_secret(loaded)
+        if not namespace:
+            self.namespace = self._default_namespace(
+                offloading_spec, self.block_size_bytes, tenant, secret
+            )
+        elif tenant or secret:
+            # The tenant and the secret apply whatever the namespace: two tenants naming the
+            # same one never meet.
+            self.namespace = page_namespace(namespace, [], tenant, secret)
+        else:
+            self.namespace = namespace
         # The primary tier's chunks: chunk i is `stride` bytes at base + i * stride. The view is
         # held by this tier for its whole life, and no call runs past drain_jobs or shutdown.
         self._stride = self.block_size_bytes

@@ -505,9 +505,11 @@ def test_kv_events_say_which_chunks_storage_holds(tmp):
         make_manager([{**entry, "locality": "nearby"}])
 
 
-def test_another_tenant_on_the_same_storage_finds_nothing(tmp, s3):
+@pytest.mark.parametrize("namespace", [None, "x"])
+def test_another_tenant_on_the_same_storage_finds_nothing(tmp, s3, namespace):
     """Engines of two tenants on one bucket prefix: what tenant a stored is a MISS for tenant
-    b's engine, and a HIT for tenant a's next engine."""
+    b's engine, and a HIT for tenant a's next engine; with the same explicit ``namespace`` too
+    (it dropped the tenant: both tenants' chunks were named alike)."""
     from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
 
     tiers = tier_configs("object", tmp, s3)
@@ -516,7 +518,8 @@ def test_another_tenant_on_the_same_storage_finds_nothing(tmp, s3):
     want = {k: rng.integers(-128, 128, BLOCK_BYTES, dtype=np.int8) for k in keys}
 
     def entry(tenant):
-        return {**kvtier_entry(tiers), "tenant": tenant}
+        named = {"namespace": namespace} if namespace else {}
+        return {**kvtier_entry(tiers), "tenant": tenant, **named}
 
     _, writer = make_manager([entry("tenant-a")])
     try:
