@@ -78,12 +78,31 @@ def integrity_secret(config: dict[str, Any]) -> bytes | None:
             value = os.environ.get(str(integrity["key_env"]))
             return value.encode().strip() if value else None
         if integrity.get("key_file"):
-            try:
-                with open(str(integrity["key_file"]), "rb") as f:
-                    return f.read().strip()
-            except OSError:
-                return None
+            return _read_key_file(str(integrity["key_file"]))
     return None
+
+
+# The largest key file read, as the store reads it.
+_MAX_KEY_FILE = 4096
+
+
+def _read_key_file(path: str) -> bytes | None:
+    """The secret in ``path``, read as the store reads it: from the descriptor that was checked,
+    never through a link or from a FIFO, only from a regular file of this user (or root)
+    readable by its owner alone, at most 4 KiB; ``None`` otherwise."""
+    import stat
+
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o077:
+            return None
+        secret = f.read(_MAX_KEY_FILE + 1)
+    return secret.strip() if len(secret) <= _MAX_KEY_FILE else None
 
 
 def serve_metrics(store: Any, host: str, port: int) -> tuple[Any, ...]:

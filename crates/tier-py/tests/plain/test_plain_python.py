@@ -78,3 +78,31 @@ def test_engine_configs_are_read_without_a_toml_module(tmp_path: Path) -> None:
     config = _engine.load_config({"config": str(path)})
     assert config["tiers"][0]["kind"] == "mem"
     assert sys.version_info >= (3, 10)
+
+
+def test_the_engines_read_a_key_file_only_as_the_store_does(tmp_path: Path) -> None:
+    """The adapters' namespace secret comes from a regular file of this user, mode 600, read
+    from the descriptor checked; a link (to a file that passes), a FIFO, a loose mode or a huge
+    file gives none, and nothing waits. (It was read by path, through links and FIFOs.)"""
+    import os
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"a secret of enough bytes\n")
+    secret.chmod(0o600)
+    link = tmp_path / "link"
+    link.symlink_to(secret)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    loose = tmp_path / "loose"
+    loose.write_bytes(b"a secret of enough bytes\n")
+    loose.chmod(0o644)
+    huge = tmp_path / "huge"
+    huge.write_bytes(b"k" * (1 << 20))
+    huge.chmod(0o600)
+
+    def read(path: Path) -> bytes | None:
+        return _engine.integrity_secret({"tiers": [{"kind": "mem", "integrity": {"key_file": str(path)}}]})
+
+    assert read(secret) == b"a secret of enough bytes"
+    for planted in (link, fifo, loose, huge):
+        assert read(planted) is None, planted.name
