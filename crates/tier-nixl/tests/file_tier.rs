@@ -556,6 +556,45 @@ async fn torn_and_foreign_page_files_are_misses_on_every_read_path() {
     }
 }
 
+/// A page written with `page_checksum = "off"` (whole: its trailer names its key and length,
+/// but no checksum) is read by a tier that checks, on every read path, owner or sharing, and
+/// its file stays. (It was taken for a mismatch and unlinked: a fleet of mixed settings
+/// deleted every page its unchecking writers stored.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_written_without_checksums_are_read_by_tiers_that_check_and_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (n, (engine, direct)) in READ_PATHS.into_iter().enumerate() {
+        for access in [FileAccess::Owner, FileAccess::Shared] {
+            let dir = tmp.path().join(format!("e{n}-{access:?}"));
+            let mut config = direct_config(&dir, direct);
+            config.engine = engine;
+            config.access = access;
+            let pages: Vec<Page<'static>> = (0..4).map(|i| page(i, 1, 65536)).collect();
+            let mut unchecked = config.clone();
+            unchecked.page_checksum = PageChecksum::Off;
+            let writer = NixlFileTier::open(unchecked).await.unwrap();
+            put_ok(&writer, &pages).await;
+            let paths: Vec<PathBuf> = (0..4).map(|i| writer.page_path(&key(i)).unwrap()).collect();
+            drop(writer);
+            let reader = NixlFileTier::open(config).await.unwrap();
+            for i in 0..4 {
+                let (r, buf) = get_one(&reader, &key(i), 65536).await;
+                assert_eq!(
+                    r.unwrap(),
+                    Lookup::Hit,
+                    "{engine:?} {direct:?} {access:?} page {i}"
+                );
+                content::verify(&key(i), 1, &buf).unwrap();
+            }
+            assert!(
+                paths.iter().all(|p| p.exists()),
+                "{engine:?} {direct:?} {access:?}: a page without a checksum was removed"
+            );
+            assert_eq!(reader.stats().errors, 0, "{engine:?} {direct:?} {access:?}");
+        }
+    }
+}
+
 /// Pages are verified once per file version by default: a page rewritten in place after it
 /// was verified and read again (same inode, new bytes, same length) is verified again and a
 /// miss, on every engine and read path; so is one rewritten between two reads of a batch.

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyValueError;
@@ -110,8 +110,8 @@ impl Drop for Store {
 /// Every hierarchy a `Store` opened in this process (with the process's id: a forked child
 /// inherits its parent's list), to close at interpreter exit.
 fn open_hierarchies() -> &'static Mutex<Vec<(u32, Weak<Hierarchy>)>> {
-    static OPEN: OnceLock<Mutex<Vec<(u32, Weak<Hierarchy>)>>> = OnceLock::new();
-    OPEN.get_or_init(|| Mutex::new(Vec::new()))
+    static OPEN: Mutex<Vec<(u32, Weak<Hierarchy>)>> = Mutex::new(Vec::new());
+    &OPEN
 }
 
 /// Closes a hierarchy (its queued pages written below, at most `flush_timeout`); when that

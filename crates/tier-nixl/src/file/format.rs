@@ -67,11 +67,22 @@ pub fn read_from(file: &File, key: &PageKey) -> io::Result<Trailer> {
     Ok(decode(&t, key, len))
 }
 
-/// The CRC-32C the open page `file` (at `path`) records for `key`'s page: none if it records
-/// none or is not that page (see [`Trailer`]).
-pub fn recorded_in(file: &File, key: &PageKey, path: &Path) -> Option<u32> {
+/// What a page file's trailer records of the page's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// Their CRC-32C.
+    Crc(u32),
+    /// None: a whole page written with `page_checksum = "off"` (by this process before, or by
+    /// another sharing the folder), which a reader that checks serves as it is.
+    Unchecked,
+}
+
+/// What the open page `file` (at `path`) records for `key`'s page; `None` if it is not that
+/// page (see [`Trailer`]).
+pub fn recorded_in(file: &File, key: &PageKey, path: &Path) -> Option<Recorded> {
     match read_from(file, key) {
-        Ok(Trailer::Page(crc)) => crc,
+        Ok(Trailer::Page(Some(crc))) => Some(Recorded::Crc(crc)),
+        Ok(Trailer::Page(None)) => Some(Recorded::Unchecked),
         Ok(Trailer::Not(why)) => {
             tracing::debug!(key = %key, path = %path.display(), why, "not a page file");
             None
@@ -264,7 +275,7 @@ mod tests {
         seal(&path, &key("k"), 10, Some(99), true).unwrap();
         assert_eq!(fs::metadata(&path).unwrap().len(), file_len(10));
         let recorded = |key: &PageKey| recorded_in(&File::open(&path).unwrap(), key, &path);
-        assert_eq!(recorded(&key("k")), Some(99));
+        assert_eq!(recorded(&key("k")), Some(Recorded::Crc(99)));
         assert_eq!(recorded(&key("other")), None);
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
         f.write_all(b"x").unwrap();
@@ -287,7 +298,8 @@ mod tests {
         let elsewhere = tempfile::tempdir().unwrap();
         let credentials = elsewhere.path().join("credentials");
         fs::write(&credentials, format!("{secret}\n")).unwrap();
-        let planted: [(&str, &dyn Fn(&Path)); 4] = [
+        type Plant<'a> = &'a dyn Fn(&Path);
+        let planted: [(&str, Plant<'_>); 4] = [
             ("a link", &|m| {
                 std::os::unix::fs::symlink(&credentials, m).unwrap()
             }),

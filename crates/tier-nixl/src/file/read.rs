@@ -10,6 +10,7 @@ use futures::StreamExt;
 use tier_core::{GetResult, Lookup, PageBuf, PageKey, ReadSlot, TierError};
 
 use super::catalog::SettledRead;
+use super::format::Recorded;
 use super::helpers::run_split;
 use super::index::Generation;
 use super::io::{self, FileId, FileIo, Xfer};
@@ -328,7 +329,7 @@ impl Shared {
     fn verify(
         &self,
         reads: &[PlannedRead],
-        recorded: &[Option<u32>],
+        recorded: &[Option<Recorded>],
         versions: Versions<'_>,
         results: &mut [Result<bool, TierError>],
         crc_of: impl Fn(usize) -> u32,
@@ -367,8 +368,13 @@ impl Shared {
             if !matches!(result, Ok(true)) || versions.trusted[i] {
                 continue;
             }
+            if recorded[i] == Some(Recorded::Unchecked) {
+                // Written whole without a checksum (`page_checksum = "off"`): served as it is,
+                // never removed for lacking one.
+                continue;
+            }
             let crc = crc_of(i);
-            if recorded[i] == Some(crc) {
+            if recorded[i] == Some(Recorded::Crc(crc)) {
                 if read.checksum.is_none() {
                     learned.push((&read.key, read.generation, crc));
                 }
@@ -463,7 +469,7 @@ struct StagedReads {
     /// Per read: hit, miss or error, not yet verified.
     results: Vec<Result<bool, TierError>>,
     /// Per read: the checksum its file records.
-    recorded: Vec<Option<u32>>,
+    recorded: Vec<Option<Recorded>>,
     /// Per read: its file's version, unchanged across the read (see [`io::BatchReads`]).
     stable: Vec<Option<FileId>>,
     /// Per read: a version already verified (see [`io::BatchReads`]).

@@ -342,7 +342,7 @@ impl FileIo {
                     if self.checksums && r.is_ok() && !trusted {
                         // From the file held across the read, which the identity check vouches
                         // for; none is a miss.
-                        *recorded = item.checksum.or_else(|| {
+                        *recorded = item.checksum.map(format::Recorded::Crc).or_else(|| {
                             let (file, _) = pinned.as_ref()?;
                             format::recorded_in(file, &item.key, &item.path)
                         });
@@ -540,7 +540,7 @@ pub struct BatchReads {
     /// Per item: hit (`true`), miss (`false`), or the error.
     pub results: Vec<Result<bool, TierError>>,
     /// Per item: the checksum its file records (with checksums on, for hits).
-    pub recorded: Vec<Option<u32>>,
+    pub recorded: Vec<Option<format::Recorded>>,
     /// Per item read in place with checksums on: the CRC-32C of the bytes read, taken as they
     /// landed (none for direct reads: the caller checksums them where it copies them out).
     pub hashed: Vec<Option<u32>>,
