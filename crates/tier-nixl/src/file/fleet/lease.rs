@@ -7,6 +7,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tier_core::TierError;
@@ -36,6 +37,9 @@ pub(super) struct SharedFile {
     local: bool,
     /// Whether changes take the `flock` (`locks = "none"`: never).
     locked: bool,
+    /// Keeps this process's threads apart: an `flock` belongs to the open file description, so
+    /// a second thread's lock through it would enter (or convert, then drop) the first's.
+    in_process: Mutex<()>,
 }
 
 impl SharedFile {
@@ -61,16 +65,22 @@ impl SharedFile {
             path,
             local,
             locked: locks == SharedLocks::Flock,
+            in_process: Mutex::new(()),
         })
     }
 
     /// Takes its `flock` (`op`: shared or exclusive), within [`FLOCK_WAIT`]; nothing without
     /// locks.
-    fn lock(&self, op: libc::c_int) -> io::Result<Flock<'_>> {
-        if !self.locked {
-            return Ok(Flock(None));
-        }
-        Flock::take(&self.held, op)
+    fn lock(&self, op: libc::c_int) -> io::Result<Locked<'_>> {
+        let thread = self.in_process.lock().unwrap_or_else(|e| e.into_inner());
+        let flock = match self.locked {
+            true => Flock::take(&self.held, op)?,
+            false => Flock(None),
+        };
+        Ok(Locked {
+            _flock: flock,
+            _thread: thread,
+        })
     }
 
     /// Reads from the start into `buf`.
@@ -256,6 +266,13 @@ impl Lease {
         let text = expiry.map_or_else(String::new, |e| format!("{} {e}\n", self.holder));
         self.file.write(text.as_bytes())
     }
+}
+
+/// A shared file held by this thread of this process, and by this process among others (its
+/// `flock`, let go of first).
+struct Locked<'a> {
+    _flock: Flock<'a>,
+    _thread: MutexGuard<'a, ()>,
 }
 
 /// An `flock` on a file, released on drop; taken within [`FLOCK_WAIT`] (`None`: no lock).

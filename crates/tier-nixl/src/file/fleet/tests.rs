@@ -515,3 +515,42 @@ fn a_window_that_finds_no_page_ends_the_run_and_the_evictor_stays_usable() {
     assert!(!path.exists(), "the one page found is evicted");
     drop(dir);
 }
+
+/// Threads of one process updating and reading one usage count at the same moment keep it
+/// exact: 4 threads add 1,000 each while another reads. (An `flock` belongs to the open file
+/// description: a second thread's lock entered beside the first's, and a read converted it
+/// to shared and dropped it; updates were lost.)
+#[test]
+fn threads_of_one_process_keep_the_usage_count_exact() {
+    let (dir, _layout) = layout();
+    let usage = Usage {
+        file: SharedFile::open(
+            dir.path().join(USAGE_FILE),
+            FolderMode::Owner,
+            SharedLocks::Flock,
+        )
+        .expect("the usage file"),
+    };
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Relaxed) {
+                usage.read().expect("a read");
+            }
+        });
+        let adders: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    for _ in 0..1000 {
+                        usage.add(1).expect("an update");
+                    }
+                })
+            })
+            .collect();
+        for adder in adders {
+            adder.join().expect("an adder ends");
+        }
+        done.store(true, Relaxed);
+    });
+    assert_eq!(usage.read().expect("a read"), 4000, "updates were lost");
+}
