@@ -157,34 +157,67 @@ fn is_local(file: &File) -> bool {
     super::super::probe::LOCAL_FILESYSTEMS.contains(&(fs.f_type as i64))
 }
 
-/// The usage file: the folders' bytes as a little-endian u64.
+/// The usage file: the folders' bytes, then the running sum of every change counted since the
+/// file was made ([`UsageMark`]), each a little-endian u64. (A file of the bytes alone, as an
+/// earlier kvtier wrote it, reads as a sum of 0.)
 pub(super) struct Usage {
     pub file: SharedFile,
 }
 
+/// Where the running sum of counted changes stood: a scan that began there sets the usage to
+/// what it found plus what was counted since, whatever other scans set meanwhile (a usage
+/// taken as the baseline instead counted another scan's setting as new puts).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct UsageMark(u64);
+
 impl Usage {
     pub(super) fn read(&self) -> Result<u64, TierError> {
-        let _lock = self.file.lock(libc::LOCK_SH).map_err(|e| self.error(e))?;
-        self.load().map_err(|e| self.error(e))
+        Ok(self.snapshot()?.0)
     }
 
-    fn load(&self) -> io::Result<u64> {
-        let mut bytes = [0u8; 8];
+    /// The usage, and the mark a scan beginning now settles from.
+    pub(super) fn snapshot(&self) -> Result<(u64, UsageMark), TierError> {
+        let _lock = self.file.lock(libc::LOCK_SH).map_err(|e| self.error(e))?;
+        let (bytes, sum) = self.load().map_err(|e| self.error(e))?;
+        Ok((bytes, UsageMark(sum)))
+    }
+
+    fn load(&self) -> io::Result<(u64, u64)> {
+        let mut bytes = [0u8; 16];
         let n = self.file.read(&mut bytes)?;
-        Ok(if n == 8 { u64::from_le_bytes(bytes) } else { 0 })
+        let word =
+            |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+        Ok(match n {
+            16 => (word(0), word(1)),
+            8 => (word(0), 0),
+            _ => (0, 0),
+        })
+    }
+
+    fn store(&self, bytes: u64, sum: u64) -> io::Result<()> {
+        let mut text = [0u8; 16];
+        text[..8].copy_from_slice(&bytes.to_le_bytes());
+        text[8..].copy_from_slice(&sum.to_le_bytes());
+        self.file.write(&text)
     }
 
     /// Adds `delta` (never below 0); returns the new usage.
     pub(super) fn add(&self, delta: i64) -> Result<u64, TierError> {
-        self.update(|now| now.saturating_add_signed(delta))
+        let _lock = self.file.lock(libc::LOCK_EX).map_err(|e| self.error(e))?;
+        let (bytes, sum) = self.load().map_err(|e| self.error(e))?;
+        let new = bytes.saturating_add_signed(delta);
+        self.store(new, sum.wrapping_add_signed(delta))
+            .map_err(|e| self.error(e))?;
+        Ok(new)
     }
 
-    pub(super) fn update(&self, f: impl FnOnce(u64) -> u64) -> Result<u64, TierError> {
+    /// Sets the usage to `found` (a scan's bytes) plus what was counted since `since`, where
+    /// the scan began; returns it.
+    pub(super) fn settle(&self, found: u64, since: UsageMark) -> Result<u64, TierError> {
         let _lock = self.file.lock(libc::LOCK_EX).map_err(|e| self.error(e))?;
-        let new = f(self.load().map_err(|e| self.error(e))?);
-        self.file
-            .write(&new.to_le_bytes())
-            .map_err(|e| self.error(e))?;
+        let (_, sum) = self.load().map_err(|e| self.error(e))?;
+        let new = found.saturating_add_signed(sum.wrapping_sub(since.0) as i64);
+        self.store(new, sum).map_err(|e| self.error(e))?;
         Ok(new)
     }
 

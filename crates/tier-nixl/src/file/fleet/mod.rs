@@ -45,7 +45,7 @@ use tier_core::TierError;
 
 use super::layout::{self, FileStamp, FolderPage, FolderScan, Layout};
 use super::SharedFolder;
-use lease::{holder_id, Lease, SharedFile, Usage};
+use lease::{holder_id, Lease, SharedFile, Usage, UsageMark};
 
 const USAGE_FILE: &str = ".kvtier.usage";
 const LEASE_FILE: &str = ".kvtier.lease";
@@ -121,8 +121,8 @@ pub struct FleetStats {
 /// sets the usage from the bytes it finds (a count a killed process never made is corrected
 /// there), bucket by bucket, while the tier serves.
 pub(super) struct OpenScan {
-    /// The usage when the scan began.
-    before: u64,
+    /// Where the usage's counted changes stood when the scan began.
+    since: UsageMark,
     /// Bytes of the page files found so far.
     found_bytes: u64,
 }
@@ -173,7 +173,7 @@ impl Fleet {
     /// Begins the scan of the folders that follows an open.
     pub fn begin_open_scan(&self) -> Result<OpenScan, TierError> {
         Ok(OpenScan {
-            before: self.usage.read()?,
+            since: self.usage.snapshot()?.1,
             found_bytes: 0,
         })
     }
@@ -199,11 +199,7 @@ impl Fleet {
     /// Ends the scan: the usage set from it (with what was counted since it began); evicts if
     /// the folders are over the capacity.
     pub fn end_open_scan(&self, layout: &Layout, scan: OpenScan) -> Result<(), TierError> {
-        let before = scan.before;
-        let found = scan.found_bytes;
-        let usage = self
-            .usage
-            .update(|now| found + now.saturating_sub(before))?;
+        let usage = self.usage.settle(scan.found_bytes, scan.since)?;
         if self.capacity.is_some_and(|c| usage > c) {
             self.evict(layout, 0)?;
         }
@@ -337,9 +333,9 @@ impl Fleet {
     /// Sets the usage to the pages `scan` found, plus what was counted since `before` was
     /// read (pages renamed in during the scan may or may not be in it: counted, to err on the
     /// side of evicting). Writes in flight are not counted until they land.
-    fn settle(&self, scan: &FolderScan, before: u64) -> Result<u64, TierError> {
+    fn settle(&self, scan: &FolderScan, since: UsageMark) -> Result<u64, TierError> {
         let found = scan.pages.iter().map(|p| p.len).sum::<u64>();
-        self.usage.update(|now| found + now.saturating_sub(before))
+        self.usage.settle(found, since)
     }
 
     /// Evicts the least recently used pages until the folders hold at most the low watermark
@@ -409,7 +405,7 @@ impl Fleet {
         // The share of every window this run may take: the share of the folders it must free.
         let mut fraction = None;
         while at < buckets.len() {
-            let before = self.usage.read()?;
+            let (before, since) = self.usage.snapshot()?;
             let opened = at;
             let mut window = FolderScan::default();
             while at < buckets.len() && window.pages.len() < self.sample {
@@ -432,7 +428,7 @@ impl Fleet {
                 .fetch_add(window.pages.len() as u64, Relaxed);
             let whole = opened == 0 && at == buckets.len() && !window.sampled;
             let usage = match whole {
-                true => self.settle(&window, before)?,
+                true => self.settle(&window, since)?,
                 false => before,
             };
             if opened == 0 && usage + incoming <= capacity {

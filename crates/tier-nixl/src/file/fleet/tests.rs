@@ -554,3 +554,77 @@ fn threads_of_one_process_keep_the_usage_count_exact() {
     });
     assert_eq!(usage.read().expect("a read"), 4000, "updates were lost");
 }
+
+/// Four processes opening an owner-filled folder shared at once (whose usage file, which
+/// owners never write, says 0): their open scans overlap, and the usage ends at the folder's
+/// bytes, not a multiple of them; nothing is evicted under a capacity of 1.5 times them.
+/// (Settled as `found + (now - before)`, each scan after the first counted the ones before as
+/// new puts: 4 times the bytes, and the folder evicted far under its capacity.)
+#[test]
+fn overlapping_open_scans_count_the_folder_once() {
+    let (dir, layout) = layout();
+    let paths: Vec<PathBuf> = (0..200)
+        .map(|i| store(&layout, &format!("page{i:03}"), &[i as u8; 100]))
+        .collect();
+    let total: u64 = paths
+        .iter()
+        .map(|p| fs::metadata(p).expect("a page").len())
+        .sum();
+    let capacity = total * 3 / 2;
+    let fleets: Vec<Fleet> = (0..4)
+        .map(|_| {
+            Fleet::open(
+                &layout,
+                Some(capacity),
+                SharedFolder::default(),
+                Duration::from_secs(30),
+            )
+            .expect("the fleet")
+        })
+        .collect();
+    let mut scans: Vec<OpenScan> = fleets
+        .iter()
+        .map(|f| f.begin_open_scan().expect("a scan"))
+        .collect();
+    for (fleet, scan) in fleets.iter().zip(&mut scans) {
+        for bucket in layout.buckets() {
+            fleet
+                .open_scan_bucket(&layout, &bucket, scan)
+                .expect("a bucket scanned");
+        }
+    }
+    // A put lands during the scans: counted once.
+    fleets[0].count(100);
+    for (fleet, scan) in fleets.iter().zip(scans) {
+        fleet
+            .end_open_scan(&layout, scan)
+            .expect("the usage settled");
+    }
+    assert_eq!(
+        fleets[3].usage(),
+        total + 100,
+        "the folder counted more than once"
+    );
+    let evicted: u64 = fleets.iter().map(|f| f.stats().evicted).sum();
+    assert_eq!(evicted, 0, "pages evicted under the capacity");
+    assert!(paths.iter().all(|p| p.exists()));
+    drop(dir);
+}
+
+/// A usage file of the bytes alone (an earlier kvtier's) reads as those bytes.
+#[test]
+fn a_usage_file_of_the_bytes_alone_reads_as_them() {
+    let (dir, layout) = layout();
+    fs::write(dir.path().join(USAGE_FILE), 4321u64.to_le_bytes()).expect("a usage file");
+    let fleet = Fleet::open(
+        &layout,
+        None,
+        SharedFolder::default(),
+        Duration::from_secs(30),
+    )
+    .expect("the fleet");
+    assert_eq!(fleet.usage(), 4321);
+    fleet.count(9);
+    assert_eq!(fleet.usage(), 4330);
+    drop(dir);
+}
