@@ -63,7 +63,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 use tier_core::EvictionListener;
-use tier_core::TierError;
+use tier_core::{TierError, TierInfo};
 use tier_hierarchy::config::{ByteSize, OpenFuture, Registry, TierContext, TierPlan, TimeSpan};
 use tier_nixl::{
     BoundedIo, DirectIo, Durability, FileAccess, FileEngine, FilePlugin, FolderMode,
@@ -209,6 +209,11 @@ impl TierPlan for FilePlan {
             c.staging_buffers,
             ByteSize(c.staging_bytes as u64),
         )
+    }
+
+    /// Known before it opens: a folder on a mount that hangs opens in the background.
+    fn info(&self) -> Option<TierInfo> {
+        Some(self.0.tier_info())
     }
 
     fn open(self: Box<Self>, _on_evict: Option<EvictionListener>) -> OpenFuture {

@@ -33,7 +33,8 @@ use serde::{Deserialize, Deserializer};
 use crate::hierarchy::DemotionQueue;
 use crate::sealed::{IntegrityConfig, Sealed};
 use crate::{
-    EvictionListener, HealthPolicy, Hierarchy, HierarchyPolicy, StorageTier, TierError, WritePolicy,
+    EvictionListener, HealthPolicy, Hierarchy, HierarchyPolicy, StorageTier, TierError, TierInfo,
+    WritePolicy,
 };
 
 /// A byte count written as a number or with a unit: `4096`, `"64KiB"`, `"8GiB"`, `"1.5GB"`.
@@ -169,6 +170,10 @@ pub struct PolicyConfig {
     pub queue_bytes: Option<ByteSize>,
     /// Bound on flush and close.
     pub flush_timeout: Option<TimeSpan>,
+    /// Bound on opening each tier that can open in the background (a FILE tier: its mount
+    /// may hang): past it, the hierarchy opens without it and it comes up once opened
+    /// (default 10 s).
+    pub open_timeout: Option<TimeSpan>,
     /// Requests of a key before its page is written below (default 1: every page).
     pub admit_after: u32,
     /// `[hierarchy.health]`: when a tier counts as slow or down.
@@ -226,6 +231,7 @@ impl Default for PolicyConfig {
             promote: d.promote,
             queue_bytes: None,
             flush_timeout: None,
+            open_timeout: None,
             admit_after: d.admit_after,
             health: HealthConfig::default(),
         }
@@ -376,9 +382,18 @@ pub trait TierPlan: Send {
     fn evicts(&self) -> bool {
         false
     }
+    /// What the tier will be, where that is known before it opens: such a tier, if its open
+    /// outlasts the hierarchy's `open_timeout`, goes on opening in the background while the
+    /// hierarchy serves without it (down until it has opened).
+    fn info(&self) -> Option<TierInfo> {
+        None
+    }
     /// Opens the tier; `on_evict` is set when evicted pages must go down.
     fn open(self: Box<Self>, on_evict: Option<EvictionListener>) -> OpenFuture;
 }
+
+/// Bound on a tier's open before it goes on in the background (see [`TierPlan::info`]).
+pub const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A tier's instance name and its validated plan.
 pub type NamedPlan = (String, Box<dyn TierPlan>);
@@ -474,7 +489,13 @@ impl Registry {
         for (i, ((_, plan), spec)) in plans.into_iter().zip(&config.tiers).enumerate() {
             let hook =
                 (policy.write == WritePolicy::WriteBack && i < last).then(|| queue.listener(i));
-            let tier = plan.open(hook).await?;
+            let tier = match plan.info() {
+                Some(info) => {
+                    let bound = config.hierarchy.open_timeout.map_or(OPEN_TIMEOUT, |t| t.0);
+                    crate::opening::open_within(info, bound, plan.open(hook)).await?
+                }
+                None => plan.open(hook).await?,
+            };
             let tier = match &spec.integrity {
                 Some(integrity) => {
                     let key = integrity.key(&format!("tiers[{i}].integrity"))?;

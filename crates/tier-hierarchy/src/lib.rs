@@ -9,6 +9,7 @@ pub mod config;
 mod health;
 mod hierarchy;
 mod metrics;
+mod opening;
 pub mod sealed;
 
 pub use health::{HealthPolicy, TierHealth, TierState};

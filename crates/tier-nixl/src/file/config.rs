@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tier_core::TierError;
+use tier_core::{TierError, TierInfo};
 use tier_policy::PolicyKind;
 
 use super::{FolderMode, PageChecksum, VerifyReads};
@@ -236,6 +236,25 @@ pub struct NixlFileConfig {
 }
 
 impl NixlFileConfig {
+    /// The largest page the tier takes: one staging buffer's bytes, at most its capacity.
+    pub fn max_page_bytes(&self) -> usize {
+        let cap = self
+            .capacity_bytes
+            .map_or(usize::MAX, |c| c.min(usize::MAX as u64) as usize);
+        crate::staging::align_up(self.staging_bytes).min(cap)
+    }
+
+    /// What the tier opened from this config is, known before it opens.
+    pub fn tier_info(&self) -> TierInfo {
+        TierInfo {
+            name: self.name.clone(),
+            kind: "nixl-file".into(),
+            capacity_bytes: self.capacity_bytes,
+            max_page_bytes: Some(self.max_page_bytes()),
+            persistent: true,
+        }
+    }
+
     /// Defaults for storage under `dirs`.
     pub fn new(dirs: impl IntoIterator<Item = impl Into<PathBuf>>) -> Self {
         Self {

@@ -89,7 +89,6 @@ struct Shared {
     direct: bool,
     /// Whether calls give up on file I/O after `transfer_timeout` (see [`BoundedIo`]).
     bounded: bool,
-    max_page: usize,
     /// Whether the work the open left to the background is done (see `opening`).
     opened: tokio::sync::watch::Receiver<bool>,
     // Held for the tier's life: the locks on the storage folders (exclusive for an owner,
@@ -158,11 +157,7 @@ impl Shared {
     }
 
     fn limit(&self) -> Option<usize> {
-        let cap = self
-            .config
-            .capacity_bytes
-            .map_or(usize::MAX, |c| c.min(usize::MAX as u64) as usize);
-        Some(self.max_page.min(cap))
+        Some(self.config.max_page_bytes())
     }
 
     /// Whether `len` goes through direct I/O, or the error refusing it.
@@ -243,13 +238,7 @@ fn chunks(lens: &[(usize, usize)], capacity: usize) -> Vec<Vec<usize>> {
 #[async_trait]
 impl StorageTier for NixlFileTier {
     fn info(&self) -> TierInfo {
-        TierInfo {
-            name: self.shared.config.name.clone(),
-            kind: "nixl-file".into(),
-            capacity_bytes: self.shared.config.capacity_bytes,
-            max_page_bytes: self.shared.limit(),
-            persistent: true,
-        }
+        self.shared.config.tier_info()
     }
 
     fn stats(&self) -> TierStats {

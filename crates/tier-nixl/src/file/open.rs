@@ -125,7 +125,6 @@ impl Shared {
             config.staging_buffers,
             config.staging_bytes,
         );
-        let max_page = staging.buf_bytes();
         let verified =
             (config.verify == VerifyReads::Once).then(|| Arc::new(io::VerifiedFiles::default()));
         let lanes = backends
@@ -151,7 +150,6 @@ impl Shared {
             stats: StatsRecorder::default(),
             order: WriteOrder::new(),
             direct,
-            max_page,
             opened,
             _locks: locks,
             config,
