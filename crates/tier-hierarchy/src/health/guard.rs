@@ -169,19 +169,25 @@ impl Guarded {
         if !self.breaker || tokio::runtime::Handle::try_current().is_err() {
             return;
         }
-        let tier = Arc::clone(&self.inner);
+        // Held weakly until the probe runs: a tier dropped before then goes at once.
+        let tier = Arc::downgrade(&self.inner);
         let health = Arc::clone(&self.health);
         let task = tokio::spawn(async move {
+            let Some(held) = tier.upgrade() else {
+                return;
+            };
             let (id, started) = health.begin();
             let timeout = health.policy().probe_timeout;
-            match probe(tier.as_ref(), timeout).await {
+            let probed = probe(held.as_ref(), timeout).await;
+            drop(held);
+            match probed {
                 Ok(()) => {
                     health.end(id, started, Outcome::Answered { read_bytes: None });
                 }
                 Err(why) => {
                     health.end(id, started, Outcome::Neutral);
                     if health.trip(format!("the probe at open failed: {why}")) {
-                        spawn_probing(Arc::downgrade(&tier), Arc::downgrade(&health));
+                        spawn_probing(tier, Arc::downgrade(&health));
                     }
                 }
             }

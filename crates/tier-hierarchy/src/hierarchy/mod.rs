@@ -250,7 +250,7 @@ impl Hierarchy {
             level.tier.probe_at_open();
         }
         let worker = tokio::spawn(queue::background_writer(
-            Arc::clone(&inner),
+            Arc::downgrade(&inner),
             rx,
             Arc::clone(&queue.motion),
         ));

@@ -2,7 +2,7 @@
 //! demotions, one FIFO, one writer task.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::mpsc;
 
@@ -117,7 +117,7 @@ const DEMOTION_ATTEMPTS: u32 = 3;
 /// Writes each job's pages that are still current (a newer version or a remove supersedes a
 /// queued one) into its target tiers, holding their keys' stripes so a remove waits for it.
 pub(super) async fn background_writer(
-    inner: Arc<Inner>,
+    tiers: Weak<Inner>,
     mut rx: mpsc::UnboundedReceiver<Job>,
     motion: Arc<Motion>,
 ) {
@@ -131,6 +131,11 @@ pub(super) async fn background_writer(
                 Some(job) => job,
                 None => return,
             },
+        };
+        // Held for one job only: a hierarchy dropped lets go of its tiers at once, not once
+        // this task has seen its abort.
+        let Some(inner) = tiers.upgrade() else {
+            return;
         };
         if job.demotion {
             // Write-back: an evicted page waits in the queue (within its bound) while the
