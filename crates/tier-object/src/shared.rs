@@ -248,6 +248,26 @@ impl Fleet {
         let Some(mut version) = self.claim(objects).await? else {
             return Ok(());
         };
+        // Listed again, holding the lease: another node may have evicted between the listing
+        // and the claim (its lease just released), and the work is sized from what is left.
+        let before = self.usage().since;
+        let listed = match objects.list().await {
+            Ok(listed) => listed,
+            Err(e) => {
+                let _ = self.write_lease(objects, Some(version), false).await;
+                return Err(e);
+            }
+        };
+        let total: u64 = listed.iter().map(page_bytes).sum();
+        {
+            let mut u = self.usage();
+            u.listed = total;
+            u.since = u.since.saturating_sub(before);
+        }
+        if total <= self.capacity {
+            let _ = self.write_lease(objects, Some(version), false).await;
+            return Ok(());
+        }
         self.runs.fetch_add(1, Relaxed);
         tracing::debug!(at_ns = now_ns(), "shared eviction began");
         let outcome = self.evict(objects, listed, total, &mut version).await;

@@ -237,6 +237,37 @@ async fn an_evictor_whose_lease_another_node_wrote_over_deletes_nothing() {
     assert_eq!(tier.exists(&keys).await.unwrap(), 11, "every page is left");
 }
 
+/// A node whose listing found the prefix over its capacity, and whose claim finds the lease
+/// just released by another node that evicted meanwhile, lists again before it evicts: the
+/// prefix stays at the low watermark the other node left. (Sized from the listing made
+/// before the claim, it evicted another step below it.)
+#[tokio::test]
+async fn an_evictor_lists_again_after_its_claim() {
+    let store = Arc::new(Scripted {
+        evicted_elsewhere: (0..2).map(|i| object_path("kv", &page(i).key)).collect(),
+        ..Scripted::default()
+    });
+    let tier =
+        ObjectTier::open(Arc::clone(&store) as Arc<dyn ObjectStore>, shared("kv", 10)).unwrap();
+    for i in 0..11 {
+        assert!(tier.put(&[page(i)]).await[0].is_ok());
+    }
+    tier.flush().await.unwrap();
+    let left = bytes_under(&(Arc::clone(&store) as Arc<dyn ObjectStore>), "kv").await;
+    assert!(
+        store
+            .evicted_elsewhere_done
+            .load(std::sync::atomic::Ordering::SeqCst),
+        "the other node's eviction was scripted in"
+    );
+    assert_eq!(
+        left,
+        9 * PAGE as u64,
+        "evicted below the low watermark the other node left: {:?}",
+        tier.prefix_stats()
+    );
+}
+
 /// An in-memory store with what the tests script into it:
 /// - `restored`: stored again right before its first HEAD, as another node would store a page
 ///   again right after the evictor listed the prefix (the store's ETag tells);
@@ -255,6 +286,10 @@ struct Scripted {
     gate: Arc<tokio::sync::RwLock<()>>,
     /// Told when a listing was taken.
     taken: Arc<tokio::sync::Notify>,
+    /// Deleted right before the first read of the lease, as another node's eviction that
+    /// ended (its lease released) between this node's listing and its claim.
+    evicted_elsewhere: Vec<Path>,
+    evicted_elsewhere_done: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Display for Scripted {
@@ -299,6 +334,17 @@ impl ObjectStore for Scripted {
             again.extend_from_slice(&tier_format::seal(&key, [&again[..]]));
             let again = PutPayload::from(again);
             self.inner.put(location, again).await?;
+        }
+        if !options.head
+            && location.as_ref() == "kv/.kvtier-lease"
+            && !self.evicted_elsewhere.is_empty()
+            && !self
+                .evicted_elsewhere_done
+                .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            for gone in &self.evicted_elsewhere {
+                self.inner.delete(gone).await?;
+            }
         }
         if options.head
             && self.usurp
