@@ -97,6 +97,8 @@ pub(crate) struct Fleet {
     low: u64,
     holder: String,
     usage: Mutex<Usage>,
+    /// Another node's lease as this node first saw it: (holder, ETag, when seen).
+    seen: Mutex<Option<(String, Option<String>, Instant)>>,
     /// When this node last read each page, in ms since the epoch (bounded, see `note_read`).
     read: Mutex<HashMap<PageKey, i64>>,
     evicting: tokio::sync::Mutex<()>,
@@ -147,6 +149,7 @@ impl Fleet {
                 holder_nonce()
             ),
             usage: Mutex::new(Usage::default()),
+            seen: Mutex::new(None),
             read: Mutex::new(HashMap::new()),
             evicting: tokio::sync::Mutex::new(()),
             evicted: AtomicU64::new(0),
@@ -400,7 +403,7 @@ impl Fleet {
             },
             Some(seen) => {
                 let free = seen.holder.is_empty() || seen.holder == self.holder;
-                if !free && seen.expiry_ms > now_ms() {
+                if !free && seen.expiry_ms > now_ms() && !self.skewed_and_stale(&seen) {
                     return Ok(None);
                 }
                 let taken = match self.write_lease(objects, Some(seen.version), true).await? {
@@ -412,6 +415,28 @@ impl Fleet {
                     tracing::info!(holder = %seen.holder, "took the shared prefix's eviction lease over");
                 }
                 Ok(taken)
+            }
+        }
+    }
+
+    /// Whether another node's lease that expires more than a lease from now (its clock runs
+    /// ahead) has stayed as it is (its ETag) for a whole lease by this node's clock: its
+    /// holder, which renews it far more often, is gone. (Taken at its word, a lease written
+    /// by a clock an hour ahead blocked eviction for that hour.)
+    fn skewed_and_stale(&self, lease: &LeaseSeen) -> bool {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if lease.expiry_ms <= now_ms() + self.settings.lease.as_millis() as u64 {
+            *seen = None;
+            return false;
+        }
+        let tag = (lease.holder.clone(), lease.version.e_tag.clone());
+        match &*seen {
+            Some((holder, e_tag, since)) if (holder, e_tag) == (&tag.0, &tag.1) => {
+                since.elapsed() > self.settings.lease
+            }
+            _ => {
+                *seen = Some((tag.0, tag.1, Instant::now()));
+                false
             }
         }
     }

@@ -115,6 +115,42 @@ async fn a_live_lease_of_another_node_with_this_hosts_name_and_pid_is_not_taken(
     assert_eq!(bytes_under(&store, "kv").await, 20 * PAGE as u64);
 }
 
+/// A lease written by a node whose clock runs an hour ahead, left as it is for a whole lease
+/// (its ETag unchanged), is taken over: eviction waits a lease, not the skew.
+#[tokio::test]
+async fn a_lease_from_a_clock_far_ahead_is_taken_over_once_it_stays_unchanged_a_lease() {
+    let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let lease = format!("ahead:1:0 {}\n", now_ms + 3_600_000);
+    store
+        .put(
+            &Path::from("kv/.kvtier-lease"),
+            PutPayload::from(lease.into_bytes()),
+        )
+        .await
+        .unwrap();
+    let mut config = shared("kv", 10);
+    config.shared.lease = Duration::from_millis(300);
+    let tier = ObjectTier::open(Arc::clone(&store), config).unwrap();
+    for i in 0..20 {
+        assert!(tier.put(&[page(i)]).await[0].is_ok());
+    }
+    assert_eq!(
+        tier.prefix_stats().unwrap().evicted,
+        0,
+        "held when first seen"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(tier.put(&[page(20)]).await[0].is_ok());
+    tier.flush().await.unwrap();
+    let stats = tier.prefix_stats().unwrap();
+    assert_eq!(stats.takeovers, 1, "{stats:?}");
+    assert!(bytes_under(&store, "kv").await <= 10 * PAGE as u64);
+}
+
 fn shared(prefix: &str, pages: u64) -> ObjectTierConfig {
     let mut config = ObjectTierConfig::new(prefix);
     config.access = PrefixAccess::Shared;

@@ -19,7 +19,7 @@ use tokio::task::AbortHandle;
 use crate::buffers::{lent_pages, read_slots, Lent};
 use crate::errors::to_py;
 use crate::handle::OpenHierarchy;
-use crate::store::runtime;
+use crate::runtime::runtime;
 
 fn py_bool(py: Python<'_>, b: bool) -> PyObject {
     PyBool::new(py, b).to_owned().into_any().unbind()

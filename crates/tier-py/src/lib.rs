@@ -6,6 +6,7 @@ mod completions;
 mod config;
 mod errors;
 mod handle;
+mod runtime;
 mod store;
 
 use pyo3::prelude::*;

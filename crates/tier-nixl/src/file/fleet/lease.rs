@@ -239,6 +239,8 @@ pub(super) struct Lease {
     /// Without locks, how long a claimer waits before it looks whether its claim stood
     /// ([`CLAIM_SETTLE`]).
     pub settle: Duration,
+    /// Another holder's lease as this process first saw it: (holder, expiry, when seen).
+    pub seen: Mutex<Option<(String, u64, Instant)>>,
 }
 
 impl Lease {
@@ -251,7 +253,7 @@ impl Lease {
         let takeover = match holder {
             None => false,
             Some(h) if h == self.holder => false,
-            Some(_) if expiry > now => return Ok(None),
+            Some(h) if expiry > now && !self.skewed_and_stale(&h, expiry, now) => return Ok(None),
             Some(_) => true,
         };
         self.store(Some(now + self.ttl.as_millis() as u64))?;
@@ -264,6 +266,25 @@ impl Lease {
             }
         }
         Ok(Some(takeover))
+    }
+
+    /// Whether another holder's lease that expires more than a lease from now (its holder's
+    /// clock runs ahead) has stayed as it is for a whole lease by this process's clock: its
+    /// holder, which renews it far more often, is gone. (Taken at its word, a lease written
+    /// by a clock an hour ahead blocked eviction for that hour.)
+    fn skewed_and_stale(&self, holder: &str, expiry: u64, now: u64) -> bool {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if expiry <= now + self.ttl.as_millis() as u64 {
+            *seen = None;
+            return false;
+        }
+        match &*seen {
+            Some((h, e, since)) if h == holder && *e == expiry => since.elapsed() > self.ttl,
+            _ => {
+                *seen = Some((holder.to_owned(), expiry, Instant::now()));
+                false
+            }
+        }
     }
 
     /// Extends the lease if this holder still has it.

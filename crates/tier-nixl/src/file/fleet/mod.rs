@@ -157,6 +157,7 @@ impl Fleet {
                 holder: holder_id(),
                 ttl: settings.lease,
                 settle: lease::CLAIM_SETTLE,
+                seen: Mutex::new(None),
             },
             capacity,
             low: capacity.map_or(0, |c| (c as f64 * settings.low_watermark) as u64),
