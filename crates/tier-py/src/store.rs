@@ -554,11 +554,16 @@ impl Store {
                 &TierError::config("metrics_addr", format!("{addr:?} is not HOST:PORT: {e}")),
             )
         })?;
-        let source = self.hierarchy.get(py)?;
+        // Held weakly: a scrape in progress never keeps a closed store's tiers (its folders'
+        // locks) open.
+        let source = Arc::downgrade(&self.hierarchy.get(py)?);
+        let text = move || {
+            source
+                .upgrade()
+                .map_or_else(String::new, |h| h.metrics_text())
+        };
         let (bound, task) = py
-            .allow_threads(|| {
-                runtime().block_on(serve_metrics(parsed, move || source.metrics_text()))
-            })
+            .allow_threads(|| runtime().block_on(serve_metrics(parsed, text)))
             .map_err(|e| to_py(py, &e))?;
         let mut server = self
             .metrics_server

@@ -292,3 +292,26 @@ def test_contains_answers_each_key_on_its_own():
             time.sleep(0.005)
         assert done[qid] == [False, True, True]
         q.close()
+
+
+def test_a_held_metrics_connection_never_keeps_a_closed_store_open(tmp_path):
+    """A scraper's connection still open when the store closes: the store's folders are let go
+    of at once, so a store opened on them right after opens and writes. (The connection held
+    the hierarchy until it ended, up to 10 s: the reopen waited for the folder's lock.)"""
+    import socket
+
+    config = {"tiers": [{"kind": "nixl-file", "dirs": [str(tmp_path / "disk")], "access": "owner"}]}
+    store = kvtier.Store(config)
+    host, port = store.serve_metrics("127.0.0.1:0")
+    held = socket.create_connection((host, port))
+    held.sendall(b"GET /metrics HTTP/1.1\r\n")  # an unfinished request head: it stays open
+    time.sleep(0.2)
+    store.close()
+    started = time.monotonic()
+    try:
+        with kvtier.Store(config) as again:
+            assert again.put(["k"], [b"x" * 64]) == [None]
+        took = time.monotonic() - started
+    finally:
+        held.close()
+    assert took < 2, f"the reopen waited {took:.1f} s for the closed store's folders"

@@ -35,7 +35,7 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Serves `text()` over HTTP on `addr` (`GET /metrics`, Prometheus' default path, or `/`)
-/// until the returned task is aborted. Returns the bound address (`addr` may ask for port 0)
+/// until the returned task is aborted (its connections with it). Returns the bound address (`addr` may ask for port 0)
 /// and the task. Must run inside a tokio runtime. At most 16 connections are served at once,
 /// each for at most 10 s (5 s to send its request); it serves nothing but the counters. Bind
 /// it to loopback (`127.0.0.1:PORT`, what the adapters default to) unless a scraper on
@@ -55,11 +55,14 @@ pub async fn serve_metrics(
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let task = tokio::spawn(
         async move {
+            // The connections, aborted with the endpoint: none outlives it.
+            let mut connections = tokio::task::JoinSet::new();
             loop {
                 // A slot first: while all are taken, nothing is accepted.
                 let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
                     return;
                 };
+                while connections.try_join_next().is_some() {}
                 let socket = match listener.accept().await {
                     Ok((socket, _)) => socket,
                     Err(e) => {
@@ -73,7 +76,7 @@ pub async fn serve_metrics(
                     let text = Arc::clone(&text);
                     async move { Ok::<_, Infallible>(respond(&request, &*text)) }
                 });
-                tokio::spawn(async move {
+                connections.spawn(async move {
                     let served = http1::Builder::new()
                         .timer(TokioTimer::new())
                         .header_read_timeout(HEAD_TIMEOUT)
