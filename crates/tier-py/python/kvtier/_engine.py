@@ -105,14 +105,20 @@ def _read_key_file(path: str) -> bytes | None:
     return secret.strip() if len(secret) <= _MAX_KEY_FILE else None
 
 
-def serve_metrics(store: Any, host: str, port: int) -> tuple[Any, ...]:
-    """Serves ``store``'s Prometheus metrics at ``host:port``; a port another process holds is
-    logged and any free port served instead, so metrics never stop an engine from starting.
-    Returns the address served."""
+def serve_metrics(store: Any, host: str, port: int, fallback: bool = False) -> tuple[Any, ...]:
+    """Serves ``store``'s Prometheus metrics at ``host:port`` and returns the address served. A
+    port another process holds is a :class:`ConfigError` naming it (a scraper configured for it
+    would read the other process's numbers), unless ``fallback``: then it is logged and any
+    free port served instead."""
     try:
         bound: tuple[Any, ...] = store.serve_metrics(f"{host}:{port}")
         return bound
     except Exception as e:
+        if not fallback:
+            raise ConfigError(
+                f"metrics_addr {host}:{port} cannot be served ({e}); choose a free port, or set "
+                "metrics_port_fallback to serve on any free port instead"
+            ) from e
         bound = store.serve_metrics(f"{host}:0")
         logger.warning(
             "kvtier: metrics port %d unavailable (%s); serving on %s:%d", port, e, *bound

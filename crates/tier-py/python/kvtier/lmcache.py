@@ -11,7 +11,9 @@ LMCache loads it by module path::
 4096), ``tenant`` (a namespace of its own for the keys, for tenants sharing storage), and
 ``read_timeout_ms`` / ``write_timeout_ms``: bounds on each get and exists / each set, as
 LMCache's own L2 adapters take (LMCache gives its adapters no deadline of its own), and
-``metrics_addr`` (``host:port``: serves kvtier's Prometheus metrics there). A read
+``metrics_addr`` (``host:port``: serves kvtier's Prometheus metrics there; a port another
+process holds is a ``ConfigError`` unless ``metrics_port_fallback`` is true, which serves
+any free port instead). A read
 past its bound completes with what arrived, the rest misses; kvtier stops working on it.
 Submits never block: each starts a call in kvtier's runtime and returns its id; its
 completion makes :meth:`KvtierL2Connector.event_fd` readable. Page bytes move straight
@@ -66,6 +68,7 @@ class KvtierL2Connector:
         read_timeout_ms: int | None = None,
         write_timeout_ms: int | None = None,
         metrics_addr: str | None = None,
+        metrics_port_fallback: bool = False,
     ):
         self._read_timeout = bound_ms("read_timeout_ms", read_timeout_ms)
         self._write_timeout = bound_ms("write_timeout_ms", write_timeout_ms)
@@ -79,13 +82,21 @@ class KvtierL2Connector:
         self.store, self._instance = open_instance(loaded)
         self.queue = self.store.completion_queue(max_pending)
         # kvtier's Prometheus metrics (per tier and level), as the SGLang adapter serves them:
-        # `host:port`; a port another server on the node holds is logged and a free one used.
+        # `host:port`; a port another server on the node holds is refused unless
+        # `metrics_port_fallback`, which serves a free one.
         self.metrics_addr: tuple[Any, ...] | None = None
         if metrics_addr:
             host, _, port = str(metrics_addr).rpartition(":")
             if not port.isdigit():
                 raise ConfigError(f"metrics_addr must be host:port, not {metrics_addr!r}")
-            self.metrics_addr = serve_metrics(self.store, host or "127.0.0.1", int(port))
+            try:
+                self.metrics_addr = serve_metrics(
+                    self.store, host or "127.0.0.1", int(port), metrics_port_fallback
+                )
+            except ConfigError:
+                self.queue.close()
+                self.store.close()
+                raise
         self.log = RateLimitedLog(logger)
         self._lock = threading.Lock()
         # Submits refused at once complete as failures with ids of their own (negative, so

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
-from . import Store
+from . import ConfigError, Store
 from ._engine import (
     RateLimitedLog,
     close_all,
@@ -55,6 +55,7 @@ KVTIER_KEYS = frozenset(
         "tenant",
         "model_revision",
         "metrics_addr",
+        "metrics_port_fallback",
         "kv_cache_dtype",
         "prefetch_timeout_base",
         "prefetch_timeout_per_ki_token",
@@ -218,7 +219,12 @@ class KvtierStorage(HiCacheStorage):
         # Prometheus metrics of this rank's store, at the port given plus the rank.
         self.metrics_addr: Any = None
         if extra.get("metrics_addr"):
-            self.metrics_addr = self._serve_metrics(str(extra["metrics_addr"]))
+            fallback = bool(extra.get("metrics_port_fallback", False))
+            try:
+                self.metrics_addr = self._serve_metrics(str(extra["metrics_addr"]), fallback)
+            except ConfigError:
+                self.store.close()
+                raise
         self.mem_pool_host: Any = None
         # How the KV pool's pages move (once the pool is registered).
         self.mover: PageMover | None = None
@@ -241,11 +247,11 @@ class KvtierStorage(HiCacheStorage):
         page_size = getattr(self.mem_pool_host, "page_size", 1) or 1
         return self.timeout_base + pages * page_size / 1024 * self.timeout_per_ki_token
 
-    def _serve_metrics(self, addr: str) -> tuple[Any, ...]:
+    def _serve_metrics(self, addr: str, fallback: bool) -> tuple[Any, ...]:
         """Serves this rank's metrics at the port given plus the rank's index among the
         processes (TP rank, then attention CP rank, PP stage and DP group); a port taken by
-        another process is logged and any free port served instead, so metrics never stop a
-        rank from starting."""
+        another process is a ``ConfigError`` naming it, unless ``fallback``
+        (``metrics_port_fallback``): then it is logged and any free port served instead."""
         c = self.config
 
         def of(name: str, default: int) -> int:
@@ -256,7 +262,7 @@ class KvtierStorage(HiCacheStorage):
         group = of("dp_rank", 0) * of("pp_size", 1) + of("pp_rank", 0)
         group = group * of("attn_cp_size", 1) + of("attn_cp_rank", 0)
         rank = of("tp_rank", 0) + of("tp_size", 1) * group
-        return serve_metrics(self.store, host, int(port) + rank if int(port) else 0)
+        return serve_metrics(self.store, host, int(port) + rank if int(port) else 0, fallback)
 
     # ------------------------------------------------------------------ ranks
 

@@ -302,9 +302,11 @@ def test_two_servers_on_one_config_start_at_once_and_share_their_pages(kind, acc
           f"{'each read the other' + chr(39) + 's pages' if access is None else 'each kept its own'}")
 
 
-def test_metrics_addr_serves_kvtiers_metrics_and_a_taken_port_never_stops_the_server(tmp):
+def test_metrics_addr_serves_kvtiers_metrics_and_a_taken_port_is_refused_unless_fallback(tmp):
     """``metrics_addr`` serves kvtier's Prometheus metrics (per tier and level) over HTTP; a
-    second server on the node asking for the same port gets a free one, and starts."""
+    second server on the node asking for the same port is refused naming it (it fell back to a
+    free port without a word to its scraper), or with ``metrics_port_fallback`` gets a free
+    one, and starts."""
     import socket
     import urllib.request
 
@@ -316,7 +318,9 @@ def test_metrics_addr_serves_kvtiers_metrics_and_a_taken_port_never_stops_the_se
         port = probe.getsockname()[1]
     tiers = tier_configs("nixl-file-path", tmp)
     first = KvtierL2Connector(tiers=tiers, metrics_addr=f"127.0.0.1:{port}")
-    second = KvtierL2Connector(tiers=tiers, metrics_addr=f"127.0.0.1:{port}")
+    with pytest.raises(kvtier.ConfigError, match=f"127.0.0.1:{port}.*metrics_port_fallback"):
+        KvtierL2Connector(tiers=tiers, metrics_addr=f"127.0.0.1:{port}")
+    second = KvtierL2Connector(tiers=tiers, metrics_addr=f"127.0.0.1:{port}", metrics_port_fallback=True)
     try:
         assert first.metrics_addr[1] == port
         assert second.metrics_addr[1] not in (0, port)
