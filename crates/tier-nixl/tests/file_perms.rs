@@ -124,6 +124,57 @@ async fn a_folder_of_another_user_is_refused() {
     );
 }
 
+/// A storage folder under a folder someone else can write is refused, naming that folder:
+/// they could rename the storage folder away and put a folder of planted pages in its place
+/// (`/tmp/kvtier` made `0777` by another user was accepted). Under a sticky folder (`/tmp`)
+/// or in group mode under its own group's folder, it opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_folder_under_a_folder_others_can_write_is_refused_naming_it() {
+    // SAFETY: geteuid takes nothing.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test gives folders to another user: it runs as root (as CI does)"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let parent = |name: &str, mode: u32, owner: Option<u32>| {
+        let dir = tmp.path().join(name);
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(mode)).unwrap();
+        std::os::unix::fs::chown(&dir, owner, owner).unwrap();
+        dir
+    };
+    let refused = [
+        (parent("everyone", 0o777, None), "every user may write it"),
+        (parent("theirs", 0o755, Some(65534)), "uid 65534"),
+        (parent("their-group", 0o775, Some(65534)), "uid 65534"),
+    ];
+    for (above, why) in refused {
+        let err = NixlFileTier::open(config(&above.join("kv"), PathModeChoice::Auto))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("a folder under {} was taken", above.display()));
+        assert!(
+            matches!(&err, TierError::Config { field, message }
+                if field == "dirs" && message.contains(why)
+                    && message.contains(&*above.to_string_lossy())),
+            "{err}"
+        );
+    }
+    let group_writable = parent("group", 0o775, None);
+    std::os::unix::fs::chown(&group_writable, None, Some(65534)).unwrap();
+    let err = NixlFileTier::open(config(&group_writable.join("kv"), PathModeChoice::Auto))
+        .await
+        .err()
+        .expect("an owner's folder under a folder its group may write is refused");
+    assert!(err.to_string().contains("group 65534"), "{err}");
+    let sticky = parent("sticky", 0o1777, None);
+    let tier = NixlFileTier::open(config(&sticky.join("kv"), PathModeChoice::Auto))
+        .await
+        .expect("under a sticky folder anyone may write, a folder of one's own opens");
+    drop(tier);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bucket_replaced_by_a_link_is_refused_and_its_files_never_served() {
     let tmp = tempfile::tempdir().unwrap();

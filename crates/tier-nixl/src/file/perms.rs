@@ -161,10 +161,59 @@ impl FolderMode {
             }
             _ => {}
         }
+        if storage {
+            self.ancestors_hold(dir, &meta)?;
+        }
         let wanted = self.dir_mode();
         if storage && mine && meta.mode() & 0o7777 != wanted {
             fs::set_permissions(dir, fs::Permissions::from_mode(wanted))
                 .map_err(|e| TierError::io("set folder mode", None, Some(dir.into()), e))?;
+        }
+        Ok(())
+    }
+
+    /// Refuses a storage folder `dir` (canonical, `meta` its own) under a folder someone it
+    /// does not trust can write: that someone could rename the storage folder away and put a
+    /// folder of planted pages in its place. Trusted: this user, root, the storage folder's
+    /// owner, and in group mode its group; a folder anyone may write is trusted only with the
+    /// sticky bit (`/tmp`: no one renames what is not theirs).
+    fn ancestors_hold(self, dir: &Path, meta: &fs::Metadata) -> Result<(), TierError> {
+        let me = euid();
+        for above in dir.ancestors().skip(1) {
+            let Ok(m) = fs::symlink_metadata(above) else {
+                continue;
+            };
+            let (mode, sticky) = (m.mode() & 0o7777, m.mode() & libc::S_ISVTX != 0);
+            let why = if mode & 0o002 != 0 && !sticky {
+                Some(format!(
+                    "every user may write it (mode {mode:o}, no sticky bit)"
+                ))
+            } else if ![me, 0, meta.uid()].contains(&m.uid()) {
+                Some(format!("it belongs to uid {}, who may write it", m.uid()))
+            } else if mode & 0o020 != 0
+                && !sticky
+                && m.gid() != 0
+                && !(self == Self::Group && m.gid() == meta.gid())
+            {
+                Some(format!(
+                    "its group {} may write it (mode {mode:o}, no sticky bit)",
+                    m.gid()
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(TierError::config(
+                    "dirs",
+                    format!(
+                        "{} is under {}, and {why}: whoever can write it can put a folder of \
+                         planted pages in the storage folder's place; use a folder under \
+                         folders only you (or root) can write",
+                        dir.display(),
+                        above.display()
+                    ),
+                ));
+            }
         }
         Ok(())
     }
