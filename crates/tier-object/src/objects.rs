@@ -544,15 +544,15 @@ impl Objects {
         });
         match flat {
             None => Ok(()),
-            Some(meta) => Err(TierError::Backend {
-                backend: self.backend.clone(),
-                key: None,
-                message: format!(
+            Some(meta) => Err(TierError::config(
+                "prefix",
+                format!(
                     "{} is a page in the flat layout of an earlier kvtier (pages directly \
-                     under the prefix, not in its buckets): clear the prefix {} to use it",
+                     under the prefix, not in its buckets): clear the prefix {} to use it, or \
+                     give the tier another prefix",
                     meta.location, self.prefix
                 ),
-            }),
+            )),
         }
     }
 
@@ -560,7 +560,11 @@ impl Objects {
     /// request on S3), each request bounded by `op_timeout`; objects already gone count as
     /// deleted. Returns the paths deleted, in any order.
     pub(crate) async fn delete_many(&self, paths: Vec<Path>) -> Result<Vec<Path>, TierError> {
-        let asked: std::collections::HashSet<Path> = paths.iter().cloned().collect();
+        // By name: a store that says an object was already gone names it by its string.
+        let asked: std::collections::HashMap<String, Path> = paths
+            .iter()
+            .map(|p| (p.as_ref().to_owned(), p.clone()))
+            .collect();
         let mut deleted = self
             .store
             .delete_stream(futures::stream::iter(paths.into_iter().map(Ok)).boxed());
@@ -572,7 +576,7 @@ impl Objects {
             match next {
                 Ok(path) => done.push(path),
                 Err(object_store::Error::NotFound { path, .. }) => {
-                    if let Some(p) = asked.iter().find(|p| p.as_ref() == path) {
+                    if let Some(p) = asked.get(&path) {
                         done.push(p.clone());
                     }
                 }

@@ -86,7 +86,7 @@ async fn a_prefix_of_the_flat_layout_is_refused_naming_it() {
             _ => tier.load_catalog().await.map(|_| ()),
         };
         match refused {
-            Err(TierError::Backend { message, .. }) => {
+            Err(TierError::Config { field, message }) if field == "prefix" => {
                 assert!(message.contains("flat layout"), "{message}");
                 assert!(message.contains(flat.as_ref()), "{message}");
             }
