@@ -525,10 +525,16 @@ impl Objects {
     /// to that bucket.
     fn is_page(&self, meta: &object_store::ObjectMeta) -> bool {
         let depth = self.prefix.parts().count();
-        let parts: Vec<PathPart<'_>> = meta.location.parts().collect();
-        parts.len() == depth + 2
-            && PageKey::from_escaped_name(parts[depth + 1].as_ref(), MARKER)
-                .is_some_and(|key| bucket_name(bucket_of(&key)) == parts[depth].as_ref())
+        let mut parts = meta.location.parts().skip(depth);
+        let (Some(bucket), Some(name), None) = (parts.next(), parts.next(), parts.next()) else {
+            return false;
+        };
+        PageKey::from_escaped_name(name.as_ref(), MARKER).is_some_and(|key| {
+            // The bucket's name (two lowercase hex digits), compared without making it.
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            let b = bucket_of(&key);
+            bucket.as_ref().as_bytes() == [HEX[b >> 4], HEX[b & 15]]
+        })
     }
 
     /// Refuses a prefix holding, among `listed`, a page where kvtier before bucketed prefixes
