@@ -211,6 +211,10 @@ impl TierPlan for FilePlan {
         )
     }
 
+    fn others_may_write(&self) -> Option<String> {
+        (self.0.mode == FolderMode::Group).then(|| "the folders' group (mode = \"group\")".into())
+    }
+
     /// Known before it opens: a folder on a mount that hangs opens in the background.
     fn info(&self) -> Option<TierInfo> {
         Some(self.0.tier_info())
@@ -304,6 +308,11 @@ fn to_obj_config(name: &str, p: ObjParams) -> Result<NixlObjConfig, TierError> {
 struct ObjPlan(NixlObjConfig);
 
 impl TierPlan for ObjPlan {
+    fn others_may_write(&self) -> Option<String> {
+        (self.0.access == tier_object::PrefixAccess::Shared)
+            .then(|| "every node holding the bucket's credentials (access = \"shared\")".into())
+    }
+
     fn describe(&self) -> String {
         let c = &self.0;
         format!(

@@ -125,6 +125,11 @@ struct ObjectPlan {
 }
 
 impl TierPlan for ObjectPlan {
+    fn others_may_write(&self) -> Option<String> {
+        (self.config.access == PrefixAccess::Shared)
+            .then(|| "every node holding the bucket's credentials (access = \"shared\")".into())
+    }
+
     fn describe(&self) -> String {
         self.describe.clone()
     }

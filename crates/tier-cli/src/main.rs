@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use tier_builtin::registry;
-use tier_hierarchy::config::HierarchyConfig;
+use tier_hierarchy::config::{HierarchyConfig, Registry};
 use tier_hierarchy::serve_metrics;
 
 use commands::{
@@ -224,6 +224,9 @@ async fn run(cli: Cli) -> Result<(), String> {
             );
             for (i, (name, plan)) in plans.iter().enumerate() {
                 println!("  tier {i}: {name:<10} {}", plan.describe());
+            }
+            for (i, name, warning) in Registry::unsealed_shared(&config, &plans) {
+                println!("WARNING: tier {i} ({name}): {warning}");
             }
             Ok(())
         }
