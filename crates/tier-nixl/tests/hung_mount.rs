@@ -124,3 +124,32 @@ async fn calls_on_an_owned_folder_on_a_hung_mount_time_out() {
 async fn calls_on_a_shared_folder_on_a_hung_mount_time_out() {
     calls_time_out(FileAccess::Shared).await;
 }
+
+/// Write-back over a FILE tier whose mount hangs: the pages DRAM evicts while the mount is
+/// frozen wait in the queue (served from it), and once it answers they land, none dropped
+/// (tested on S3 alone before).
+async fn write_back_through_a_hung_mount(access: FileAccess) {
+    let mount = ClientMount::new("hung-write-back");
+    let mut config = NixlFileConfig::new([mount.folder("tier")]);
+    config.transfer_timeout = BOUND;
+    config.access = access;
+    let tier = NixlFileTier::open(config).await.expect("the tier opens");
+    let demotions = outage::write_back_through_frozen_storage(
+        Arc::new(tier),
+        || mount.freeze(),
+        || mount.thaw(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    println!("{access:?}: {demotions} demotions");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_back_through_an_owned_folder_on_a_hung_mount_loses_nothing() {
+    write_back_through_a_hung_mount(FileAccess::Owner).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_back_through_a_shared_folder_on_a_hung_mount_loses_nothing() {
+    write_back_through_a_hung_mount(FileAccess::Shared).await;
+}

@@ -276,6 +276,18 @@ pub async fn deadline_on_a_frozen_server(f: &dyn S3TierFactory) -> Result<Durati
 pub async fn write_back_keeps_its_queue(f: &dyn S3TierFactory) -> Result<u64, String> {
     let server = S3Server::start();
     let below = lower(f, &server, "write-back").await?;
+    write_back_through_frozen_storage(below, || server.freeze(), || server.thaw()).await
+}
+
+/// Write-back over `below` (under 1 MiB of DRAM) while its storage is frozen by `freeze` (a
+/// server stopped, a FUSE daemon stopped): pages the top evicts wait in the queue, served
+/// from it, while the tier is down; thawed by `thaw`, they land, none dropped, every page read
+/// back exact. Returns the demotions made.
+pub async fn write_back_through_frozen_storage(
+    below: DynTier,
+    freeze: impl FnOnce(),
+    thaw: impl FnOnce(),
+) -> Result<u64, String> {
     let h = Hierarchy::builder("outage")
         .policy(HierarchyPolicy {
             write: WritePolicy::WriteBack,
@@ -287,20 +299,25 @@ pub async fn write_back_keeps_its_queue(f: &dyn S3TierFactory) -> Result<u64, St
         .tier(below)
         .build()
         .map_err(|e| e.to_string())?;
-    // The probe at open (a HEAD on loopback) has answered by then: the tier is not known
-    // down when the server freezes, so the first demotions fail and must be carried again.
+    // The probe at open has answered by then: the tier is not known down when its storage
+    // freezes, so the first demotions fail and must be carried again.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    server.freeze();
+    freeze();
     // 48 pages into 1 MiB: 32 are evicted into the queue while the tier does not answer.
+    let mut frozen = Ok(());
     for batch in (0..48).step_by(8) {
         for r in h.put(&pages(batch..batch + 8)).await {
-            r.map_err(|e| format!("put failed: {e}"))?;
+            if let Err(e) = r {
+                frozen = Err(format!("put failed: {e}"));
+            }
         }
     }
-    wait_for(&h, TierState::Down, Duration::from_secs(30)).await?;
-    expect_hits(&h, 0..48).await?;
-    server.thaw();
-    wait_for(&h, TierState::Up, Duration::from_secs(10)).await?;
+    let frozen = frozen
+        .and(wait_for(&h, TierState::Down, Duration::from_secs(30)).await)
+        .and(expect_hits(&h, 0..48).await);
+    thaw();
+    frozen?;
+    wait_for(&h, TierState::Up, Duration::from_secs(30)).await?;
     h.flush().await.map_err(|e| format!("flush failed: {e}"))?;
     let stats = h.hierarchy_stats();
     if stats.demotions_dropped != 0 || stats.stale_below != 0 {
@@ -310,6 +327,23 @@ pub async fn write_back_keeps_its_queue(f: &dyn S3TierFactory) -> Result<u64, St
         ));
     }
     expect_hits(&h, 0..48).await?;
+    // The 32 pages evicted while the storage was frozen are below: read from it alone.
+    let below = h.tiers().pop().ok_or("no tier below")?;
+    let mut landed = 0;
+    for page in pages(0..48) {
+        let mut buf = vec![0u8; page.data.len()];
+        let got = below
+            .get(&mut [ReadSlot::new(page.key.clone(), &mut buf)])
+            .await;
+        if matches!(got[0], Ok(Lookup::Hit)) {
+            landed += 1;
+        }
+    }
+    if landed < 32 {
+        return Err(format!(
+            "{landed} of the 32 pages evicted while frozen are below"
+        ));
+    }
     Ok(stats.demotions)
 }
 
