@@ -248,6 +248,22 @@ def test_a_rank_killed_mid_write_harms_no_other_and_leaves_whole_pages(tmp):
 
 
 @pytest.mark.parametrize("kind", ["nixl-file-path", "gluster"])
+def test_side_pools_are_namespaced_by_pool_and_mamba_by_tp_rank_under_mla(kind, tmp, s3, gluster):
+    """MLA KV pages are one copy for the attention group, but each TP rank holds its own shard
+    of the Mamba state. Two ranks, two processes at once (on GlusterFS through a mount each):
+    rank 1 finds rank 0's KV pages, misses rank 0's Mamba shard and stores its own, and each
+    reads back its own shard byte-exact. (It ran as two backends in one process.)"""
+    on_a, on_b = shared_tiers(kind, tmp, s3, gluster)
+    ranks = Ranks(tmp, on_a, mla=True, mamba=True)
+    ranks.start("tp0", {"tp_rank": 0, "tp_size": 2}, "write:9@e7", "state_write:10@e7", "flush",
+                "barrier:written", "barrier:theirs", "state_read:10@e7", world=2)
+    ranks.start("tp1", {"tp_rank": 1, "tp_size": 2}, "barrier:written", "present:@e7",
+                "state_gone:@e7", "state_write:11@e7", "flush", "barrier:theirs",
+                "state_read:11@e7", world=2, tiers=on_b)
+    ranks.finish()
+
+
+@pytest.mark.parametrize("kind", ["nixl-file-path", "gluster"])
 def test_mla_reader_ranks_keep_their_mamba_shards_where_the_writer_owns_the_folders(kind, tmp, s3, gluster):
     """A hybrid MLA model (Mamba states per TP rank) with ``access = "owner"``: the attention
     group's writer (rank 0) owns the folders and rank 1 reads them, but SGLang backs up each
