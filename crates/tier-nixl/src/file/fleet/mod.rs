@@ -33,6 +33,7 @@
 mod lease;
 #[cfg(test)]
 mod tests;
+mod victim;
 
 use std::fs;
 use std::io;
@@ -43,9 +44,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tier_core::TierError;
 
-use super::layout::{self, FileStamp, FolderPage, FolderScan, Layout};
+use super::layout::{self, FolderScan, Layout};
 use super::SharedFolder;
 use lease::{holder_id, Lease, SharedFile, Usage, UsageMark};
+pub(in crate::file) use victim::rename_noreplace;
+use victim::{put_back, unlink_if_unchanged, Victim};
 
 const USAGE_FILE: &str = ".kvtier.usage";
 const LEASE_FILE: &str = ".kvtier.lease";
@@ -463,7 +466,7 @@ impl Fleet {
                     renewed = Instant::now();
                 }
                 victims += 1;
-                match unlink_if_unchanged(layout, page, |from, to| fs::hard_link(from, to)) {
+                match unlink_if_unchanged(layout, page, put_back()) {
                     Ok(Victim::Evicted(bytes)) => {
                         freed += bytes;
                         excess = excess.saturating_sub(bytes);
@@ -519,84 +522,6 @@ impl Fleet {
     /// Pages this process evicted so far (for the tier's stats).
     pub fn evicted(&self) -> u64 {
         self.counts.evicted.load(Relaxed)
-    }
-}
-
-/// What became of a victim.
-enum Victim {
-    /// Unlinked: its bytes are free.
-    Evicted(u64),
-    /// Stored again, read or removed since the scan: left as it is now, with the bytes of an
-    /// older file freed where a newer one had taken its name.
-    Spared(u64),
-}
-
-/// Unlinks a victim if it is still the file `page` describes (see [`Victim`]); `link` puts a
-/// spared one back (`fs::hard_link`).
-fn unlink_if_unchanged(
-    layout: &Layout,
-    page: &FolderPage,
-    link: impl Fn(&Path, &Path) -> io::Result<()>,
-) -> io::Result<Victim> {
-    let aside = layout.temp_path(&page.path);
-    match fs::rename(&page.path, &aside) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Victim::Spared(0)),
-        Err(e) => return Err(e),
-    }
-    let meta = fs::symlink_metadata(&aside)?;
-    if FileStamp::of(&meta) == page.stamp {
-        fs::remove_file(&aside)?;
-        return Ok(Victim::Evicted(page.len));
-    }
-    // Stored again or read since the scan: back in place, unless a newer file has taken its
-    // name meanwhile (then this one's bytes are freed, and counted by nobody else). A
-    // filesystem without hard links gets a rename that never replaces; where neither works the
-    // page stays aside under its temp name (never deleted here), for the scans to age out.
-    match link(&aside, &page.path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            fs::remove_file(&aside)?;
-            return Ok(Victim::Spared(meta.len()));
-        }
-        Err(_) => {
-            return match rename_noreplace(&aside, &page.path) {
-                Ok(()) => Ok(Victim::Spared(0)),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                    fs::remove_file(&aside)?;
-                    Ok(Victim::Spared(meta.len()))
-                }
-                Err(e) => Err(e),
-            }
-        }
-    }
-    fs::remove_file(&aside)?;
-    Ok(Victim::Spared(0))
-}
-
-/// Renames `from` to `to` unless `to` exists (`renameat2` with `RENAME_NOREPLACE`).
-pub(super) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    let c = |p: &Path| {
-        CString::new(p.as_os_str().as_bytes())
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
-    };
-    let (from, to) = (c(from)?, c(to)?);
-    // SAFETY: two NUL-terminated paths that live across the call.
-    let done = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            from.as_ptr(),
-            libc::AT_FDCWD,
-            to.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    if done == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
     }
 }
 

@@ -1,7 +1,9 @@
 //! The fleet: spared victims, eviction windows, open scans; each shown to fail on its broken variant.
 
 use super::lease::{Lease, SharedFile};
+use super::victim::PutBack;
 use super::*;
+use crate::file::layout::FolderPage;
 use crate::file::{FolderMode, SharedLocks};
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -87,7 +89,7 @@ fn a_victim_stored_again_or_used_after_the_scan_is_spared() {
 
     let outcomes: Vec<_> = victims
         .iter()
-        .map(|v| unlink_if_unchanged(&layout, v, |a, b| fs::hard_link(a, b)).expect("no I/O error"))
+        .map(|v| unlink_if_unchanged(&layout, v, put_back()).expect("no I/O error"))
         .collect();
     assert!(
         matches!(outcomes[0], Victim::Evicted(40)),
@@ -110,9 +112,44 @@ fn a_spared_victim_survives_a_filesystem_without_hard_links() {
     let victim = scanned(&layout, &used);
     used_later(&used);
     let no_links = |_: &Path, _: &Path| Err(io::Error::from_raw_os_error(libc::EPERM));
-    let outcome = unlink_if_unchanged(&layout, &victim, no_links).expect("no I/O error");
+    let without_links = PutBack {
+        link: no_links,
+        noreplace: rename_noreplace,
+    };
+    let outcome = unlink_if_unchanged(&layout, &victim, without_links).expect("no I/O error");
     assert!(matches!(outcome, Victim::Spared(0)));
     assert_eq!(page_of(&used), b"used page");
+}
+
+/// Where a spared victim can be put back neither by a hard link nor by a rename that never
+/// replaces, it is removed and its bytes freed, not left aside under a temp name uncounted
+/// (it was never subtracted from the usage, while no one could read it).
+#[test]
+fn a_spared_victim_that_cannot_go_back_is_removed_and_its_bytes_freed() {
+    let (dir, layout) = layout();
+    let used = store(&layout, "used", b"used page");
+    let victim = scanned(&layout, &used);
+    used_later(&used);
+    let len = fs::metadata(&used).expect("a page").len();
+    let refused = |_: &Path, _: &Path| Err(io::Error::from_raw_os_error(libc::EINVAL));
+    let neither = PutBack {
+        link: refused,
+        noreplace: refused,
+    };
+    let outcome = unlink_if_unchanged(&layout, &victim, neither).expect("no I/O error");
+    assert!(
+        matches!(outcome, Victim::Spared(freed) if freed == len),
+        "its bytes are freed"
+    );
+    let left = layout.scan_shared(|_, _| false).expect("a scan");
+    assert!(left.pages.is_empty() && left.temps_removed == 0);
+    let bucket = used.parent().expect("a bucket");
+    assert_eq!(
+        fs::read_dir(bucket).expect("the bucket").count(),
+        0,
+        "nothing left aside"
+    );
+    drop(dir);
 }
 
 #[test]
