@@ -330,3 +330,86 @@ fn hostname() -> String {
     let len = buf.iter().position(|&b| b == 0).unwrap();
     String::from_utf8_lossy(&buf[..len]).into_owned()
 }
+
+/// In path mode, a link renamed over a fresh temp file (by a member of a group-mode folder's
+/// group, who may write the bucket and see the temp names) is never written through: NIXL is
+/// handed the file kvtier created by its descriptor, not its name. A racing thread renames a
+/// link to a victim file over every temp file it sees while batches of 64 pages of one bucket
+/// are put (a batch's temp files are all made before NIXL opens them). (NIXL opened the name
+/// again and followed the link: the victim took page bytes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_renamed_over_a_path_mode_temp_file_is_never_written_through() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("kv");
+    let mut c = config(&dir, PathModeChoice::On);
+    c.page_checksum = tier_nixl::PageChecksum::Off;
+    let tier = NixlFileTier::open(c).await.unwrap();
+    let victim = tmp.path().join("victim");
+    fs::write(&victim, b"precious").unwrap();
+    let bucket = tier
+        .page_path(&key(0))
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let keys: Vec<PageKey> = (0..)
+        .map(key)
+        .filter(|k| tier.page_path(k).unwrap().parent() == Some(bucket.as_path()))
+        .take(64)
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let racer = {
+        let (bucket, victim, stop) = (bucket.clone(), victim.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut swapped = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok(entries) = fs::read_dir(&bucket) else {
+                    continue;
+                };
+                for entry in entries.flatten() {
+                    let name = entry.file_name();
+                    if !name.to_string_lossy().starts_with(".tmp-") {
+                        continue;
+                    }
+                    let link = bucket.with_file_name(format!("link-{swapped}"));
+                    if symlink(&victim, &link).is_ok() && fs::rename(&link, entry.path()).is_ok() {
+                        swapped += 1;
+                    }
+                    let _ = fs::remove_file(&link);
+                }
+            }
+            swapped
+        })
+    };
+    let mut stored = 0;
+    for v in 0..40u64 {
+        let pages: Vec<Page<'static>> = keys
+            .iter()
+            .map(|k| Page::new(k.clone(), content::page(k, v, 4096)))
+            .collect();
+        stored += tier.put(&pages).await.iter().filter(|r| r.is_ok()).count();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let swapped = racer.join().unwrap();
+    let links = fs::read_dir(&bucket)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_symlink()))
+        .map(|e| e.file_name().to_string_lossy().starts_with(".tmp-"))
+        .fold((0, 0), |(temp, page), is_temp| {
+            if is_temp {
+                (temp + 1, page)
+            } else {
+                (temp, page + 1)
+            }
+        });
+    println!(
+        "{stored} of 2,560 pages stored, {swapped} temp files swapped for links, links left (temp, page): {links:?}"
+    );
+    assert_eq!(
+        fs::read(&victim).unwrap(),
+        b"precious",
+        "a page was written through a link ({swapped} swapped)"
+    );
+    assert_eq!(links.1, 0, "a planted link was renamed in as a page");
+}

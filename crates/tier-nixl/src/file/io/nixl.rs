@@ -5,7 +5,7 @@ use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::io::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tier_core::TierError;
@@ -136,12 +136,18 @@ impl FileIo {
                     dev_ids.push(file.as_raw_fd() as u64);
                     files.push(file);
                 }
+                FileMode::Path if op == XferOp::Write => {
+                    // Made here, so it is new, this tier's mode, and not a planted link; NIXL
+                    // is handed it by its descriptor (`/proc/self/fd/N` opens the very file
+                    // that descriptor holds), so a link renamed over its name meanwhile (by
+                    // a member of a group-mode folder's group) is never written through.
+                    let file = self.file_mode.create_new(&item.path, 0).map_err(failed)?;
+                    let held = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+                    metas.push(path_meta(&held, op, item.direct, self.sync));
+                    files.push(file);
+                    dev_ids.push(next_dev_id());
+                }
                 FileMode::Path => {
-                    if op == XferOp::Write {
-                        // Made here, so it is new, this tier's mode, and not a planted link;
-                        // NIXL opens the file it finds.
-                        self.file_mode.create_new(&item.path, 0).map_err(failed)?;
-                    }
                     metas.push(path_meta(&item.path, op, item.direct, self.sync));
                     dev_ids.push(next_dev_id());
                 }
