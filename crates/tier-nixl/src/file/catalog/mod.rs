@@ -284,14 +284,8 @@ impl Catalog {
             }
             Keeper::Reader => {}
             Keeper::Sharer(fleet) => {
-                let same =
-                    fs::metadata(path).is_ok_and(|m| Some(FileStamp::of(&m).mtime_ns) == mtime_ns);
-                if same {
-                    if let Ok(len) = fs::metadata(path).map(|m| m.len()) {
-                        if fs::remove_file(path).is_ok() {
-                            fleet.count(-(len as i64));
-                        }
-                    }
+                if let Some(mtime_ns) = mtime_ns {
+                    fleet.discard(self.layout(), path, mtime_ns);
                 }
             }
         }

@@ -319,6 +319,19 @@ impl Fleet {
         }
     }
 
+    /// Removes the page file at `path` that a read found corrupt, if it is still the file
+    /// last used at `mtime_ns` (checked once it is renamed aside, where no writer lands: a
+    /// page stored again meanwhile is never removed), and takes its bytes off the usage.
+    pub fn discard(&self, layout: &Layout, path: &Path, mtime_ns: i128) {
+        let still = |m: &fs::Metadata| layout::FileStamp::of(m).mtime_ns == mtime_ns;
+        match victim::unlink_if(layout, path, still, put_back()) {
+            Ok(Victim::Evicted(bytes) | Victim::Spared(bytes)) => self.count(-(bytes as i64)),
+            Err(e) => {
+                tracing::debug!(path = %path.display(), error = %e, "a corrupt page file stays")
+            }
+        }
+    }
+
     /// Which temp files a scan removes: those older than any write may last, and those of
     /// dead writers of this pid space.
     fn leftover(&self) -> impl Fn(&str, &fs::Metadata) -> bool {

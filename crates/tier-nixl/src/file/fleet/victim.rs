@@ -41,34 +41,51 @@ pub(super) fn unlink_if_unchanged(
     page: &FolderPage,
     put_back: PutBack,
 ) -> io::Result<Victim> {
-    let aside = layout.temp_path(&page.path);
-    match fs::rename(&page.path, &aside) {
+    unlink_if(
+        layout,
+        &page.path,
+        |m| FileStamp::of(m) == page.stamp,
+        put_back,
+    )
+}
+
+/// Unlinks the file at `path` if, once renamed aside (where no writer can land on it), it is
+/// the one `still` recognises; else puts it back by `put_back`. The check and the unlink are
+/// of one file: a page renamed in between (stored again) is never removed.
+pub(super) fn unlink_if(
+    layout: &Layout,
+    path: &Path,
+    still: impl Fn(&fs::Metadata) -> bool,
+    put_back: PutBack,
+) -> io::Result<Victim> {
+    let aside = layout.temp_path(path);
+    match fs::rename(path, &aside) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Victim::Spared(0)),
         Err(e) => return Err(e),
     }
     let meta = fs::symlink_metadata(&aside)?;
-    if FileStamp::of(&meta) == page.stamp {
+    if still(&meta) {
         fs::remove_file(&aside)?;
-        return Ok(Victim::Evicted(page.len));
+        return Ok(Victim::Evicted(meta.len()));
     }
     // Stored again or read since the scan: back in place, unless a newer file has taken its
     // name meanwhile (then this one's bytes are freed, and counted by nobody else). A
     // filesystem without hard links gets a rename that never replaces. Where neither works it
     // cannot go back without risking a newer file's place: it is removed and its bytes freed
     // (left aside under a temp name, it was lost all the same and never subtracted).
-    match (put_back.link)(&aside, &page.path) {
+    match (put_back.link)(&aside, path) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
             fs::remove_file(&aside)?;
             return Ok(Victim::Spared(meta.len()));
         }
         Err(_) => {
-            return match (put_back.noreplace)(&aside, &page.path) {
+            return match (put_back.noreplace)(&aside, path) {
                 Ok(()) => Ok(Victim::Spared(0)),
                 Err(e) => {
                     if e.kind() != io::ErrorKind::AlreadyExists {
-                        tracing::debug!(page = %page.path.display(), error = %e, "a spared victim cannot be put back: removed");
+                        tracing::debug!(page = %path.display(), error = %e, "a spared victim cannot be put back: removed");
                     }
                     fs::remove_file(&aside)?;
                     Ok(Victim::Spared(meta.len()))

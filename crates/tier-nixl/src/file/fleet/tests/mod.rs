@@ -3,7 +3,7 @@
 use super::lease::{Lease, SharedFile};
 use super::victim::PutBack;
 use super::*;
-use crate::file::layout::FolderPage;
+use crate::file::layout::{FileStamp, FolderPage};
 use crate::file::{FolderMode, SharedLocks};
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -450,5 +450,32 @@ fn overlapping_open_scans_count_the_folder_once() {
     let evicted: u64 = fleets.iter().map(|f| f.stats().evicted).sum();
     assert_eq!(evicted, 0, "pages evicted under the capacity");
     assert!(paths.iter().all(|p| p.exists()));
+    drop(dir);
+}
+
+/// A sharer's discard of a page a read found corrupt removes it only if it is still the file
+/// read, checked once renamed aside, where no writer lands (checked by its path and unlinked
+/// after, a page stored again in between was removed); the bytes removed leave the usage.
+#[test]
+fn a_discard_removes_the_file_read_and_never_a_page_stored_again() {
+    let (dir, layout) = layout();
+    let path = store(&layout, "page", b"first!");
+    let fleet = opened(&layout, None, SharedFolder::default());
+    let mtime = |p: &Path| FileStamp::of(&fs::metadata(p).expect("a page")).mtime_ns;
+    let read = mtime(&path);
+    store(&layout, "page", b"second");
+    used_later(&path);
+    fleet.discard(&layout, &path, read);
+    assert_eq!(page_of(&path), b"second", "the page stored again stays");
+    let before = fleet.usage();
+    let len = fs::metadata(&path).expect("a page").len();
+    fleet.discard(&layout, &path, mtime(&path));
+    assert!(!path.exists(), "the file read is removed");
+    assert_eq!(fleet.usage(), before - len);
+    let left = layout.scan_shared(|_, _| false).expect("a scan");
+    assert!(
+        left.pages.is_empty() && left.temps_removed == 0,
+        "nothing left aside"
+    );
     drop(dir);
 }
