@@ -27,10 +27,12 @@ use tier_core::{
 
 mod catalog;
 mod config;
+mod listing;
 mod names;
 mod objects;
 mod s3;
 mod shared;
+mod unfinished;
 
 pub use config::{ObjectTierConfig, PrefixAccess};
 pub use names::check_prefix;

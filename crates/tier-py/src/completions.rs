@@ -284,8 +284,8 @@ impl CompletionQueue {
     where
         F: std::future::Future<Output = Outcome> + Send + 'static,
     {
-        let keys = crate::store::keys(py, &crate::store::key_list(py, keys)?)?;
-        let deadline = crate::store::deadline(timeout)?;
+        let keys = crate::calls::keys(py, &crate::calls::key_list(py, keys)?)?;
+        let deadline = crate::calls::deadline(timeout)?;
         let hierarchy = self.hierarchy.get(py)?;
         let ticket = self.ticket(py, keys.len(), Lent::default())?;
         let id = ticket.id;
@@ -313,8 +313,8 @@ impl CompletionQueue {
         read: bool,
         timeout: Option<f64>,
     ) -> PyResult<u64> {
-        let keys = crate::store::keys(py, keys)?;
-        let deadline = crate::store::deadline(timeout)?;
+        let keys = crate::calls::keys(py, keys)?;
+        let deadline = crate::calls::deadline(timeout)?;
         let regions = lent.pages.clone();
         let hierarchy = self.hierarchy.get(py)?;
         let ticket = self.ticket(py, keys.len(), lent)?;
@@ -438,7 +438,7 @@ impl CompletionQueue {
         timeout: Option<f64>,
     ) -> PyResult<u64> {
         self.submit_keys(py, keys, timeout, |hierarchy, keys, deadline| async move {
-            Outcome::Present(crate::store::each_present(&hierarchy, &keys, deadline).await)
+            Outcome::Present(crate::calls::each_present(&hierarchy, &keys, deadline).await)
         })
     }
 

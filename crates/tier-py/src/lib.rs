@@ -2,6 +2,7 @@
 //! Python package around it (`python/kvtier`) adds config loading and engine adapters.
 
 mod buffers;
+mod calls;
 mod completions;
 mod config;
 mod errors;

@@ -4,28 +4,21 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyMapping, PyString, PyTuple};
+use pyo3::types::{PyDict, PyMapping, PyTuple};
 use tier_builtin::registry;
-use tier_core::{PageKey, StorageTier, TierError, TierStats};
+use tier_core::{StorageTier, TierError, TierStats};
 use tier_hierarchy::config::HierarchyConfig;
 use tier_hierarchy::{serve_metrics, Hierarchy, TierHealth};
 use tokio::task::JoinHandle;
 
 use crate::buffers::{lent_pages, read_slots, Lent};
+use crate::calls::{self, deadline, each_present, key_list};
 use crate::completions::{read_results, CompletionQueue, Outcome};
 use crate::errors::{config_error, to_py};
 use crate::handle::OpenHierarchy;
 use crate::runtime::runtime;
-
-pub(crate) fn keys(py: Python<'_>, keys: &[String]) -> PyResult<Vec<PageKey>> {
-    keys.iter()
-        .map(|k| PageKey::new(k.as_str()).map_err(|e| to_py(py, &e)))
-        .collect()
-}
 
 /// A tier hierarchy; the page bytes never pass through Python.
 ///
@@ -121,7 +114,7 @@ impl Store {
         lent: Lent,
         timeout: Option<f64>,
     ) -> PyResult<Vec<PyObject>> {
-        let page_keys = self::keys(py, keys)?;
+        let page_keys = calls::keys(py, keys)?;
         let deadline = deadline(timeout)?;
         let hierarchy = self.hierarchy.get(py)?;
         let results = py.allow_threads(|| {
@@ -146,7 +139,7 @@ impl Store {
         lent: Lent,
         timeout: Option<f64>,
     ) -> PyResult<Vec<PyObject>> {
-        let page_keys = self::keys(py, keys)?;
+        let page_keys = calls::keys(py, keys)?;
         let deadline = deadline(timeout)?;
         let hierarchy = self.hierarchy.get(py)?;
         let results = py.allow_threads(|| {
@@ -183,46 +176,6 @@ impl Store {
     }
 }
 
-/// Presence checks a per-key answer runs at once.
-const PRESENCE_CHECKS_AT_ONCE: usize = 64;
-
-/// Whether each of `keys` is present, each asked on its own (at most
-/// [`PRESENCE_CHECKS_AT_ONCE`] at a time), by `deadline` if one is given.
-pub(crate) async fn each_present(
-    hierarchy: &Hierarchy,
-    keys: &[PageKey],
-    deadline: Option<Instant>,
-) -> Vec<Result<bool, TierError>> {
-    use futures::StreamExt;
-    futures::stream::iter(keys.iter().cloned().map(|key| async move {
-        let one = std::slice::from_ref(&key);
-        let found = match deadline {
-            Some(d) => hierarchy.exists_by(one, d).await,
-            None => hierarchy.exists(one).await,
-        };
-        found.map(|n| n == 1)
-    }))
-    .buffered(PRESENCE_CHECKS_AT_ONCE)
-    .collect()
-    .await
-}
-
-/// The deadline `timeout` seconds from now (`None`: no deadline). Not a finite number of
-/// seconds at least 0: a `ValueError` naming it; too far to represent: no deadline.
-pub(crate) fn deadline(timeout: Option<f64>) -> PyResult<Option<Instant>> {
-    let Some(secs) = timeout else {
-        return Ok(None);
-    };
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(PyValueError::new_err(format!(
-            "timeout must be a finite number of seconds >= 0, not {secs}"
-        )));
-    }
-    Ok(Duration::try_from_secs_f64(secs)
-        .ok()
-        .and_then(|d| Instant::now().checked_add(d)))
-}
-
 fn health_dict<'py>(py: Python<'py>, h: &TierHealth) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("state", h.state.as_str())?;
@@ -248,17 +201,6 @@ fn stats_dict<'py>(py: Python<'py>, s: &TierStats) -> PyResult<Bound<'py, PyDict
     d.set_item("evictions", s.evictions)?;
     d.set_item("resident_bytes", s.resident_bytes)?;
     Ok(d)
-}
-
-/// `keys` as strings: any iterable of them, but not one string (whose characters are not keys).
-pub(crate) fn key_list(py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
-    if keys.is_instance_of::<PyString>() {
-        return Err(pyo3::exceptions::PyTypeError::new_err(
-            "keys are an iterable of strings, not one string",
-        ));
-    }
-    let _ = py;
-    keys.try_iter()?.map(|k| k?.extract::<String>()).collect()
 }
 
 /// Points the NIXL runtime lookup at an installed `nixl` package (`kvtier._nixl_from_pip`),
@@ -378,7 +320,7 @@ impl Store {
         keys: &Bound<'_, PyAny>,
         timeout: Option<f64>,
     ) -> PyResult<usize> {
-        let keys = self::keys(py, &key_list(py, keys)?)?;
+        let keys = calls::keys(py, &key_list(py, keys)?)?;
         let deadline = deadline(timeout)?;
         let hierarchy = self.hierarchy.get(py)?;
         py.allow_threads(|| {
@@ -401,7 +343,7 @@ impl Store {
         keys: &Bound<'_, PyAny>,
         timeout: Option<f64>,
     ) -> PyResult<Vec<PyObject>> {
-        let keys = self::keys(py, &key_list(py, keys)?)?;
+        let keys = calls::keys(py, &key_list(py, keys)?)?;
         let deadline = deadline(timeout)?;
         let hierarchy = self.hierarchy.get(py)?;
         let present =
@@ -412,7 +354,7 @@ impl Store {
     /// Marks the pages of `keys` as just used, as reading them would, without reading them:
     /// each tier's eviction keeps them longer. Keys not stored are ignored.
     fn touch(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
-        let keys = self::keys(py, &key_list(py, keys)?)?;
+        let keys = calls::keys(py, &key_list(py, keys)?)?;
         let hierarchy = self.hierarchy.get(py)?;
         py.allow_threads(|| runtime().block_on(hierarchy.touch(&keys)))
             .map_err(|e| to_py(py, &e))
@@ -448,7 +390,7 @@ impl Store {
 
     /// Removes pages; per key `True` (was present), `False`, or the exception.
     fn remove(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<PyObject>> {
-        let keys = self::keys(py, &key_list(py, keys)?)?;
+        let keys = calls::keys(py, &key_list(py, keys)?)?;
         let hierarchy = self.hierarchy.get(py)?;
         let results = py.allow_threads(|| runtime().block_on(hierarchy.remove(&keys)));
         Ok(Outcome::Remove(results).to_py(py))

@@ -1,0 +1,109 @@
+//! Listing a prefix's pages: its own level first, then bucket by bucket or in one recursive
+//! listing, each request bounded.
+
+use futures::StreamExt;
+use object_store::path::Path;
+use tier_core::{PageKey, TierError};
+
+use crate::names::MARKER;
+use crate::objects::{bucket_of, Objects, BUCKETS};
+
+impl Objects {
+    /// The tier's pages: the objects in its buckets whose names are keys routed to that
+    /// bucket. Anything else (another tier's prefix nested in this one, `models` over
+    /// `models/llama`, lies deeper) is not ours. First the prefix's own level is listed (one
+    /// request on S3: its buckets' names, and any page of the flat layout, which fails the
+    /// listing: see [`Self::flat_layout`]). A prefix with all its buckets (about 1,500 pages
+    /// or more) is then listed bucket by bucket, `concurrency` buckets at a time, in parallel
+    /// where one prefix's listing would be a chain of requests; a smaller one in one
+    /// recursive listing (one request per 1,000 objects on S3, as cheap as a small prefix
+    /// was). Each request is bounded by `op_timeout`, so a prefix of any size lists.
+    pub(crate) async fn list(&self) -> Result<Vec<object_store::ObjectMeta>, TierError> {
+        let top = self.list_level(&self.prefix).await?;
+        self.flat_layout(&top.objects)?;
+        if top.common_prefixes.len() >= BUCKETS {
+            return self.list_buckets().await;
+        }
+        let mut listing = self.store.list(Some(&self.prefix));
+        let mut objects = Vec::new();
+        while let Some(next) = self
+            .bounded("object list", async {
+                listing
+                    .next()
+                    .await
+                    .transpose()
+                    .map_err(|e| self.error(None, e))
+            })
+            .await?
+        {
+            if self.is_page(&next) {
+                objects.push(next);
+            }
+        }
+        Ok(objects)
+    }
+
+    /// The objects and folders directly under `path`, in one bounded listing.
+    async fn list_level(&self, path: &Path) -> Result<object_store::ListResult, TierError> {
+        self.bounded("object list", async {
+            self.store
+                .list_with_delimiter(Some(path))
+                .await
+                .map_err(|e| self.error(None, e))
+        })
+        .await
+    }
+
+    /// [`Self::list`] bucket by bucket.
+    async fn list_buckets(&self) -> Result<Vec<object_store::ObjectMeta>, TierError> {
+        let mut listings = futures::stream::iter(0..BUCKETS)
+            .map(|b| async move { self.list_level(&self.bucket(b)).await })
+            .buffer_unordered(self.config.concurrency.max(1));
+        let mut objects = Vec::new();
+        while let Some(listed) = listings.next().await {
+            objects.extend(listed?.objects.into_iter().filter(|m| self.is_page(m)));
+        }
+        Ok(objects)
+    }
+
+    /// Whether `meta` is one of the tier's pages: in one of its buckets, named as a key routed
+    /// to that bucket.
+    fn is_page(&self, meta: &object_store::ObjectMeta) -> bool {
+        let depth = self.prefix.parts().count();
+        let mut parts = meta.location.parts().skip(depth);
+        let (Some(bucket), Some(name), None) = (parts.next(), parts.next(), parts.next()) else {
+            return false;
+        };
+        PageKey::from_escaped_name(name.as_ref(), MARKER).is_some_and(|key| {
+            // The bucket's name (two lowercase hex digits), compared without making it.
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            let b = bucket_of(&key);
+            bucket.as_ref().as_bytes() == [HEX[b >> 4], HEX[b & 15]]
+        })
+    }
+
+    /// Refuses a prefix holding, among `listed`, a page where kvtier before bucketed prefixes
+    /// put pages, directly under the prefix: it would be neither read nor counted nor evicted.
+    fn flat_layout(&self, listed: &[object_store::ObjectMeta]) -> Result<(), TierError> {
+        let depth = self.prefix.parts().count();
+        let flat = listed.iter().find(|m| {
+            m.location.parts().count() == depth + 1
+                && m.location
+                    .filename()
+                    .and_then(|n| PageKey::from_escaped_name(n, MARKER))
+                    .is_some()
+        });
+        match flat {
+            None => Ok(()),
+            Some(meta) => Err(TierError::config(
+                "prefix",
+                format!(
+                    "{} is a page in the flat layout of an earlier kvtier (pages directly \
+                     under the prefix, not in its buckets): clear the prefix {} to use it, or \
+                     give the tier another prefix",
+                    meta.location, self.prefix
+                ),
+            )),
+        }
+    }
+}
