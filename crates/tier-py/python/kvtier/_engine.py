@@ -209,14 +209,23 @@ class InstanceClaim:
             self._fd = None
 
 
-def _claim(folder: str, index: int) -> int | None:
-    """The lock of instance `index` in `folder`, or None when another instance holds it."""
+def _claim(folder: str, index: int, group: bool = False) -> int | None:
+    """The lock of instance `index` in `folder`, or None when another instance holds it. The
+    folder is made as the store makes its folders (``0700``, ``2770`` for a group's), the lock
+    file never opened through a link, and made ``0600`` (``0660``) whatever the umask."""
     path = os.path.join(folder, f".instance-{index}.lock")
+    dir_mode, file_mode = (0o2770, 0o660) if group else (0o700, 0o600)
     try:
-        os.makedirs(folder, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        if not os.path.isdir(folder):
+            os.makedirs(folder, mode=dir_mode, exist_ok=True)
+            os.chmod(folder, dir_mode)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, file_mode)
     except OSError as e:
         raise ConfigError(f"cannot create the engine instance lock {path}: {e}") from None
+    try:
+        os.fchmod(fd, file_mode)
+    except OSError:
+        pass  # another user's lock file, in a group's folder: its mode is theirs
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -240,8 +249,9 @@ def open_instance(
     if not tiers:
         return opener(config), InstanceClaim(0, None)
     base = str(tiers[0]["dirs"][0])
+    group = tiers[0].get("mode") == "group"
     for index in range(MAX_INSTANCES):
-        fd = _claim(base, index)
+        fd = _claim(base, index, group)
         if fd is None:
             continue
         claim = InstanceClaim(index, fd)

@@ -106,3 +106,28 @@ def test_the_engines_read_a_key_file_only_as_the_store_does(tmp_path: Path) -> N
     assert read(secret) == b"a secret of enough bytes"
     for planted in (link, fifo, loose, huge):
         assert read(planted) is None, planted.name
+
+
+def test_engine_instance_locks_are_made_as_the_store_makes_its_files(tmp_path: Path) -> None:
+    """An engine instance's folder is made 0700 and its lock file 0600 whatever the umask, and a
+    lock file planted as a link is never opened through it. (It was made under the umask, the
+    file 0644, through any link.)"""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        folder = tmp_path / "kv"
+        fd = _engine._claim(str(folder), 0)
+        assert fd is not None
+        os.close(fd)
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        assert stat.S_IMODE((folder / ".instance-0.lock").stat().st_mode) == 0o600
+        victim = tmp_path / "victim"
+        victim.write_bytes(b"precious")
+        (folder / ".instance-1.lock").symlink_to(victim)
+        with pytest.raises(kvtier.ConfigError, match="instance lock"):
+            _engine._claim(str(folder), 1)
+        assert victim.read_bytes() == b"precious"
+    finally:
+        os.umask(old)
