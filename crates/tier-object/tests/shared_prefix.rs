@@ -39,21 +39,25 @@ async fn bytes_under(store: &Arc<dyn ObjectStore>, prefix: &str) -> u64 {
         .await
 }
 
-#[tokio::test]
-async fn a_dead_holders_lease_is_taken_over_once_it_expires() {
-    let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+/// A lease of `holder` expiring `ms` from now, written as another node would.
+async fn plant_lease(store: &Arc<dyn ObjectStore>, holder: &str, ms: u64) {
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64;
-    let lease = format!("ghost:1:0 {}\n", now_ms + 400);
     store
         .put(
             &Path::from("kv/.kvtier-lease"),
-            PutPayload::from(lease.into_bytes()),
+            PutPayload::from(format!("{holder} {}\n", now_ms + ms).into_bytes()),
         )
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn a_dead_holders_lease_is_taken_over_once_it_expires() {
+    let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    plant_lease(&store, "ghost:1:0", 400).await;
 
     let mut config = ObjectTierConfig::new("kv");
     config.access = PrefixAccess::Shared;
@@ -88,20 +92,9 @@ async fn a_dead_holders_lease_is_taken_over_once_it_expires() {
 #[tokio::test]
 async fn a_live_lease_of_another_node_with_this_hosts_name_and_pid_is_not_taken() {
     let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
     let twin = format!("{}:{}:0", host.trim(), std::process::id());
-    let lease = format!("{twin} {}\n", now_ms + 60_000);
-    store
-        .put(
-            &Path::from("kv/.kvtier-lease"),
-            PutPayload::from(lease.into_bytes()),
-        )
-        .await
-        .unwrap();
+    plant_lease(&store, &twin, 60_000).await;
     let tier = ObjectTier::open(Arc::clone(&store), shared("kv", 10)).unwrap();
     for i in 0..20 {
         assert!(tier.put(&[page(i)]).await[0].is_ok());
@@ -120,18 +113,7 @@ async fn a_live_lease_of_another_node_with_this_hosts_name_and_pid_is_not_taken(
 #[tokio::test]
 async fn a_lease_from_a_clock_far_ahead_is_taken_over_once_it_stays_unchanged_a_lease() {
     let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    let lease = format!("ahead:1:0 {}\n", now_ms + 3_600_000);
-    store
-        .put(
-            &Path::from("kv/.kvtier-lease"),
-            PutPayload::from(lease.into_bytes()),
-        )
-        .await
-        .unwrap();
+    plant_lease(&store, "ahead:1:0", 3_600_000).await;
     let mut config = shared("kv", 10);
     config.shared.lease = Duration::from_millis(300);
     let tier = ObjectTier::open(Arc::clone(&store), config).unwrap();
