@@ -1,22 +1,12 @@
 //! The scrape endpoint over real sockets: the paths it serves, what it refuses, and a client
 //! that never sends a request holding nobody else up.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-async fn ask(addr: SocketAddr, request: &str) -> String {
-    let mut socket = TcpStream::connect(addr).await.unwrap();
-    socket.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    tokio::time::timeout(Duration::from_secs(5), socket.read_to_string(&mut response))
-        .await
-        .expect("the endpoint answers within 5 s")
-        .unwrap();
-    response
-}
+mod common;
+use common::ask;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_metrics_refuses_the_rest_and_outlasts_silent_clients() {

@@ -1,7 +1,9 @@
 //! The scrape endpoint, served by hyper.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,14 +20,28 @@ use tracing::Instrument;
 
 use crate::TierError;
 
+/// The endpoint's connections, each with whether it has sent its request; aborted when
+/// dropped (with the endpoint's task).
+#[derive(Default)]
+struct Connections(VecDeque<(JoinHandle<()>, Arc<AtomicBool>)>);
+
+impl Drop for Connections {
+    fn drop(&mut self) {
+        for (task, _) in &self.0 {
+            task.abort();
+        }
+    }
+}
+
 /// The OpenMetrics text format's media type.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// A connection that sends no complete request head in this long is let go.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Connections served at once: past this, new ones wait in the kernel's backlog (a flood of
-/// connections cannot take the descriptors the engine in this process needs).
+/// Connections served at once: past this, a new one takes the place of the oldest that has
+/// sent no request yet (a flood of connections can neither take the descriptors the engine in
+/// this process needs nor starve a scrape), or is closed if every one is being served.
 pub(crate) const MAX_CONNECTIONS: usize = 16;
 
 /// A connection is let go after this long, whatever it is doing.
@@ -36,8 +52,9 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Serves `text()` over HTTP on `addr` (`GET /metrics`, Prometheus' default path, or `/`)
 /// until the returned task is aborted (its connections with it). Returns the bound address (`addr` may ask for port 0)
-/// and the task. Must run inside a tokio runtime. At most 16 connections are served at once,
-/// each for at most 10 s (5 s to send its request); it serves nothing but the counters. Bind
+/// and the task. Must run inside a tokio runtime. At most 16 connections are held at once (a
+/// new one takes the place of the oldest idle one), each for at most 10 s (5 s to send its
+/// request); it serves nothing but the counters. Bind
 /// it to loopback (`127.0.0.1:PORT`, what the adapters default to) unless a scraper on
 /// another host needs it.
 pub async fn serve_metrics(
@@ -52,17 +69,12 @@ pub async fn serve_metrics(
         .map_err(|e| TierError::config("metrics_addr", format!("{addr}: {e}")))?;
     let text: Arc<dyn Fn() -> String + Send + Sync> = Arc::new(text);
     let span = tracing::debug_span!("metrics", %bound);
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let task = tokio::spawn(
         async move {
-            // The connections, aborted with the endpoint: none outlives it.
-            let mut connections = tokio::task::JoinSet::new();
+            // The connections, oldest first, each with whether it has sent its request yet;
+            // aborted with the endpoint: none outlives it.
+            let mut open = Connections::default();
             loop {
-                // A slot first: while all are taken, nothing is accepted.
-                let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
-                    return;
-                };
-                while connections.try_join_next().is_some() {}
                 let socket = match listener.accept().await {
                     Ok((socket, _)) => socket,
                     Err(e) => {
@@ -71,12 +83,33 @@ pub async fn serve_metrics(
                         continue;
                     }
                 };
+                open.0.retain(|(task, _)| !task.is_finished());
+                if open.0.len() >= MAX_CONNECTIONS {
+                    // Full: the oldest connection that has sent no request yet goes (awaited,
+                    // so its descriptor is closed before another is taken), so idle
+                    // connections never starve a scrape; if every one is being served, the
+                    // new one goes.
+                    let idle = open
+                        .0
+                        .iter()
+                        .position(|(_, asked)| !asked.load(Ordering::Acquire));
+                    match idle.and_then(|idle| open.0.remove(idle)) {
+                        Some((task, _)) => {
+                            task.abort();
+                            let _ = task.await;
+                        }
+                        None => continue,
+                    }
+                }
+                let asked = Arc::new(AtomicBool::new(false));
                 let text = Arc::clone(&text);
+                let flag = Arc::clone(&asked);
                 let service = service_fn(move |request| {
+                    flag.store(true, Ordering::Release);
                     let text = Arc::clone(&text);
                     async move { Ok::<_, Infallible>(respond(&request, &*text)) }
                 });
-                connections.spawn(async move {
+                let task = tokio::spawn(async move {
                     let served = http1::Builder::new()
                         .timer(TokioTimer::new())
                         .header_read_timeout(HEAD_TIMEOUT)
@@ -89,8 +122,8 @@ pub async fn serve_metrics(
                         }
                         Err(_) => tracing::debug!("metrics connection let go after 10 s"),
                     }
-                    drop(slot);
                 });
+                open.0.push_back((task, asked));
             }
         }
         .instrument(span),
