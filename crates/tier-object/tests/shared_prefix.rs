@@ -230,18 +230,25 @@ async fn a_page_stored_again_after_the_listing_is_not_deleted_on_its_strength() 
     );
 }
 
-#[tokio::test]
-async fn an_evictor_whose_lease_another_node_wrote_over_deletes_nothing() {
-    let store = Arc::new(Scripted {
-        usurp: true,
-        ..Scripted::default()
-    });
+/// A shared prefix of 10 pages on `store`, 11 pages put and flushed: one eviction's worth over.
+async fn over_by_one(store: Scripted) -> (Arc<Scripted>, ObjectTier) {
+    let store = Arc::new(store);
     let tier =
         ObjectTier::open(Arc::clone(&store) as Arc<dyn ObjectStore>, shared("kv", 10)).unwrap();
     for i in 0..11 {
         assert!(tier.put(&[page(i)]).await[0].is_ok());
     }
     tier.flush().await.unwrap();
+    (store, tier)
+}
+
+#[tokio::test]
+async fn an_evictor_whose_lease_another_node_wrote_over_deletes_nothing() {
+    let (_store, tier) = over_by_one(Scripted {
+        usurp: true,
+        ..Scripted::default()
+    })
+    .await;
     let stats = tier.prefix_stats().unwrap();
     assert_eq!(
         stats.eviction_runs, 1,
@@ -261,16 +268,11 @@ async fn an_evictor_whose_lease_another_node_wrote_over_deletes_nothing() {
 /// before the claim, it evicted another step below it.)
 #[tokio::test]
 async fn an_evictor_lists_again_after_its_claim() {
-    let store = Arc::new(Scripted {
+    let (store, tier) = over_by_one(Scripted {
         evicted_elsewhere: (0..2).map(|i| object_path("kv", &page(i).key)).collect(),
         ..Scripted::default()
-    });
-    let tier =
-        ObjectTier::open(Arc::clone(&store) as Arc<dyn ObjectStore>, shared("kv", 10)).unwrap();
-    for i in 0..11 {
-        assert!(tier.put(&[page(i)]).await[0].is_ok());
-    }
-    tier.flush().await.unwrap();
+    })
+    .await;
     let left = bytes_under(&(Arc::clone(&store) as Arc<dyn ObjectStore>), "kv").await;
     assert!(
         store
