@@ -3,6 +3,7 @@
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use tier_builtin::registry;
 use tier_core::TierError;
@@ -293,6 +294,32 @@ pub(crate) fn machine_memory() -> Option<u64> {
         .parse::<u64>()
         .ok()?;
     Some(kb * 1024)
+}
+
+/// Probes `dir` (and `other`, the same folder through another mount) on a thread of its own,
+/// waiting at most `timeout`: a hung mount fails the probe, naming the folder, instead of
+/// holding the command.
+pub(crate) fn probe_folder_within(
+    dir: PathBuf,
+    other: Option<PathBuf>,
+    timeout: Duration,
+) -> Result<tier_nixl::FolderProbe, String> {
+    let (done, probed) = std::sync::mpsc::channel();
+    let folder = dir.display().to_string();
+    std::thread::Builder::new()
+        .name("kvtier-probe".into())
+        .spawn(move || {
+            let _ = done.send(tier_nixl::probe_folder(&dir, other.as_deref()));
+        })
+        .map_err(|e| format!("probing {folder}: starting the probe: {e}"))?;
+    match probed.recv_timeout(timeout) {
+        Ok(probe) => probe.map_err(|e| format!("probing {folder}: {e}")),
+        Err(_) => Err(format!(
+            "probing {folder}: its filesystem did not answer within {timeout:?} (a hung mount? \
+             a network filesystem whose server is gone?); the probe's files may be left there \
+             once it answers (--timeout sets the wait)"
+        )),
+    }
 }
 
 /// What `kvtier probe DIR` prints of a folder.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use tier_builtin::registry;
-use tier_hierarchy::config::{HierarchyConfig, Registry};
+use tier_hierarchy::config::{HierarchyConfig, Registry, TimeSpan};
 use tier_hierarchy::serve_metrics;
 
 use commands::{
@@ -125,6 +125,10 @@ enum Command {
         /// through one excludes through the other.
         #[arg(long, requires = "dir")]
         other: Option<PathBuf>,
+        /// How long the folder's mount may take to answer (a hung mount fails the probe by
+        /// then, naming the folder).
+        #[arg(long, default_value = "10s", value_parser = TimeSpan::parse, requires = "dir")]
+        timeout: TimeSpan,
     },
     /// Validate a config and print the resolved hierarchy (opens nothing).
     Check {
@@ -180,9 +184,9 @@ async fn run(cli: Cli) -> Result<(), String> {
         Command::Probe {
             dir: Some(dir),
             other,
+            timeout,
         } => {
-            let p = tier_nixl::probe_folder(&dir, other.as_deref())
-                .map_err(|e| format!("probing {}: {e}", dir.display()))?;
+            let p = commands::probe_folder_within(dir, other, timeout.0)?;
             print!("{}", commands::describe_folder(&p));
             Ok(())
         }

@@ -28,15 +28,20 @@ async fn on_a_hung_mount(access: FileAccess) {
     println!("{access:?}: {measured:?}");
 }
 
-/// The mount really hangs while its client is stopped: a plain read of a new file does not
-/// return in a second (so the bounds below are the tier's doing).
+/// The mount really hangs while its client is stopped: creating a new file, which the
+/// kernel cannot answer from its caches (a stat could be answered from a cached lookup),
+/// does not return in a second (so the bounds below are the tier's doing).
 fn assert_stuck_while_frozen(mount: &ClientMount) {
-    let probe = mount.folder("probe").join("file");
-    std::fs::write(&probe, b"probe").expect("a file on the mount");
+    let fresh = mount
+        .folder("probe")
+        .join(format!("fresh-{}", std::process::id()));
     mount.freeze();
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let _ = std::fs::metadata(probe.with_file_name("absent"));
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(fresh);
         let _ = done.send(());
     });
     let stuck = finished.recv_timeout(Duration::from_secs(1)).is_err();

@@ -113,6 +113,41 @@ impl<'de> Deserialize<'de> for ByteSize {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimeSpan(pub Duration);
 
+impl TimeSpan {
+    /// Parses `"30"`, `"0.5"`, `"500ms"`, `"2s"` or `"1m"`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let t = text.trim();
+        let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
+            (n, 0.001)
+        } else if let Some(n) = t.strip_suffix('s') {
+            (n, 1.0)
+        } else if let Some(n) = t.strip_suffix('m') {
+            (n, 60.0)
+        } else {
+            (t, 1.0)
+        };
+        let secs =
+            num.trim().parse::<f64>().map_err(|_| {
+                format!("{t:?} is not a duration (e.g. 30, \"500ms\", \"2s\", \"1m\")")
+            })? * scale;
+        Self::from_secs(secs)
+    }
+
+    fn from_secs(secs: f64) -> Result<Self, String> {
+        if !(secs.is_finite() && secs > 0.0 && secs < 1e9) {
+            return Err(format!(
+                "a duration must be positive and finite, not {secs}"
+            ));
+        }
+        if secs < 1e-6 {
+            return Err(format!(
+                "a duration of {secs} s is below the 1 microsecond kvtier can wait"
+            ));
+        }
+        Ok(Self(Duration::from_secs_f64(secs)))
+    }
+}
+
 impl<'de> Deserialize<'de> for TimeSpan {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
@@ -121,37 +156,11 @@ impl<'de> Deserialize<'de> for TimeSpan {
             Num(f64),
             Text(String),
         }
-        let secs = match Raw::deserialize(d)? {
-            Raw::Num(x) => x,
-            Raw::Text(t) => {
-                let t = t.trim();
-                let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
-                    (n, 0.001)
-                } else if let Some(n) = t.strip_suffix('s') {
-                    (n, 1.0)
-                } else if let Some(n) = t.strip_suffix('m') {
-                    (n, 60.0)
-                } else {
-                    (t, 1.0)
-                };
-                num.trim().parse::<f64>().map_err(|_| {
-                    serde::de::Error::custom(format!(
-                        "{t:?} is not a duration (e.g. 30, \"500ms\", \"2s\", \"1m\")"
-                    ))
-                })? * scale
-            }
-        };
-        if !(secs.is_finite() && secs > 0.0 && secs < 1e9) {
-            return Err(serde::de::Error::custom(format!(
-                "a duration must be positive and finite, not {secs}"
-            )));
+        match Raw::deserialize(d)? {
+            Raw::Num(x) => Self::from_secs(x),
+            Raw::Text(t) => Self::parse(&t),
         }
-        if secs < 1e-6 {
-            return Err(serde::de::Error::custom(format!(
-                "a duration of {secs} s is below the 1 microsecond kvtier can wait"
-            )));
-        }
-        Ok(Self(Duration::from_secs_f64(secs)))
+        .map_err(serde::de::Error::custom)
     }
 }
 

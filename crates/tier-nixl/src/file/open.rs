@@ -2,7 +2,6 @@
 //! pages present indexed, one NIXL backend per lane created, path mode and direct I/O probed.
 
 use std::fs::{self, File};
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -208,6 +207,25 @@ fn lock_folder(
     access: FileAccess,
     mode: FolderMode,
 ) -> Result<File, TierError> {
+    lock_folder_between(path, access, mode, |_| {})
+}
+
+/// Where [`lock_folder`] lets a test act, as another process could.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LockStep {
+    /// The lock was refused.
+    Refused,
+    /// A shared lock could be had beside the holders: sharers hold it, or nobody now.
+    SharersSeen,
+}
+
+/// [`lock_folder`], calling `between` at each [`LockStep`].
+fn lock_folder_between(
+    path: &std::path::Path,
+    access: FileAccess,
+    mode: FolderMode,
+    mut between: impl FnMut(LockStep),
+) -> Result<File, TierError> {
     let file = mode
         .open_fixed(path)
         .map_err(|e| TierError::io("open lock file", None, Some(path.to_path_buf()), e))?;
@@ -222,27 +240,25 @@ fn lock_folder(
         if try_flock(&file, op).map_err(|e| lock_error(path, access, e))? {
             return Ok(file);
         }
-        // Held: by sharers if a shared lock can be had beside them (an owner's excludes it),
-        // unless the lock is free once that probe lets go (the holder left in between).
-        let held_by_sharers = access == FileAccess::Owner && {
-            let probe = fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(path)
-                .ok();
-            probe.is_some_and(|p| try_flock(&p, libc::LOCK_SH).unwrap_or(false))
-        };
-        if held_by_sharers && try_flock(&file, op).map_err(|e| lock_error(path, access, e))? {
-            return Ok(file);
-        }
-        if held_by_sharers {
-            return Err(TierError::config(
-                "access",
-                format!(
-                    "storage folder {folder} is open in access = \"shared\" by other processes; \
-                     access = \"owner\" needs it alone (open it shared too, or stop them)"
-                ),
-            ));
+        between(LockStep::Refused);
+        if access == FileAccess::Owner && sharers_may_hold(&file) {
+            between(LockStep::SharersSeen);
+            // Free now: the holder left between the refusal and the probe.
+            if try_flock(&file, op).map_err(|e| lock_error(path, access, e))? {
+                return Ok(file);
+            }
+            // Refused again: sharers hold it, unless an owner took it since the probe (then
+            // it is waited for as any owner's lock).
+            if sharers_may_hold(&file) {
+                return Err(TierError::config(
+                    "access",
+                    format!(
+                        "storage folder {folder} is open in access = \"shared\" by other \
+                         processes; access = \"owner\" needs it alone (open it shared too, or \
+                         stop them)"
+                    ),
+                ));
+            }
         }
         if Instant::now() >= deadline {
             let message = match access {
@@ -260,6 +276,17 @@ fn lock_folder(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Whether a shared lock can be had on `lock`'s file beside its holders (sharers hold it, or
+/// nobody: an owner's lock excludes it). Tried on a new open of the same file through its
+/// descriptor (never its path, which another process could swap for a link or a FIFO) and let
+/// go at once.
+fn sharers_may_hold(lock: &File) -> bool {
+    let again = fs::OpenOptions::new()
+        .read(true)
+        .open(format!("/proc/self/fd/{}", lock.as_raw_fd()));
+    again.is_ok_and(|probe| try_flock(&probe, libc::LOCK_SH).unwrap_or(false))
 }
 
 /// The error of an `flock` on a folder's lock file that failed: where the filesystem has no
@@ -335,6 +362,45 @@ fn supports_direct_io(dir: &std::path::Path, mode: FolderMode) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An owner's lock let go between the refusal and the probe, and taken by another owner
+    /// before the retry: the folder is another owner's (waited for, then had), not "open in
+    /// access = shared" (refused at once, as it was).
+    #[test]
+    fn an_owner_lock_passed_between_two_owners_is_waited_for_not_called_shared() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(LOCK_FILE);
+        let holder = || {
+            let f = FolderMode::Owner.open_fixed(&path).unwrap();
+            assert!(try_flock(&f, libc::LOCK_EX).unwrap());
+            f
+        };
+        let mut first = Some(holder());
+        let mut released = None;
+        let opened =
+            lock_folder_between(
+                &path,
+                FileAccess::Owner,
+                FolderMode::Owner,
+                |step| match step {
+                    LockStep::Refused => drop(first.take()),
+                    LockStep::SharersSeen if released.is_none() => {
+                        let next = holder();
+                        released = Some(std::thread::spawn(move || {
+                            std::thread::sleep(Duration::from_millis(300));
+                            drop(next);
+                        }));
+                    }
+                    LockStep::SharersSeen => {}
+                },
+            );
+        released
+            .expect("another owner took the lock")
+            .join()
+            .unwrap();
+        let file = opened.expect("the folder, once the other owner let go");
+        assert!(!sharers_may_hold(&file), "held alone");
+    }
 
     /// A filesystem without locks is a config error naming the setting that opens it anyway;
     /// any other failure stays an I/O error.
