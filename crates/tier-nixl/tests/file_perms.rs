@@ -413,3 +413,63 @@ async fn a_link_renamed_over_a_path_mode_temp_file_is_never_written_through() {
     );
     assert_eq!(links.1, 0, "a planted link was renamed in as a page");
 }
+
+/// What a member of a group-mode folder's group plants under a page's name, in place of the
+/// page file a shared folder's tier stored.
+#[derive(Debug, Clone, Copy)]
+enum Planted {
+    /// A link to a whole page of the same key stored elsewhere (other bytes).
+    LinkToAnotherPage,
+    /// A FIFO, on which an open for reading waits for a writer.
+    Fifo,
+}
+
+/// A link or a FIFO planted under a page's name in a group-mode folder is never read through
+/// or waited on, in path mode (NIXL is handed the file kvtier opened) and in fd mode: the get
+/// fails at once, naming the file. (A FIFO held the get without bound in both modes, past its
+/// 5 s transfer timeout: the open waited for a writer. The link was refused before too, in
+/// path mode only once NIXL had read through it; it stays as a guard.)
+#[rstest]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_or_fifo_planted_under_a_page_name_is_never_read_or_waited_on(
+    #[values(PathModeChoice::On, PathModeChoice::Off)] path_mode: PathModeChoice,
+    #[values(Planted::LinkToAnotherPage, Planted::Fifo)] planted: Planted,
+) {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = config(&tmp.path().join("kv"), path_mode);
+    c.mode = FolderMode::Group;
+    c.transfer_timeout = std::time::Duration::from_secs(5);
+    let tier = NixlFileTier::open(c).await.unwrap();
+    put_one(&tier, 0).await;
+    let elsewhere = NixlFileTier::open(config(&tmp.path().join("other"), path_mode))
+        .await
+        .unwrap();
+    let k = key(0);
+    let other = Page::new(k.clone(), content::page(&k, 2, 4096));
+    elsewhere.put(&[other]).await.pop().unwrap().unwrap();
+    let path = tier.page_path(&k).unwrap();
+    fs::remove_file(&path).unwrap();
+    match planted {
+        Planted::LinkToAnotherPage => symlink(elsewhere.page_path(&k).unwrap(), &path).unwrap(),
+        Planted::Fifo => {
+            let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+            // SAFETY: a valid C string.
+            assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o660) }, 0);
+        }
+    }
+    let started = std::time::Instant::now();
+    let mut buf = vec![0u8; 4096];
+    let got = tier
+        .get(&mut [ReadSlot::new(k.clone(), &mut buf)])
+        .await
+        .pop()
+        .unwrap();
+    let took = started.elapsed();
+    println!("{path_mode:?} {planted:?}: {got:?} in {took:?}");
+    assert!(
+        !matches!(got, Ok(Lookup::Hit)),
+        "a planted {planted:?} was served: {:?}",
+        &buf[..8]
+    );
+    assert!(took < std::time::Duration::from_secs(2), "took {took:?}");
+}

@@ -90,6 +90,28 @@ def test_a_fixed_tensor_is_lent_in_place_and_its_storage_cannot_be_resized_while
         q.close()
 
 
+def test_a_queued_read_keeps_its_numpy_array_and_bytearray_from_being_resized():
+    """What holding a buffer export promises: a bytearray cannot be resized while kvtier may
+    write it (BufferError), nor a numpy array by ``resize`` with its default reference check
+    (kvtier's reference fails it). ``resize(refcheck=False)`` skips that check, and numpy
+    frees the memory whatever views of it exist: the caller's promise, as for any view."""
+    with dram_store() as store:
+        store.put(["n", "b"], [page(6), page(7)])
+        q = store.completion_queue()
+        arr = np.zeros(4096, dtype=np.uint8)
+        buf = bytearray(4096)
+        qid = q.submit_get_into(["n", "b"], [arr, buf])
+        with pytest.raises(ValueError, match="resize"):
+            arr.resize(1 << 20)
+        with pytest.raises(BufferError):
+            buf.extend(bytes(1 << 20))
+        assert drain_until(q, [qid])[qid] == [True, True]
+        assert bytes(arr) == page(6) and bytes(buf) == page(7)
+        arr.resize(1 << 20)  # drained: kvtier holds it no more
+        buf.extend(b"x")
+        q.close()
+
+
 class HugeTensor:
     """Claims more bytes than an address space holds."""
 

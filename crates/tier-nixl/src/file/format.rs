@@ -45,10 +45,7 @@ pub fn seal(
     crc: Option<u32>,
     sync: bool,
 ) -> io::Result<()> {
-    let file = OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-        .open(path)?;
+    let file = super::perms::open_existing(OpenOptions::new().write(true), path, 0)?;
     file.write_all_at(&encode(key, page_len as u64, crc), page_len as u64)?;
     if sync {
         file.sync_data()?;

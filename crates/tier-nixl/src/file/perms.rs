@@ -277,6 +277,28 @@ impl FolderMode {
     }
 }
 
+/// Opens an existing file of a folder others may write, as `options` say (read, write),
+/// with `custom_flags` added: never through a link, never waiting on a FIFO, and only a
+/// regular file (anything else is `InvalidData`).
+pub fn open_existing(
+    options: &mut OpenOptions,
+    path: &Path,
+    custom_flags: i32,
+) -> io::Result<File> {
+    let file = options
+        .custom_flags(
+            custom_flags | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
+        )
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a regular file",
+        ));
+    }
+    Ok(file)
+}
+
 /// Runs `attempt` again while its error is `unsettled` (another client's create showing as
 /// `EEXIST` while this client's cache still says the entry is absent, as GlusterFS does), for
 /// at most [`SETTLE`]; then its result stands.

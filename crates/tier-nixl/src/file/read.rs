@@ -1,7 +1,6 @@
 //! Reading pages: in place into the caller's buffers (staged for direct I/O), each verified
 //! against its checksum, pinned against eviction while read, made again if a put replaced it.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -14,7 +13,7 @@ use super::format::Recorded;
 use super::helpers::run_split;
 use super::index::Generation;
 use super::io::{self, FileId, FileIo, Xfer};
-use super::{checksum, chunks, format, FileAccess, NixlFileTier, PageChecksum, Shared};
+use super::{checksum, chunks, format, perms, FileAccess, NixlFileTier, PageChecksum, Shared};
 use crate::batch::{marked_bufs, run_blocking};
 use crate::nixl::{Held, Registered};
 use crate::staging::StagingLease;
@@ -505,7 +504,8 @@ impl Shared {
         let Some(key) = mismatch.key() else {
             return Err(mismatch);
         };
-        let whole = File::open(path).and_then(|f| format::read_from(&f, key));
+        let whole = perms::open_existing(std::fs::OpenOptions::new().read(true), path, 0)
+            .and_then(|f| format::read_from(&f, key));
         match whole {
             Ok(format::Trailer::Page(_)) => Err(mismatch),
             Ok(format::Trailer::Not(why)) => {

@@ -627,6 +627,14 @@ fn touch(path: &Path) {
             tv_nsec: libc::UTIME_NOW,
         },
     ];
-    // SAFETY: a valid C string and two timespecs, as utimensat takes them.
-    unsafe { libc::utimensat(libc::AT_FDCWD, c_path.as_ptr(), times.as_ptr(), 0) };
+    // SAFETY: a valid C string and two timespecs, as utimensat takes them. A link planted
+    // under a page's name is touched itself, never what it names.
+    unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c_path.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
 }

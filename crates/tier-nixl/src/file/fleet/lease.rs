@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tier_core::TierError;
 
 use super::{layout, now_ms};
-use crate::file::{FolderMode, SharedLocks};
+use crate::file::{perms, FolderMode, SharedLocks};
 
 /// Bound on waiting for the usage or lease file's `flock` (held for a few system calls).
 const FLOCK_WAIT: Duration = Duration::from_secs(5);
@@ -124,11 +124,11 @@ impl SharedFile {
     /// the client), else buffered; whether it is direct.
     fn fresh(&self) -> io::Result<(File, bool)> {
         let open = |flags: i32| {
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .custom_flags(flags | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&self.path)
+            perms::open_existing(
+                std::fs::OpenOptions::new().read(true).write(true),
+                &self.path,
+                flags,
+            )
         };
         match open(libc::O_DIRECT) {
             Ok(file) => Ok((file, true)),

@@ -15,6 +15,7 @@ use crate::nixl::{
     next_dev_id, Backend, Desc, Finished, Held, MemKind, Transfer, Unsettled, XferOp,
 };
 
+use super::super::FolderMode;
 use super::syscalls::open_page;
 use super::{op_name, FileIo, Xfer};
 /// How files are handed to NIXL.
@@ -142,6 +143,17 @@ impl FileIo {
                     // that descriptor holds), so a link renamed over its name meanwhile (by
                     // a member of a group-mode folder's group) is never written through.
                     let file = self.file_mode.create_new(&item.path, 0).map_err(failed)?;
+                    let held = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+                    metas.push(path_meta(&held, op, item.direct, self.sync));
+                    files.push(file);
+                    dev_ids.push(next_dev_id());
+                }
+                FileMode::Path if self.file_mode != FolderMode::Owner => {
+                    // Where others may write the folder, a read's file is opened here (never
+                    // through a link, never a FIFO) and handed to NIXL by its descriptor: a
+                    // link or FIFO planted under a page's name is never read or waited on.
+                    let file = open_page(&item.path, op, item.direct, self.sync, self.file_mode)
+                        .map_err(failed)?;
                     let held = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
                     metas.push(path_meta(&held, op, item.direct, self.sync));
                     files.push(file);

@@ -2,13 +2,12 @@
 //! checksum taken as its bytes are read.
 
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
 use tier_core::TierError;
 
-use super::super::{checksum, format, FolderMode};
+use super::super::{checksum, format, perms, FolderMode};
 use crate::nixl::XferOp;
 
 use super::{op_name, Xfer};
@@ -119,8 +118,9 @@ pub(super) fn move_by_syscalls(
     Ok(())
 }
 
-/// Opens a page file to read, or creates a temp file to write (exclusively, never through a
-/// link, with `mode`'s file mode; see [`FolderMode::create_new`]).
+/// Opens a page file to read (never through a link, never waiting on a FIFO, only a regular
+/// file: see [`perms::open_existing`]), or creates a temp file to write (exclusively, never
+/// through a link, with `mode`'s file mode; see [`FolderMode::create_new`]).
 pub(super) fn open_page(
     path: &Path,
     op: XferOp,
@@ -128,8 +128,7 @@ pub(super) fn open_page(
     sync: bool,
     mode: FolderMode,
 ) -> std::io::Result<File> {
-    let mut opts = OpenOptions::new();
-    let mut flags = libc::O_CLOEXEC | libc::O_NOFOLLOW;
+    let mut flags = 0;
     if direct {
         flags |= libc::O_DIRECT;
     }
@@ -139,18 +138,12 @@ pub(super) fn open_page(
         }
         return mode.create_new(path, flags);
     }
-    opts.read(true);
-    {
-        // Reading a page must not write its inode: without O_NOATIME the first read after a
-        // write updates the access time (relatime). Only the file's owner may ask for it.
-        match opts
-            .clone()
-            .custom_flags(flags | libc::O_NOATIME)
-            .open(path)
-        {
-            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
-            other => return other,
+    // Reading a page must not write its inode: without O_NOATIME the first read after a
+    // write updates the access time (relatime). Only the file's owner may ask for it.
+    match perms::open_existing(OpenOptions::new().read(true), path, flags | libc::O_NOATIME) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            perms::open_existing(OpenOptions::new().read(true), path, flags)
         }
+        other => other,
     }
-    opts.custom_flags(flags).open(path)
 }
