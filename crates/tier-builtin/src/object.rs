@@ -19,7 +19,7 @@
 //!                               # node writing it (one evictor at a time, by a lease object)
 //! lease = "30s"                 # shared: an evictor that dies or stalls is taken over after it
 //! low_watermark = 0.9           # shared: an eviction brings the prefix down to this fraction
-//! relist = "10s"                # shared: how often a writing node lists the prefix
+//! relist = "10s"                # shared: how often a writing node lists some of its buckets
 //! # store = "local": dir = "/mnt/shared/kv"
 //! ```
 

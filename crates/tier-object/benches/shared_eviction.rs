@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use object_store::{ObjectStore, ObjectStoreExt};
 use tier_core::{Page, PageKey, StorageTier};
-use tier_object::{ObjectTier, ObjectTierConfig, PrefixAccess, S3Settings};
+use tier_object::{ObjectTier, ObjectTierConfig, PrefixAccess, S3Settings, SharedPrefix};
 use tier_tests::s3::S3Server;
 
 const LEN: usize = 4096;
@@ -110,6 +110,32 @@ async fn by_tier(store: &Arc<dyn ObjectStore>, prefix: &str, n: usize) -> (Durat
     (took, n + 1 - objects_under(store, prefix).await)
 }
 
+/// LIST requests a node writing to the full prefix makes: one whole listing (what each
+/// periodic listing cost before), and the mean of `rounds` periodic listings (a window of
+/// buckets each), each started by a put once the last is `relist` old.
+async fn list_requests(store: &Arc<dyn ObjectStore>, prefix: &str, n: usize) -> (f64, f64) {
+    let mut config = shared(prefix, Some(2 * n));
+    config.shared.relist = Duration::from_millis(1);
+    let t = ObjectTier::open(Arc::clone(store), config).expect("a tier");
+    let requests = || t.prefix_stats().expect("a shared prefix").list_requests;
+    t.settle().await.expect("the prefix lists");
+    let before = requests();
+    t.settle().await.expect("the prefix lists");
+    let whole = requests() - before;
+    let rounds = 32;
+    let before = requests();
+    for i in 0..rounds {
+        t.put(&[page(n + 1 + i)])
+            .await
+            .pop()
+            .expect("a result")
+            .expect("a put");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let periodic = (requests() - before) as f64 / rounds as f64;
+    (whole as f64, periodic)
+}
+
 /// What the tier did before: one listing, then HEAD and DELETE per victim, one at a time, as
 /// many (at most `BASELINE_VICTIMS`: its rate is the same, and at 200,000 objects evicting
 /// half that way takes about an hour).
@@ -158,6 +184,8 @@ async fn main() {
         .expect("an S3 client");
         (Some(server), store, "s3s-fs")
     };
+    fill(&store, "requests", n).await;
+    let (whole, periodic) = list_requests(&store, "requests", n).await;
     let (mut tier, mut loop_, mut opens) = (Vec::new(), Vec::new(), Vec::new());
     let mut listings = Vec::new();
     for r in 0..rounds {
@@ -196,5 +224,14 @@ async fn main() {
     println!("  ratio: {:.1}x", t / l);
     println!(
         "  a node's open to its first call answered: {o:.2} s (its usage listed: {listed:.2} s)"
+    );
+    let hourly = 3600.0 / SharedPrefix::default().relist.as_secs_f64();
+    println!(
+        "  LIST requests of a writing node, relist {:?}: {:.0} per listing, {:.0} an hour \
+         (the whole prefix each time, before: {whole:.0} per listing, {:.0} an hour)",
+        SharedPrefix::default().relist,
+        periodic,
+        periodic * hourly,
+        whole * hourly
     );
 }

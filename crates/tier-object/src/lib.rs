@@ -33,6 +33,7 @@ mod objects;
 mod s3;
 mod shared;
 mod unfinished;
+mod usage;
 
 pub use config::{ObjectTierConfig, PrefixAccess};
 pub use names::check_prefix;
@@ -146,7 +147,9 @@ impl ObjectTier {
     /// many the policy evicted (deleted by the next [`Self::delete_evicted`]).
     pub fn record_stored<'k>(&self, pages: impl IntoIterator<Item = (&'k PageKey, u64)>) -> usize {
         if let Some(fleet) = &self.objects.fleet {
-            fleet.note_written(pages.into_iter().map(|(_, len)| len).sum());
+            for (key, len) in pages {
+                fleet.note_written(key, len);
+            }
             return 0;
         }
         let Some(catalog) = &self.objects.catalog else {
@@ -254,7 +257,7 @@ impl ObjectTier {
 
     /// What this node did for a shared prefix (`None` unless the prefix is shared and bounded).
     pub fn prefix_stats(&self) -> Option<PrefixStats> {
-        self.objects.fleet.as_ref().map(|f| f.stats())
+        self.objects.fleet.as_ref().map(|f| f.stats(&self.objects))
     }
 
     /// Checks that the store answers and the credentials may list the prefix.

@@ -26,6 +26,7 @@ impl Objects {
         }
         let mut listing = self.store.list(Some(&self.prefix));
         let mut objects = Vec::new();
+        let mut entries = 0;
         while let Some(next) = self
             .bounded("object list", async {
                 listing
@@ -36,27 +37,48 @@ impl Objects {
             })
             .await?
         {
+            entries += 1;
             if self.is_page(&next) {
                 objects.push(next);
             }
         }
+        self.count_listed(entries);
         Ok(objects)
+    }
+
+    /// Counts the LIST requests a listing of `entries` took, as S3 pages them (1,000 entries
+    /// a request, one at least).
+    fn count_listed(&self, entries: usize) {
+        let requests = entries.div_ceil(1000).max(1) as u64;
+        self.list_requests
+            .fetch_add(requests, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The objects and folders directly under `path`, in one bounded listing.
     async fn list_level(&self, path: &Path) -> Result<object_store::ListResult, TierError> {
-        self.bounded("object list", async {
-            self.store
-                .list_with_delimiter(Some(path))
-                .await
-                .map_err(|e| self.error(None, e))
-        })
-        .await
+        let listed = self
+            .bounded("object list", async {
+                self.store
+                    .list_with_delimiter(Some(path))
+                    .await
+                    .map_err(|e| self.error(None, e))
+            })
+            .await?;
+        self.count_listed(listed.objects.len() + listed.common_prefixes.len());
+        Ok(listed)
     }
 
     /// [`Self::list`] bucket by bucket.
     async fn list_buckets(&self) -> Result<Vec<object_store::ObjectMeta>, TierError> {
-        let mut listings = futures::stream::iter(0..BUCKETS)
+        self.list_buckets_in(0..BUCKETS).await
+    }
+
+    /// The pages of the buckets `buckets`, listed `concurrency` buckets at a time.
+    pub(crate) async fn list_buckets_in(
+        &self,
+        buckets: impl IntoIterator<Item = usize>,
+    ) -> Result<Vec<object_store::ObjectMeta>, TierError> {
+        let mut listings = futures::stream::iter(buckets)
             .map(|b| async move { self.list_level(&self.bucket(b)).await })
             .buffer_unordered(self.config.concurrency.max(1));
         let mut objects = Vec::new();
@@ -64,6 +86,14 @@ impl Objects {
             objects.extend(listed?.objects.into_iter().filter(|m| self.is_page(m)));
         }
         Ok(objects)
+    }
+
+    /// The bucket of one of the tier's pages, by its path (see [`Self::is_page`]).
+    pub(crate) fn bucket_of_page(&self, path: &Path) -> Option<usize> {
+        let bucket = path.parts().nth(self.prefix.parts().count())?;
+        usize::from_str_radix(bucket.as_ref(), 16)
+            .ok()
+            .filter(|&b| b < BUCKETS)
     }
 
     /// Whether `meta` is one of the tier's pages: in one of its buckets, named as a key routed

@@ -45,6 +45,8 @@ pub(crate) struct Objects {
     pub(crate) catalog: Option<Catalog>,
     /// The capacity of a shared prefix (instead of a catalog).
     pub(crate) fleet: Option<Fleet>,
+    /// LIST requests made, as S3 pages them (see [`Objects::count_listed`]).
+    pub(crate) list_requests: std::sync::atomic::AtomicU64,
 }
 
 /// Keys taken for deletion, given back to the catalog if the deletion never started.
@@ -122,6 +124,7 @@ impl Objects {
             prefix,
             config,
             stats: StatsRecorder::default(),
+            list_requests: Default::default(),
         })
     }
 
@@ -401,7 +404,7 @@ impl Objects {
                         (0..evicted).for_each(|_| self.stats.eviction());
                     }
                     if let Some(fleet) = &self.fleet {
-                        fleet.note_written(page.data.len() as u64);
+                        fleet.note_written(&page.key, page.data.len() as u64);
                     }
                     after = Some(&page.key);
                 }

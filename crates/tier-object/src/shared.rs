@@ -1,11 +1,10 @@
 //! A prefix shared by many nodes (`access = "shared"`): its capacity is the prefix's, whoever
 //! wrote the objects, and one node evicts at a time.
 //!
-//! - **Usage**: each node lists the prefix (a large one bucket by bucket, `concurrency`
-//!   buckets at a time: see `Objects::list`) when it evicts, and at most once per
-//!   [`SharedPrefix::relist`] otherwise; between listings it adds what it put itself. Other
-//!   nodes' puts are seen at the next listing, so the prefix may exceed its capacity by what
-//!   the other nodes put in one `relist` period.
+//! - **Usage**: each node lists the whole prefix (see `Objects::list`) when it opens and
+//!   evicts, and while it writes a window of its buckets once per [`SharedPrefix::relist`]
+//!   (see `usage`), adding what it put itself between listings. Other nodes' puts are seen
+//!   as the windows go round: the prefix may exceed its capacity by what they put meanwhile.
 //! - **Off the put path**: an open, and a put that finds the listing stale or the prefix over
 //!   its capacity, start the listing (and the eviction it calls for) in a task of its own and
 //!   return; only a put that finds the prefix over its capacity by more than 2% (by this
@@ -38,7 +37,8 @@ use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersio
 use tier_core::{PageKey, TierError};
 
 use crate::names::MARKER;
-use crate::objects::Objects;
+use crate::objects::{bucket_of, Objects, BUCKETS};
+use crate::usage::PrefixUsage;
 
 /// The lease object's name under the prefix (no page name starts with a `.`).
 const LEASE: &str = ".kvtier-lease";
@@ -61,7 +61,8 @@ pub struct SharedPrefix {
     /// An eviction starts when the prefix's bytes pass the capacity and stops once they are
     /// at most this fraction of it.
     pub low_watermark: f64,
-    /// A node lists the prefix at least this often while it writes, to see other nodes' puts.
+    /// A writing node lists a window of the prefix's buckets this often (about 16 LIST
+    /// requests), to see other nodes' puts.
     pub relist: Duration,
 }
 
@@ -88,6 +89,8 @@ pub struct PrefixStats {
     pub takeovers: u64,
     /// Victims left because another node stored them again after the listing.
     pub spared: u64,
+    /// LIST requests this node made of the prefix, as S3 pages them (1,000 objects each).
+    pub list_requests: u64,
 }
 
 /// A shared prefix's state in this node.
@@ -96,7 +99,7 @@ pub(crate) struct Fleet {
     capacity: u64,
     low: u64,
     holder: String,
-    usage: Mutex<Usage>,
+    usage: Mutex<PrefixUsage>,
     /// Another node's lease as this node first saw it: (holder, ETag, when seen).
     seen: Mutex<Option<(String, Option<String>, Instant)>>,
     /// When this node last read each page, in ms since the epoch (bounded, see `note_read`).
@@ -106,13 +109,6 @@ pub(crate) struct Fleet {
     runs: AtomicU64,
     takeovers: AtomicU64,
     spared: AtomicU64,
-}
-
-#[derive(Default)]
-struct Usage {
-    listed: u64,
-    since: u64,
-    listed_at: Option<Instant>,
 }
 
 /// A random part of a lease holder's name: containers sharing a host name (host networking)
@@ -148,7 +144,7 @@ impl Fleet {
                 NEXT.fetch_add(1, Relaxed),
                 holder_nonce()
             ),
-            usage: Mutex::new(Usage::default()),
+            usage: Mutex::new(PrefixUsage::new()),
             seen: Mutex::new(None),
             read: Mutex::new(HashMap::new()),
             evicting: tokio::sync::Mutex::new(()),
@@ -159,7 +155,7 @@ impl Fleet {
         }
     }
 
-    fn usage(&self) -> std::sync::MutexGuard<'_, Usage> {
+    fn usage(&self) -> std::sync::MutexGuard<'_, PrefixUsage> {
         self.usage.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -169,12 +165,12 @@ impl Fleet {
 
     /// The prefix's bytes as last listed, plus this node's puts since.
     pub fn bytes(&self) -> u64 {
-        let u = self.usage();
-        u.listed + u.since
+        self.usage().bytes()
     }
 
-    pub fn stats(&self) -> PrefixStats {
+    pub fn stats(&self, objects: &Objects) -> PrefixStats {
         PrefixStats {
+            list_requests: objects.list_requests.load(Relaxed),
             usage_bytes: self.bytes(),
             evicted: self.evicted.load(Relaxed),
             eviction_runs: self.runs.load(Relaxed),
@@ -183,9 +179,9 @@ impl Fleet {
         }
     }
 
-    /// Counts `bytes` this node stored.
-    pub fn note_written(&self, bytes: u64) {
-        self.usage().since += bytes;
+    /// Counts a page of `bytes` this node stored under `key`.
+    pub fn note_written(&self, key: &PageKey, bytes: u64) {
+        self.usage().written(bucket_of(key), bytes);
     }
 
     /// Records that this node read `keys` now: an eviction by this node counts a page's age
@@ -206,10 +202,7 @@ impl Fleet {
     /// its listing is older than `relist` and it wrote since.
     pub fn due(&self) -> bool {
         let u = self.usage();
-        let stale = u
-            .listed_at
-            .is_none_or(|at| at.elapsed() >= self.settings.relist);
-        u.listed + u.since > self.capacity || (stale && u.since > 0)
+        u.bytes() > self.capacity || (u.stale(self.settings.relist) && u.wrote())
     }
 
     /// Whether a put must wait for the prefix to be settled: by this node's count it is over
@@ -219,9 +212,10 @@ impl Fleet {
         self.bytes() > self.capacity + (self.capacity as f64 * WAIT_PAST) as u64
     }
 
-    /// Lists the prefix, and evicts down to the low watermark if it is over its capacity and
-    /// this node gets the lease. With one under way, returns at once, or if `wait`, once it is
-    /// done (then settles again if still [`Fleet::due`]).
+    /// Lists the prefix (a window of its buckets where this node is only due for a periodic
+    /// look and not `wait`ing), and evicts down to the low watermark if it is over its
+    /// capacity and this node gets the lease. With one under way, returns at once, or if
+    /// `wait`, once it is done (then settles again if still [`Fleet::due`]).
     pub async fn settle(&self, objects: &Objects, wait: bool) -> Result<(), TierError> {
         let _one = match self.evicting.try_lock() {
             Ok(one) => one,
@@ -234,17 +228,19 @@ impl Fleet {
             }
             Err(_) => return Ok(()),
         };
-        // This node's puts during the listing may be in it or not: they stay counted (an
-        // overestimate the next listing corrects), never lost from the count.
-        let before = self.usage().since;
-        let listed = objects.list().await?;
-        let total: u64 = listed.iter().map(page_bytes).sum();
-        {
-            let mut u = self.usage();
-            u.listed = total;
-            u.since = u.since.saturating_sub(before);
-            u.listed_at = Some(Instant::now());
-        }
+        let window = {
+            let u = self.usage();
+            let whole = wait || !u.ever_listed() || u.bytes() > self.capacity;
+            (!whole).then(|| u.window())
+        };
+        let total = match window {
+            Some(window) => {
+                let before = self.usage().before();
+                let listed = objects.list_buckets_in(window.iter().copied()).await?;
+                self.set_listed(objects, &window, &listed, &before, true)
+            }
+            None => self.list_whole(objects).await?.1,
+        };
         if total <= self.capacity {
             return Ok(());
         }
@@ -253,20 +249,13 @@ impl Fleet {
         };
         // Listed again, holding the lease: another node may have evicted between the listing
         // and the claim (its lease just released), and the work is sized from what is left.
-        let before = self.usage().since;
-        let listed = match objects.list().await {
+        let (listed, total) = match self.list_whole(objects).await {
             Ok(listed) => listed,
             Err(e) => {
                 let _ = self.write_lease(objects, Some(version), false).await;
                 return Err(e);
             }
         };
-        let total: u64 = listed.iter().map(page_bytes).sum();
-        {
-            let mut u = self.usage();
-            u.listed = total;
-            u.since = u.since.saturating_sub(before);
-        }
         if total <= self.capacity {
             let _ = self.write_lease(objects, Some(version), false).await;
             return Ok(());
@@ -278,6 +267,36 @@ impl Fleet {
         // Free: a conditional replace by an empty lease (it may have been taken over).
         let _ = self.write_lease(objects, Some(version), false).await;
         outcome
+    }
+
+    /// Lists the whole prefix and counts it: its pages and their bytes.
+    async fn list_whole(
+        &self,
+        objects: &Objects,
+    ) -> Result<(Vec<object_store::ObjectMeta>, u64), TierError> {
+        let before = self.usage().before();
+        let listed = objects.list().await?;
+        let all: Vec<usize> = (0..BUCKETS).collect();
+        let total = self.set_listed(objects, &all, &listed, &before, false);
+        Ok((listed, total))
+    }
+
+    /// Counts `buckets` as `listed` says, from a listing begun when this node's puts were
+    /// `before` (see [`PrefixUsage::set_listed`]); the prefix's listed bytes.
+    fn set_listed(
+        &self,
+        objects: &Objects,
+        buckets: &[usize],
+        listed: &[object_store::ObjectMeta],
+        before: &[u64],
+        window: bool,
+    ) -> u64 {
+        let pages = listed
+            .iter()
+            .filter_map(|m| Some((objects.bucket_of_page(&m.location)?, page_bytes(m))));
+        let mut u = self.usage();
+        u.set_listed(buckets, pages, before, window);
+        u.listed_bytes()
     }
 
     /// Deletes the oldest of `listed` down to the low watermark, holding the lease (`version`).
@@ -302,7 +321,6 @@ impl Fleet {
             });
         }
         let mut excess = total - self.low;
-        let mut freed = 0;
         let mut candidates = listed.iter().peekable();
         // In chunks: the chunk's candidates looked at (HEAD) `concurrency` at a time, then the
         // lease renewed, then the unchanged ones deleted together. The renewal right before
@@ -344,10 +362,11 @@ impl Fleet {
                 self.evicted.fetch_add(1, Relaxed);
                 objects.stats.eviction();
                 excess = excess.saturating_sub(size);
-                freed += size;
+                if let Some(b) = objects.bucket_of_page(path) {
+                    self.usage().freed(b, size);
+                }
             }
         }
-        self.usage().listed = total.saturating_sub(freed);
         Ok(())
     }
 

@@ -310,6 +310,8 @@ struct Scripted {
     /// ended (its lease released) between this node's listing and its claim.
     evicted_elsewhere: Vec<Path>,
     evicted_elsewhere_done: std::sync::atomic::AtomicBool,
+    /// LIST requests made (a recursive listing counted once, as one page of it).
+    lists: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Display for Scripted {
@@ -390,6 +392,7 @@ impl ObjectStore for Scripted {
         &self,
         prefix: Option<&Path>,
     ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        self.lists.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let (inner, gate, taken, prefix) = (
             Arc::clone(&self.inner),
             Arc::clone(&self.gate),
@@ -410,6 +413,7 @@ impl ObjectStore for Scripted {
         &self,
         prefix: Option<&Path>,
     ) -> object_store::Result<object_store::ListResult> {
+        self.lists.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let listing = self.inner.list_with_delimiter(prefix).await;
         self.taken.notify_one();
         drop(self.gate.read().await);
@@ -522,4 +526,48 @@ async fn a_flush_settles_what_the_puts_of_a_shared_prefix_left_to_the_background
         "within the capacity after the flush: {held} bytes"
     );
     assert!(tier.prefix_stats().unwrap().evicted > 0);
+}
+
+/// A node that writes looks at a window of the prefix's buckets per `relist`, about 16 LIST
+/// requests, not the whole prefix (257 with all 256 buckets: about 92,000 requests an hour at
+/// the default 10 s, per node); the windows go round, so another node's pages in every bucket
+/// are counted within 16 listings, as a whole listing counts them.
+#[tokio::test]
+async fn a_writing_node_lists_a_window_of_buckets_per_relist_and_counts_every_bucket_in_turn() {
+    let store = Arc::new(Scripted::default());
+    let shared_store = Arc::clone(&store) as Arc<dyn ObjectStore>;
+    let mut quiet = shared("kv", 1 << 20);
+    quiet.shared.relist = Duration::from_secs(3600);
+    let other = ObjectTier::open(Arc::clone(&shared_store), quiet).unwrap();
+    let fill: Vec<Page<'static>> = (0..2048).map(page).collect();
+    assert!(other.put(&fill).await.iter().all(Result::is_ok));
+    let mut config = shared("kv", 1 << 20);
+    config.shared.relist = Duration::from_millis(1);
+    let tier = ObjectTier::open(Arc::clone(&shared_store), config).unwrap();
+    tier.settle().await.unwrap();
+    // Another node's pages, in every bucket, after this node's whole listing.
+    let more: Vec<Page<'static>> = (2048..2560).map(page).collect();
+    assert!(other.put(&more).await.iter().all(Result::is_ok));
+    other.flush().await.unwrap();
+    let lists = || store.lists.load(std::sync::atomic::Ordering::SeqCst);
+    let at_open = lists();
+    let rounds = 32;
+    for i in 0..rounds {
+        assert!(tier.put(&[page(10_000 + i)]).await[0].is_ok());
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let periodic = lists() - at_open;
+    let counted = tier.prefix_stats().unwrap().usage_bytes;
+    tier.settle().await.unwrap();
+    let whole = tier.prefix_stats().unwrap().usage_bytes;
+    println!(
+        "{periodic} LIST requests in {rounds} periodic listings; counted {counted} bytes, a whole \
+         listing {whole}"
+    );
+    assert!(
+        (16..=rounds as u64 * 16).contains(&periodic),
+        "{periodic} LIST requests for {rounds} periodic listings"
+    );
+    assert_eq!(counted, whole, "the windows went round every bucket");
+    assert_eq!(whole, (2560 + rounds) as u64 * PAGE as u64);
 }
