@@ -9,8 +9,11 @@ mod object;
 
 pub use object::store_of;
 
+use std::sync::Arc;
+
+use object_store::ObjectStore;
 use tier_core::TierError;
-use tier_hierarchy::config::{Registry, TierContext};
+use tier_hierarchy::config::{HierarchyConfig, Registry, TierContext};
 
 /// A registry of every built-in kind: `mem` (DRAM), `nixl-file`, `nixl-obj` and `object`.
 pub fn registry() -> Registry {
@@ -19,6 +22,43 @@ pub fn registry() -> Registry {
     nixl::register(&mut registry);
     object::register(&mut registry);
     registry
+}
+
+/// A prefix of an object store a config's tier keeps its pages under.
+pub struct ObjectPrefix {
+    /// The tier's name.
+    pub tier: String,
+    /// The store, as the tier builds it.
+    pub store: Arc<dyn ObjectStore>,
+    /// The prefix.
+    pub prefix: String,
+}
+
+/// The object store and prefix of each `object` and `nixl-obj` tier of `config`, in order
+/// (for tools that work on a prefix beside the tiers, such as `kvtier move-flat`).
+pub fn object_prefixes(config: &HierarchyConfig) -> Result<Vec<ObjectPrefix>, TierError> {
+    let mut prefixes = Vec::new();
+    for (i, spec) in config.tiers.iter().enumerate() {
+        let ctx = TierContext {
+            name: spec.name.clone().unwrap_or_else(|| spec.kind.clone()),
+            field: format!("tiers[{i}]"),
+            params: spec.params.clone(),
+        };
+        let (store, prefix) = match spec.kind.as_str() {
+            "object" => {
+                let (store, _, prefix) = store_of(&ctx)?;
+                (store, prefix)
+            }
+            "nixl-obj" => nixl::obj_store_of(&ctx)?,
+            _ => continue,
+        };
+        prefixes.push(ObjectPrefix {
+            tier: ctx.name,
+            store,
+            prefix,
+        });
+    }
+    Ok(prefixes)
 }
 
 /// `e` with its field placed under the entry's (`capacity` -> `tiers[1].capacity`).

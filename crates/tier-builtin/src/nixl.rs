@@ -305,9 +305,28 @@ fn to_obj_config(name: &str, p: ObjParams) -> Result<NixlObjConfig, TierError> {
     Ok(c)
 }
 
+/// The store a `nixl-obj` entry's prefix is in (through object_store, as its control
+/// requests go), and the prefix.
+pub(crate) fn obj_store_of(
+    ctx: &TierContext,
+) -> Result<(Arc<dyn object_store::ObjectStore>, String), TierError> {
+    let c = to_obj_config(&ctx.name, ctx.params()?).map_err(|e| crate::field_error(ctx, e))?;
+    let store =
+        c.s3.build()
+            .map_err(|e| TierError::config(format!("{}.bucket", ctx.field), e.to_string()))?;
+    Ok((store, c.prefix))
+}
+
 struct ObjPlan(NixlObjConfig);
 
 impl TierPlan for ObjPlan {
+    fn advice(&self) -> Option<String> {
+        Some(crate::object::multipart_advice(
+            &self.0.s3.bucket,
+            &self.0.prefix,
+        ))
+    }
+
     fn others_may_write(&self) -> Option<String> {
         (self.0.access == tier_object::PrefixAccess::Shared)
             .then(|| "every node holding the bucket's credentials (access = \"shared\")".into())

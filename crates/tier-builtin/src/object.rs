@@ -118,10 +118,27 @@ enum StoreKind {
     Memory,
 }
 
+/// The lifecycle rule that ends multipart uploads a killed process left under `prefix` of
+/// `bucket` (object_store cannot list uploads, so kvtier cannot sweep them).
+pub(crate) fn multipart_advice(bucket: &str, prefix: &str) -> String {
+    format!(
+        "uploads in parts a killed process left under {prefix:?} are never swept (they cannot \
+         be listed through object_store) and are billed until aborted: give bucket {bucket:?} \
+         a lifecycle rule that aborts them, e.g. `aws s3api \
+         put-bucket-lifecycle-configuration --bucket {bucket} --lifecycle-configuration \
+         '{{\"Rules\":[{{\"ID\":\"kvtier-abort-uploads\",\"Status\":\"Enabled\",\
+         \"Filter\":{{\"Prefix\":\"{prefix}/\"}},\"AbortIncompleteMultipartUpload\":\
+         {{\"DaysAfterInitiation\":1}}}}]}}'` (merge it into the bucket's rules if it has \
+         some)"
+    )
+}
+
 struct ObjectPlan {
     store: Arc<dyn ObjectStore>,
     config: ObjectTierConfig,
     describe: String,
+    /// The S3 bucket, for a store on S3.
+    bucket: Option<String>,
 }
 
 impl TierPlan for ObjectPlan {
@@ -132,6 +149,11 @@ impl TierPlan for ObjectPlan {
 
     fn describe(&self) -> String {
         self.describe.clone()
+    }
+
+    fn advice(&self) -> Option<String> {
+        let bucket = self.bucket.as_deref()?;
+        Some(multipart_advice(bucket, &self.config.prefix))
     }
 
     fn open(self: Box<Self>, _on_evict: Option<EvictionListener>) -> OpenFuture {
@@ -256,10 +278,14 @@ pub fn register(registry: &mut Registry) {
                     config.policy
                 )),
         );
+        let bucket = matches!(p.store, StoreKind::S3)
+            .then(|| p.bucket.clone())
+            .flatten();
         Ok(Box::new(ObjectPlan {
             store,
             config,
             describe,
+            bucket,
         }) as Box<dyn TierPlan>)
     });
 }

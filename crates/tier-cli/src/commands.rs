@@ -296,6 +296,30 @@ pub(crate) fn machine_memory() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// `kvtier move-flat`: moves each object tier's flat-layout pages into its buckets, saying
+/// what it did per tier.
+pub(crate) async fn move_flat(config: &HierarchyConfig) -> Result<(), String> {
+    let prefixes = tier_builtin::object_prefixes(config).map_err(|e| e.to_string())?;
+    if prefixes.is_empty() {
+        return Err("the config has no object or nixl-obj tier".into());
+    }
+    for p in prefixes {
+        let tier =
+            tier_object::ObjectTier::open(p.store, tier_object::ObjectTierConfig::new(&p.prefix))
+                .map_err(|e| format!("tier {}: {e}", p.tier))?;
+        let done = tier
+            .move_flat_layout()
+            .await
+            .map_err(|e| format!("tier {}: prefix {:?}: {e}", p.tier, p.prefix))?;
+        println!(
+            "tier {}: prefix {:?}: {} page(s) moved into buckets, {} flat page(s) removed that \
+             their bucket already held",
+            p.tier, p.prefix, done.moved, done.superseded
+        );
+    }
+    Ok(())
+}
+
 /// Probes `dir` (and `other`, the same folder through another mount) on a thread of its own,
 /// waiting at most `timeout`: a hung mount fails the probe, naming the folder, instead of
 /// holding the command.

@@ -135,6 +135,13 @@ enum Command {
         /// The config file.
         config: PathBuf,
     },
+    /// Move the pages of each object tier's prefix that an earlier kvtier stored in the flat
+    /// layout (directly under the prefix) into the prefix's buckets. Run it while no node
+    /// uses the prefixes.
+    MoveFlat {
+        /// The config file naming the object tiers.
+        config: PathBuf,
+    },
 }
 
 const DEFAULT_REQUESTS: usize = 3000;
@@ -232,7 +239,16 @@ async fn run(cli: Cli) -> Result<(), String> {
             for (i, name, warning) in Registry::unsealed_shared(&config, &plans) {
                 println!("WARNING: tier {i} ({name}): {warning}");
             }
+            for (i, (name, plan)) in plans.iter().enumerate() {
+                if let Some(advice) = plan.advice() {
+                    println!("NOTE: tier {i} ({name}): {advice}");
+                }
+            }
             Ok(())
+        }
+        Command::MoveFlat { config } => {
+            let config = HierarchyConfig::from_file(&config).map_err(|e| e.to_string())?;
+            commands::move_flat(&config).await
         }
         Command::Replay {
             config,

@@ -27,6 +27,7 @@ use tier_core::{
 
 mod catalog;
 mod config;
+mod flat;
 mod listing;
 mod names;
 mod objects;
@@ -36,6 +37,7 @@ mod unfinished;
 mod usage;
 
 pub use config::{ObjectTierConfig, PrefixAccess};
+pub use flat::FlatMove;
 pub use names::check_prefix;
 pub use s3::{S3Settings, Secret};
 pub use shared::{PrefixStats, SharedPrefix};
@@ -107,6 +109,14 @@ impl ObjectTier {
     /// another way (NIXL OBJ) takes its turns here too.
     pub fn write_order(&self) -> &WriteOrder {
         &self.order
+    }
+
+    /// Moves a prefix of the flat layout (pages directly under the prefix, as kvtier stored
+    /// them before prefixes had buckets) into its buckets; a page its bucket already holds
+    /// (stored there later) stays and the flat one goes. Run it while no node uses the prefix
+    /// (`kvtier move-flat CONFIG` does, for a config's object tiers).
+    pub async fn move_flat_layout(&self) -> Result<FlatMove, TierError> {
+        self.objects.move_flat_layout().await
     }
 
     /// Fills the catalog of a tier with a `capacity` from one listing of its prefix (oldest

@@ -55,7 +55,10 @@ impl Objects {
     }
 
     /// The objects and folders directly under `path`, in one bounded listing.
-    async fn list_level(&self, path: &Path) -> Result<object_store::ListResult, TierError> {
+    pub(crate) async fn list_level(
+        &self,
+        path: &Path,
+    ) -> Result<object_store::ListResult, TierError> {
         let listed = self
             .bounded("object list", async {
                 self.store
@@ -129,8 +132,9 @@ impl Objects {
                 "prefix",
                 format!(
                     "{} is a page in the flat layout of an earlier kvtier (pages directly \
-                     under the prefix, not in its buckets): clear the prefix {} to use it, or \
-                     give the tier another prefix",
+                     under the prefix, not in its buckets): move its pages into buckets with \
+                     `kvtier move-flat CONFIG` (while no node uses the prefix {}), or give the \
+                     tier another prefix",
                     meta.location, self.prefix
                 ),
             )),

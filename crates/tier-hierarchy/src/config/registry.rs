@@ -49,6 +49,11 @@ pub trait TierPlan: Send {
     fn others_may_write(&self) -> Option<String> {
         None
     }
+    /// What an operator should set up beside the tier that kvtier cannot do itself (a
+    /// bucket's lifecycle rule), for `kvtier check`.
+    fn advice(&self) -> Option<String> {
+        None
+    }
     /// What the tier will be, where that is known before it opens: such a tier, if its open
     /// outlasts the hierarchy's `open_timeout`, goes on opening in the background while the
     /// hierarchy serves without it (down until it has opened).
