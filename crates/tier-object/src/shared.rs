@@ -231,7 +231,7 @@ impl Fleet {
         let window = {
             let u = self.usage();
             let whole = wait || !u.ever_listed() || u.bytes() > self.capacity;
-            (!whole).then(|| u.window())
+            (!whole).then(|| u.window()).flatten()
         };
         let total = match window {
             Some(window) => {

@@ -1,12 +1,14 @@
 //! A shared prefix's bytes as one node knows them: each bucket's as last listed, plus what
 //! this node put there since; and which buckets its next periodic listing looks at.
 //!
-//! A periodic listing (to see other nodes' puts) looks at a window of buckets, not the whole
-//! prefix: as many as [`WINDOW_REQUESTS`] LIST requests cover (1,000 objects a request on S3,
+//! A periodic listing (to see other nodes' puts) of a prefix whose every bucket holds pages
+//! (about 1,500 pages or more: its whole listing takes a request per bucket) looks at a
+//! window of buckets, not the whole prefix: as many as [`WINDOW_REQUESTS`] LIST requests cover (1,000 objects a request on S3,
 //! as the last listing of each bucket counted them), the next window starting where the last
 //! one ended. A bucket larger than that budget is listed alone and the next window waits the
 //! longer, so a node's periodic listings cost about [`WINDOW_REQUESTS`] requests per `relist`
-//! however much the prefix holds. An eviction lists the whole prefix.
+//! however much the prefix holds. An eviction lists the whole prefix, and so does a periodic
+//! listing of a smaller prefix (one recursive listing: a request or two).
 
 use std::time::{Duration, Instant};
 
@@ -88,8 +90,12 @@ impl PrefixUsage {
     }
 
     /// The buckets of the next periodic listing: from where the last ended, as many as
-    /// [`WINDOW_REQUESTS`] requests cover (at least one).
-    pub fn window(&self) -> Vec<usize> {
+    /// [`WINDOW_REQUESTS`] requests cover (at least one); `None` where a bucket held no page
+    /// when last listed (the whole prefix then lists in one recursive listing, cheaper).
+    pub fn window(&self) -> Option<Vec<usize>> {
+        if self.objects.contains(&0) {
+            return None;
+        }
         let mut window = Vec::new();
         let mut requests = 0;
         for b in (self.next..self.next + BUCKETS).map(|b| b % BUCKETS) {
@@ -100,7 +106,7 @@ impl PrefixUsage {
             requests += cost;
             window.push(b);
         }
-        window
+        Some(window)
     }
 
     /// Sets `buckets` from a listing of them that began when this node's puts were `before`:
@@ -154,14 +160,14 @@ mod tests {
             .iter()
             .flat_map(|&b| std::iter::repeat_n((b, 1u64), if b == 20 { 3500 } else { 10 }));
         usage.set_listed(&all, pages, &before, false);
-        let first = usage.window();
+        let first = usage.window().unwrap();
         assert_eq!(first, (0..16).collect::<Vec<_>>());
         usage.set_listed(&first, first.iter().map(|&b| (b, 1)), &before, true);
-        let second = usage.window();
+        let second = usage.window().unwrap();
         assert_eq!(second, (16..29).collect::<Vec<_>>(), "bucket 20 costs 4");
         let mut seen = std::collections::BTreeSet::new();
         for _ in 0..40 {
-            let w = usage.window();
+            let w = usage.window().unwrap();
             seen.extend(w.iter().copied());
             usage.set_listed(&w, w.iter().map(|&b| (b, 1)), &before, true);
         }
@@ -169,9 +175,22 @@ mod tests {
         // One bucket of 40,000 objects: listed alone, and the next listing waits 2.5 periods.
         usage.set_listed(&[7], std::iter::repeat_n((7, 1), 40_000), &before, false);
         usage.next = 7;
-        assert_eq!(usage.window(), vec![7]);
+        assert_eq!(usage.window(), Some(vec![7]));
         usage.set_listed(&[7], std::iter::repeat_n((7, 1), 40_000), &before, true);
         assert!((usage.pace - 2.5).abs() < 1e-9, "{}", usage.pace);
+    }
+
+    /// A prefix with an empty bucket is listed whole: a window would cost more than that.
+    #[test]
+    fn a_prefix_with_an_empty_bucket_is_listed_whole() {
+        let mut usage = PrefixUsage::new();
+        let before = usage.before();
+        assert_eq!(usage.window(), None, "never listed");
+        let all: Vec<usize> = (0..BUCKETS).collect();
+        usage.set_listed(&all, (1..BUCKETS).map(|b| (b, 1)), &before, false);
+        assert_eq!(usage.window(), None, "bucket 0 is empty");
+        usage.set_listed(&all, (0..BUCKETS).map(|b| (b, 1)), &before, false);
+        assert!(usage.window().is_some());
     }
 
     /// A listing keeps the puts it may have missed counted: those made after it began.

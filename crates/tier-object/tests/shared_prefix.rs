@@ -539,14 +539,14 @@ async fn a_writing_node_lists_a_window_of_buckets_per_relist_and_counts_every_bu
     let mut quiet = shared("kv", 1 << 20);
     quiet.shared.relist = Duration::from_secs(3600);
     let other = ObjectTier::open(Arc::clone(&shared_store), quiet).unwrap();
-    let fill: Vec<Page<'static>> = (0..2048).map(page).collect();
+    let fill: Vec<Page<'static>> = (0..3072).map(page).collect();
     assert!(other.put(&fill).await.iter().all(Result::is_ok));
     let mut config = shared("kv", 1 << 20);
     config.shared.relist = Duration::from_millis(1);
     let tier = ObjectTier::open(Arc::clone(&shared_store), config).unwrap();
     tier.settle().await.unwrap();
     // Another node's pages, in every bucket, after this node's whole listing.
-    let more: Vec<Page<'static>> = (2048..2560).map(page).collect();
+    let more: Vec<Page<'static>> = (3072..3584).map(page).collect();
     assert!(other.put(&more).await.iter().all(Result::is_ok));
     other.flush().await.unwrap();
     let lists = || store.lists.load(std::sync::atomic::Ordering::SeqCst);
@@ -569,5 +569,5 @@ async fn a_writing_node_lists_a_window_of_buckets_per_relist_and_counts_every_bu
         "{periodic} LIST requests for {rounds} periodic listings"
     );
     assert_eq!(counted, whole, "the windows went round every bucket");
-    assert_eq!(whole, (2560 + rounds) as u64 * PAGE as u64);
+    assert_eq!(whole, (3584 + rounds) as u64 * PAGE as u64);
 }

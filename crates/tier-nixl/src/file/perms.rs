@@ -47,26 +47,35 @@ impl FolderMode {
     }
 
     /// Makes `dir` (and missing parents, with this mode) if needed, then [`claim`](Self::claim)s it.
+    ///
+    /// On a distributed filesystem another client making the same folder at once can fail
+    /// this one's with `EEXIST` (its cache not yet showing the folder) or `ESTALE`: it is
+    /// tried again, for a bounded while.
     pub fn create_storage_dir(self, dir: &Path) -> Result<(), TierError> {
-        DirBuilder::new()
-            .recursive(true)
-            .mode(self.dir_mode())
-            .create(dir)
-            .map_err(|e| {
-                let not_a_folder = e.raw_os_error() == Some(libc::ENOTDIR)
-                    || fs::symlink_metadata(dir).is_ok_and(|m| !m.is_dir());
-                if not_a_folder {
-                    TierError::config(
-                        "dirs",
-                        format!(
-                            "{} is not a folder (it, or a folder above it, is a file)",
-                            dir.display()
-                        ),
-                    )
-                } else {
-                    TierError::io("create storage folder", None, Some(dir.into()), e)
-                }
-            })?;
+        settle(
+            || {
+                DirBuilder::new()
+                    .recursive(true)
+                    .mode(self.dir_mode())
+                    .create(dir)
+            },
+            |e| racing_client(e, dir),
+        )
+        .map_err(|e| {
+            let not_a_folder = e.raw_os_error() == Some(libc::ENOTDIR)
+                || fs::symlink_metadata(dir).is_ok_and(|m| !m.is_dir());
+            if not_a_folder {
+                TierError::config(
+                    "dirs",
+                    format!(
+                        "{} is not a folder (it, or a folder above it, is a file)",
+                        dir.display()
+                    ),
+                )
+            } else {
+                TierError::io("create storage folder", None, Some(dir.into()), e)
+            }
+        })?;
         self.claim(dir, true)
     }
 
@@ -76,13 +85,9 @@ impl FolderMode {
     /// `EEXIST` while this client's cache still says the folder is not there (GlusterFS does):
     /// it is looked for again, for a bounded while.
     pub fn create_bucket(self, bucket: &Path) -> Result<(), TierError> {
-        let unseen = |e: &io::Error| {
-            e.kind() == io::ErrorKind::AlreadyExists
-                && fs::symlink_metadata(bucket).is_err_and(|e| e.kind() == io::ErrorKind::NotFound)
-        };
         match settle(
             || DirBuilder::new().mode(self.dir_mode()).create(bucket),
-            unseen,
+            |e| racing_client(e, bucket),
         ) {
             Ok(()) => self.past_umask(bucket, None),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => self.claim(bucket, false),
@@ -302,6 +307,15 @@ pub fn open_existing(
 /// Runs `attempt` again while its error is `unsettled` (another client's create showing as
 /// `EEXIST` while this client's cache still says the entry is absent, as GlusterFS does), for
 /// at most [`SETTLE`]; then its result stands.
+/// Whether making the folder `dir` failed as another client's making it at once can make it
+/// fail on a distributed filesystem: `EEXIST` while this client does not see it yet, or a
+/// stale handle of a folder above it (GlusterFS gives both).
+fn racing_client(e: &io::Error, dir: &Path) -> bool {
+    let unseen = e.kind() == io::ErrorKind::AlreadyExists
+        && fs::symlink_metadata(dir).is_err_and(|e| e.kind() == io::ErrorKind::NotFound);
+    unseen || e.raw_os_error() == Some(libc::ESTALE)
+}
+
 fn settle<T>(
     mut attempt: impl FnMut() -> io::Result<T>,
     unsettled: impl Fn(&io::Error) -> bool,

@@ -415,12 +415,27 @@ impl Catalog {
         let items = xfers.iter().zip(finals).zip(&mut outcome.results);
         for ((xfer, path), result) in items {
             if result.is_ok() {
-                let renamed = match self.keeper {
-                    Keeper::Sharer(_) => {
-                        land_shared(&xfer.path, path, super::format::file_len(xfer.len))
+                // A temp name someone who may write the folder swapped for a link (names are
+                // unguessable, but a bucket can be listed) is never renamed in as a page.
+                let renamed = if planted(&xfer.path) {
+                    Err(planted_error())
+                } else {
+                    match self.keeper {
+                        Keeper::Sharer(_) => {
+                            land_shared(&xfer.path, path, super::format::file_len(xfer.len))
+                        }
+                        _ => fs::rename(&xfer.path, path).map(|()| 0),
                     }
-                    _ => fs::rename(&xfer.path, path).map(|()| 0),
                 };
+                // Swapped between that look and the rename: taken out again at once (kvtier
+                // makes no links, so a link under a page's name is never another put's page).
+                let renamed = renamed.and_then(|added| {
+                    if planted(path) {
+                        let _ = fs::remove_file(path);
+                        return Err(planted_error());
+                    }
+                    Ok(added)
+                });
                 match renamed {
                     Ok(added) => landed += added,
                     Err(e) => {
@@ -564,6 +579,19 @@ impl Catalog {
         fleet.count(-(freed as i64));
         first_err.map_or(Ok(()), Err)
     }
+}
+
+/// Whether what is at `path` is not a regular file (a link or a FIFO planted there).
+fn planted(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| !m.is_file())
+}
+
+fn planted_error() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        "the temp file was replaced by a link or another file that is not a regular file \
+         (someone else may write the folder); not renamed in",
+    )
 }
 
 /// A read as [`Catalog::settle_reads`] takes it.
