@@ -24,7 +24,14 @@ impl Objects {
         if top.common_prefixes.len() >= BUCKETS {
             return self.list_buckets().await;
         }
-        let mut listing = self.store.list(Some(&self.prefix));
+        self.list_streamed(&self.prefix).await
+    }
+
+    /// The pages under `path`, in a recursive listing whose every answer (one request on S3,
+    /// 1,000 entries) is bounded by `op_timeout`, not the whole listing: a bucket or a prefix
+    /// of any size lists.
+    async fn list_streamed(&self, path: &Path) -> Result<Vec<object_store::ObjectMeta>, TierError> {
+        let mut listing = self.store.list(Some(path));
         let mut objects = Vec::new();
         let mut entries = 0;
         while let Some(next) = self
@@ -76,17 +83,19 @@ impl Objects {
         self.list_buckets_in(0..BUCKETS).await
     }
 
-    /// The pages of the buckets `buckets`, listed `concurrency` buckets at a time.
+    /// The pages of the buckets `buckets`, listed `concurrency` buckets at a time, each
+    /// request bounded (a bucket's whole listing under one `op_timeout` failed past about
+    /// 100,000 objects a bucket on S3, and the prefix then grew without eviction).
     pub(crate) async fn list_buckets_in(
         &self,
         buckets: impl IntoIterator<Item = usize>,
     ) -> Result<Vec<object_store::ObjectMeta>, TierError> {
         let mut listings = futures::stream::iter(buckets)
-            .map(|b| async move { self.list_level(&self.bucket(b)).await })
+            .map(|b| async move { self.list_streamed(&self.bucket(b)).await })
             .buffer_unordered(self.config.concurrency.max(1));
         let mut objects = Vec::new();
         while let Some(listed) = listings.next().await {
-            objects.extend(listed?.objects.into_iter().filter(|m| self.is_page(m)));
+            objects.extend(listed?);
         }
         Ok(objects)
     }

@@ -312,7 +312,13 @@ struct Scripted {
     evicted_elsewhere_done: std::sync::atomic::AtomicBool,
     /// LIST requests made (a recursive listing counted once, as one page of it).
     lists: Arc<std::sync::atomic::AtomicU64>,
+    /// Milliseconds each answer of a listing after its first takes (an answer per 1,000
+    /// entries, as on S3).
+    page_delay_ms: Arc<std::sync::atomic::AtomicU64>,
 }
+
+/// Entries in one answer of an S3 listing.
+const LIST_PAGE: usize = 1000;
 
 impl std::fmt::Display for Scripted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -399,11 +405,35 @@ impl ObjectStore for Scripted {
             Arc::clone(&self.taken),
             prefix.cloned(),
         );
+        let delay =
+            Duration::from_millis(self.page_delay_ms.load(std::sync::atomic::Ordering::SeqCst));
         futures::stream::once(async move {
             let listing: Vec<_> = inner.list(prefix.as_ref()).collect().await;
             taken.notify_one();
             drop(gate.read().await);
-            futures::stream::iter(listing)
+            let answers: Vec<Vec<_>> = listing
+                .chunks(LIST_PAGE)
+                .map(|c| {
+                    c.iter()
+                        .map(|m| {
+                            m.as_ref()
+                                .map_err(|e| object_store::Error::Generic {
+                                    store: "scripted",
+                                    source: e.to_string().into(),
+                                })
+                                .cloned()
+                        })
+                        .collect()
+                })
+                .collect();
+            futures::stream::iter(answers.into_iter().enumerate())
+                .then(move |(i, answer)| async move {
+                    if i > 0 {
+                        tokio::time::sleep(delay).await;
+                    }
+                    futures::stream::iter(answer)
+                })
+                .flatten()
         })
         .flatten()
         .boxed()
@@ -417,6 +447,13 @@ impl ObjectStore for Scripted {
         let listing = self.inner.list_with_delimiter(prefix).await;
         self.taken.notify_one();
         drop(self.gate.read().await);
+        // The client gathers every answer of the listing before it returns.
+        if let Ok(listed) = &listing {
+            let answers = (listed.objects.len() + listed.common_prefixes.len()).div_ceil(LIST_PAGE);
+            let delay = self.page_delay_ms.load(std::sync::atomic::Ordering::SeqCst);
+            let further = answers.saturating_sub(1) as u32;
+            tokio::time::sleep(Duration::from_millis(delay) * further).await;
+        }
         listing
     }
 
@@ -570,4 +607,48 @@ async fn a_writing_node_lists_a_window_of_buckets_per_relist_and_counts_every_bu
     );
     assert_eq!(counted, whole, "the windows went round every bucket");
     assert_eq!(whole, (3584 + rounds) as u64 * PAGE as u64);
+}
+
+/// Each request of a bucket's listing is bounded by `op_timeout`, not the bucket's whole
+/// listing: a bucket of over 3,000 pages, listed in 4 answers each taking 0.4 s after the
+/// first, lists within an `op_timeout` of 1 s. (Under one bound for a bucket's whole listing,
+/// every listing failed past about 100,000 objects a bucket on S3, and the prefix grew
+/// without eviction.)
+#[tokio::test]
+async fn each_request_of_a_buckets_listing_is_bounded_not_the_whole_bucket() {
+    let store = Arc::new(Scripted::default());
+    let shared_store = Arc::clone(&store) as Arc<dyn ObjectStore>;
+    let mut quiet = shared("kv", 1 << 20);
+    quiet.shared.relist = Duration::from_secs(3600);
+    let other = ObjectTier::open(Arc::clone(&shared_store), quiet).unwrap();
+    // Pages in every bucket, and 3,000 more in bucket 00.
+    let mut fill: Vec<Page<'static>> = (0..3072).map(page).collect();
+    fill.extend(
+        (0..)
+            .map(|i| PageKey::new(format!("bucket-00-{i:07}")).unwrap())
+            .filter(|k| {
+                let path = other.object_path(k).unwrap();
+                path.parts().nth(1).is_some_and(|b| b.as_ref() == "00")
+            })
+            .take(3000)
+            .map(|k| Page::new(k, vec![7u8; PAGE])),
+    );
+    for batch in fill.chunks(512) {
+        assert!(other.put(batch).await.iter().all(Result::is_ok));
+    }
+    store
+        .page_delay_ms
+        .store(400, std::sync::atomic::Ordering::SeqCst);
+    let mut config = shared("kv", 1 << 20);
+    config.op_timeout = Duration::from_secs(1);
+    let tier = ObjectTier::open(Arc::clone(&shared_store), config).unwrap();
+    let started = std::time::Instant::now();
+    tier.settle()
+        .await
+        .expect("a bucket whose listing outlasts op_timeout lists, each request within it");
+    println!("listed {} pages in {:?}", fill.len(), started.elapsed());
+    assert_eq!(
+        tier.prefix_stats().unwrap().usage_bytes,
+        fill.len() as u64 * PAGE as u64
+    );
 }
