@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use tier_core::StorageTier;
 use tier_nixl::{FileAccess, NixlFileConfig, NixlFileTier};
 
 use crate::watch::*;
@@ -301,4 +302,77 @@ async fn an_owner_and_a_sharer_of_one_folder_are_refused_naming_the_folder_and_t
         text.contains("access = \"shared\"") && text.contains("access = \"owner\""),
         "{text}"
     );
+}
+
+/// A process frozen holding the usage file's lock (stopped, or stuck in a sync on a hung
+/// client; here `flock(1)` holding it) holds up no other process's puts: they go on at once,
+/// their counts kept pending and written once the lock is free, none lost. (Each put waited
+/// 5 s for the lock and then failed.)
+#[test]
+fn a_process_frozen_holding_the_usage_lock_holds_up_no_put() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let capacity = 64 * PAGE as u64;
+        let tier = NixlFileTier::open(config(tmp.path(), capacity, Duration::from_secs(5)))
+            .await
+            .unwrap();
+        tier.opened().await;
+        let usage = tmp.path().join("a").join(".kvtier.usage");
+        assert!(usage.is_file(), "the usage file is {}", usage.display());
+        // `--close`: the lock is flock(1)'s alone, let go of when it is killed.
+        let mut holder = std::process::Command::new("flock")
+            .arg("--close")
+            .arg(&usage)
+            .args(["sleep", "60"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("flock(1) runs");
+        let file = std::fs::File::open(&usage).unwrap();
+        let held = Instant::now();
+        while try_flock(&file) {
+            assert!(
+                held.elapsed() < Duration::from_secs(10),
+                "flock(1) takes the lock"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let started = Instant::now();
+        for i in 0..20 {
+            let k = own_key(0, i);
+            let page = tier_core::Page::new(k.clone(), tier_tests::content::page(&k, 1, PAGE));
+            let put = tokio::time::timeout(Duration::from_secs(20), tier.put(&[page]))
+                .await
+                .expect("a put returns");
+            assert!(put[0].is_ok(), "put {i} failed: {:?}", put[0]);
+        }
+        let took = started.elapsed();
+        kill(&mut holder);
+        println!("20 puts with the usage lock held by a frozen process: {took:?}");
+        assert!(
+            took < Duration::from_secs(5),
+            "20 puts took {took:?} while another process held the usage lock"
+        );
+        tier.flush().await.unwrap();
+        let (bytes, _) = folder_bytes(tmp.path());
+        assert!(bytes >= 20 * PAGE as u64, "20 pages stored: {bytes} bytes");
+        assert_eq!(
+            tier.fleet_stats().unwrap().usage_bytes,
+            bytes,
+            "the counts left pending were written once the lock was free"
+        );
+    });
+}
+
+/// Whether an exclusive `flock` on `file` can be had now (let go of at once).
+fn try_flock(file: &std::fs::File) -> bool {
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: a valid open fd.
+    let got = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    if got {
+        // SAFETY: as above.
+        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+    }
+    got
 }

@@ -610,8 +610,11 @@ pub(super) struct SettledRead<'r> {
 /// counted it whole before: the usage grew past the folders' bytes until the next full scan,
 /// and eviction kept them that much below their capacity). The name is taken by
 /// `RENAME_NOREPLACE`, or where the filesystem has none (GlusterFS's client, NFS) by a hard
-/// link, which fails on a taken name on every client alike; where neither works, the page is
-/// counted as it was before.
+/// link, which fails on a taken name on every client alike. A taken name's file is swapped
+/// out (`RENAME_EXCHANGE`) and removed by this writer, which so knows exactly what it
+/// replaced, whoever moves the name's file meanwhile (an evictor moving it aside between a
+/// look at its length and a rename over it was subtracted twice). Where none of these works,
+/// the page is counted as it was before.
 fn land_shared(temp: &Path, path: &Path, len: u64) -> std::io::Result<i64> {
     let unsupported = |e: &std::io::Error| {
         matches!(
@@ -619,20 +622,40 @@ fn land_shared(temp: &Path, path: &Path, len: u64) -> std::io::Result<i64> {
             Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP | libc::EPERM | libc::EMLINK)
         )
     };
-    match super::fleet::rename_noreplace(temp, path) {
-        Ok(()) => return Ok(len as i64),
-        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
-        Err(e) if unsupported(&e) => match fs::hard_link(temp, path) {
-            Ok(()) => {
-                if let Err(e) = fs::remove_file(temp) {
-                    tracing::warn!(path = %temp.display(), error = %e, "a landed page's temp name is left");
+    // A name freed and taken again between the tries is tried once more, a few times at most.
+    for _ in 0..4 {
+        match super::fleet::rename_noreplace(temp, path) {
+            Ok(()) => return Ok(len as i64),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) if unsupported(&e) => match fs::hard_link(temp, path) {
+                Ok(()) => {
+                    if let Err(e) = fs::remove_file(temp) {
+                        tracing::warn!(path = %temp.display(), error = %e, "a landed page's temp name is left");
+                    }
+                    return Ok(len as i64);
                 }
-                return Ok(len as i64);
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) || unsupported(&e) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) || unsupported(&e) => {}
+                Err(e) => return Err(e),
+            },
             Err(e) => return Err(e),
-        },
-        Err(e) => return Err(e),
+        }
+        match super::fleet::rename_exchange(temp, path) {
+            Ok(()) => {
+                // The file replaced is at the temp name now, this writer's alone.
+                let replaced = fs::symlink_metadata(temp)
+                    .ok()
+                    .filter(fs::Metadata::is_file)
+                    .map_or(0, |m| m.len());
+                if let Err(e) = fs::remove_file(temp) {
+                    tracing::warn!(path = %temp.display(), error = %e, "a replaced page file is left under a temp name");
+                }
+                return Ok(len as i64 - replaced as i64);
+            }
+            // The name was freed meanwhile (its file moved aside): taken again if still free.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) && temp.exists() => continue,
+            Err(e) if unsupported(&e) => break,
+            Err(e) => return Err(e),
+        }
     }
     let replaced = fs::metadata(path).map_or(0, |m| m.len());
     fs::rename(temp, path)?;

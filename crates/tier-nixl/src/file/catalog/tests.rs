@@ -398,3 +398,45 @@ fn a_shared_page_file_without_page_bytes_is_absent() {
     );
     assert_eq!(stored[1].map(|s| s.len), Some(8));
 }
+
+/// A writer landing a page over a name whose file an evictor moves aside at the same moment
+/// counts what it replaced exactly: the counted changes of both (the writer's landings less
+/// what they replaced, the evictor's files taken) always add up to what the name holds. (The
+/// writer read the replaced file's length, then renamed: a file moved aside between the two
+/// was subtracted by both, the usage one page low each time.)
+#[test]
+fn a_page_landed_while_an_evictor_moves_the_old_one_aside_is_counted_exactly() {
+    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::SeqCst};
+    const LEN: usize = 64;
+    const LANDINGS: usize = 20_000;
+    let dir = tempfile::tempdir().expect("a temp folder");
+    let path = dir.path().join("page");
+    let counted = AtomicI64::new(0);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let aside = dir.path().join("aside");
+            while !done.load(SeqCst) {
+                if fs::rename(&path, &aside).is_ok() {
+                    let len = fs::metadata(&aside).expect("the file moved aside").len();
+                    fs::remove_file(&aside).expect("removed");
+                    counted.fetch_sub(len as i64, SeqCst);
+                }
+            }
+        });
+        for i in 0..LANDINGS {
+            let temp = dir.path().join(format!("temp-{i}"));
+            fs::write(&temp, [i as u8; LEN]).expect("a temp file");
+            let added = land_shared(&temp, &path, LEN as u64).expect("landed");
+            counted.fetch_add(added, SeqCst);
+        }
+        done.store(true, SeqCst);
+    });
+    let held = fs::metadata(&path).map_or(0, |m| m.len()) as i64;
+    assert_eq!(
+        counted.load(SeqCst),
+        held,
+        "the counts of {LANDINGS} landings and the evictions between them add up to what the \
+         name holds"
+    );
+}

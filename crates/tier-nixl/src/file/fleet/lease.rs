@@ -6,8 +6,8 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use tier_core::TierError;
@@ -17,6 +17,9 @@ use crate::file::{perms, FolderMode, SharedLocks};
 
 /// Bound on waiting for the usage or lease file's `flock` (held for a few system calls).
 const FLOCK_WAIT: Duration = Duration::from_secs(5);
+/// Bound on a put's wait for the usage file's lock: past it the put goes on, its count left
+/// pending ([`Usage::count`]); once a wait ran out, puts only try it until it is had again.
+const PUT_WAIT: Duration = Duration::from_millis(100);
 /// Without locks: how long a claimer of the lease waits before it looks whose claim stood.
 pub(super) const CLAIM_SETTLE: Duration = Duration::from_millis(50);
 
@@ -72,9 +75,25 @@ impl SharedFile {
     /// Takes its `flock` (`op`: shared or exclusive), within [`FLOCK_WAIT`]; nothing without
     /// locks.
     fn lock(&self, op: libc::c_int) -> io::Result<Locked<'_>> {
-        let thread = self.in_process.lock().unwrap_or_else(|e| e.into_inner());
+        self.lock_within(op, FLOCK_WAIT)
+    }
+
+    /// [`Self::lock`] within `wait` (zero: one try), this process's threads included: a
+    /// thread frozen holding it holds up the others no longer than an `flock` would.
+    fn lock_within(&self, op: libc::c_int, wait: Duration) -> io::Result<Locked<'_>> {
+        let deadline = Instant::now() + wait;
+        let thread = loop {
+            match self.in_process.try_lock() {
+                Ok(guard) => break guard,
+                Err(TryLockError::Poisoned(e)) => break e.into_inner(),
+                Err(TryLockError::WouldBlock) if Instant::now() >= deadline => {
+                    return Err(held_too_long(wait))
+                }
+                Err(TryLockError::WouldBlock) => std::thread::sleep(Duration::from_micros(200)),
+            }
+        };
         let flock = match self.locked {
-            true => Flock::take(&self.held, op)?,
+            true => Flock::take(&self.held, op, deadline, wait)?,
             false => Flock(None),
         };
         Ok(Locked {
@@ -160,8 +179,20 @@ fn is_local(file: &File) -> bool {
 /// The usage file: the folders' bytes, then the running sum of every change counted since the
 /// file was made ([`UsageMark`]), each a little-endian u64. (A file of the bytes alone, as an
 /// earlier kvtier wrote it, reads as a sum of 0.)
+///
+/// Puts never wait on it past [`PUT_WAIT`]: a process frozen holding its lock (stopped, or
+/// stuck syncing on a hung client) made every other process's puts time out. A put's count
+/// the lock did not let in is kept pending in this process and written with the next change
+/// that gets the lock (a put's, an eviction's, a flush's or the close's), never lost; a put's
+/// look at the usage then takes the last one read plus what is pending here.
 pub(super) struct Usage {
     pub file: SharedFile,
+    /// Changes counted here and not yet written.
+    pending: AtomicI64,
+    /// The usage the file held when last read or written here.
+    last: AtomicU64,
+    /// A put's wait for the lock ran out, and no lock was had since.
+    busy: AtomicBool,
 }
 
 /// Where the running sum of counted changes stood: a scan that began there sets the usage to
@@ -171,15 +202,72 @@ pub(super) struct Usage {
 pub(super) struct UsageMark(u64);
 
 impl Usage {
-    pub(super) fn read(&self) -> Result<u64, TierError> {
-        Ok(self.snapshot()?.0)
+    pub(super) fn new(file: SharedFile) -> Self {
+        Self {
+            file,
+            pending: AtomicI64::new(0),
+            last: AtomicU64::new(0),
+            busy: AtomicBool::new(false),
+        }
     }
 
-    /// The usage, and the mark a scan beginning now settles from.
-    pub(super) fn snapshot(&self) -> Result<(u64, UsageMark), TierError> {
+    /// The usage, with what is pending here, waiting for the lock within [`FLOCK_WAIT`].
+    pub(super) fn read(&self) -> Result<u64, TierError> {
         let _lock = self.file.lock(libc::LOCK_SH).map_err(|e| self.error(e))?;
-        let (bytes, sum) = self.load().map_err(|e| self.error(e))?;
+        let (bytes, _) = self.load().map_err(|e| self.error(e))?;
+        Ok(bytes.saturating_add_signed(self.pending.load(Relaxed)))
+    }
+
+    /// The usage as a put sees it: read within [`PUT_WAIT`], else the last usage read here
+    /// plus what is pending here.
+    pub(super) fn estimate(&self) -> Result<u64, TierError> {
+        match self.file.lock_within(libc::LOCK_SH, self.put_wait()) {
+            Ok(_lock) => {
+                self.busy.store(false, Relaxed);
+                let (bytes, _) = self.load().map_err(|e| self.error(e))?;
+                Ok(bytes.saturating_add_signed(self.pending.load(Relaxed)))
+            }
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                self.busy.store(true, Relaxed);
+                let last = self.last.load(Relaxed);
+                Ok(last.saturating_add_signed(self.pending.load(Relaxed)))
+            }
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    fn put_wait(&self) -> Duration {
+        match self.busy.load(Relaxed) {
+            true => Duration::ZERO,
+            false => PUT_WAIT,
+        }
+    }
+
+    /// The usage, and the mark a scan beginning now settles from (what is pending here
+    /// written first, so it is not counted again after the scan).
+    pub(super) fn snapshot(&self) -> Result<(u64, UsageMark), TierError> {
+        let _lock = self.file.lock(libc::LOCK_EX).map_err(|e| self.error(e))?;
+        let (bytes, sum) = self.apply(0)?;
         Ok((bytes, UsageMark(sum)))
+    }
+
+    /// Under the lock: writes `delta` and what is pending here; the new usage and sum. On a
+    /// failed write the changes stay pending.
+    fn apply(&self, delta: i64) -> Result<(u64, u64), TierError> {
+        let (bytes, sum) = self.load().map_err(|e| self.error(e))?;
+        let delta = delta + self.pending.swap(0, Relaxed);
+        if delta == 0 {
+            return Ok((bytes, sum));
+        }
+        let (new, new_sum) = (
+            bytes.saturating_add_signed(delta),
+            sum.wrapping_add_signed(delta),
+        );
+        if let Err(e) = self.store(new, new_sum) {
+            self.pending.fetch_add(delta, Relaxed);
+            return Err(self.error(e));
+        }
+        Ok((new, new_sum))
     }
 
     fn load(&self) -> io::Result<(u64, u64)> {
@@ -187,35 +275,71 @@ impl Usage {
         let n = self.file.read(&mut bytes)?;
         let word =
             |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap_or_default());
-        Ok(match n {
+        let (bytes, sum) = match n {
             16 => (word(0), word(1)),
             8 => (word(0), 0),
             _ => (0, 0),
-        })
+        };
+        self.last.store(bytes, Relaxed);
+        Ok((bytes, sum))
     }
 
     fn store(&self, bytes: u64, sum: u64) -> io::Result<()> {
         let mut text = [0u8; 16];
         text[..8].copy_from_slice(&bytes.to_le_bytes());
         text[8..].copy_from_slice(&sum.to_le_bytes());
-        self.file.write(&text)
+        self.file.write(&text)?;
+        self.last.store(bytes, Relaxed);
+        Ok(())
     }
 
-    /// Adds `delta` (never below 0); returns the new usage.
+    /// Adds `delta` and what is pending here (never below 0), waiting for the lock within
+    /// [`FLOCK_WAIT`]; returns the new usage. Not written, the change stays pending.
     pub(super) fn add(&self, delta: i64) -> Result<u64, TierError> {
-        let _lock = self.file.lock(libc::LOCK_EX).map_err(|e| self.error(e))?;
-        let (bytes, sum) = self.load().map_err(|e| self.error(e))?;
-        let new = bytes.saturating_add_signed(delta);
-        self.store(new, sum.wrapping_add_signed(delta))
-            .map_err(|e| self.error(e))?;
-        Ok(new)
+        let _lock = match self.file.lock(libc::LOCK_EX) {
+            Ok(lock) => lock,
+            Err(e) => {
+                self.pending.fetch_add(delta, Relaxed);
+                return Err(self.error(e));
+            }
+        };
+        Ok(self.apply(delta)?.0)
+    }
+
+    /// Counts a put's (or a remove's) change: written at once if the lock is had within
+    /// [`PUT_WAIT`], else left pending (see [`Usage`]).
+    pub(super) fn count(&self, delta: i64) -> Result<(), TierError> {
+        self.pending.fetch_add(delta, Relaxed);
+        match self.file.lock_within(libc::LOCK_EX, self.put_wait()) {
+            Ok(_lock) => {
+                self.busy.store(false, Relaxed);
+                self.apply(0).map(drop)
+            }
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                self.busy.store(true, Relaxed);
+                tracing::debug!(
+                    pending = self.pending.load(Relaxed),
+                    "the shared folders' usage lock is held: the count is left pending"
+                );
+                Ok(())
+            }
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    /// Writes what is pending here, waiting for the lock within [`FLOCK_WAIT`].
+    pub(super) fn write_pending(&self) -> Result<(), TierError> {
+        if self.pending.load(Relaxed) == 0 {
+            return Ok(());
+        }
+        self.add(0).map(drop)
     }
 
     /// Sets the usage to `found` (a scan's bytes) plus what was counted since `since`, where
-    /// the scan began; returns it.
+    /// the scan began (what is pending here included); returns it.
     pub(super) fn settle(&self, found: u64, since: UsageMark) -> Result<u64, TierError> {
         let _lock = self.file.lock(libc::LOCK_EX).map_err(|e| self.error(e))?;
-        let (_, sum) = self.load().map_err(|e| self.error(e))?;
+        let (_, sum) = self.apply(0)?;
         let new = found.saturating_add_signed(sum.wrapping_sub(since.0) as i64);
         self.store(new, sum).map_err(|e| self.error(e))?;
         Ok(new)
@@ -333,8 +457,13 @@ struct Locked<'a> {
 struct Flock<'a>(Option<&'a File>);
 
 impl<'a> Flock<'a> {
-    fn take(file: &'a File, op: libc::c_int) -> io::Result<Self> {
-        let deadline = Instant::now() + FLOCK_WAIT;
+    /// Takes it by `deadline`, a wait of `wait` in all.
+    fn take(
+        file: &'a File,
+        op: libc::c_int,
+        deadline: Instant,
+        wait: Duration,
+    ) -> io::Result<Self> {
         loop {
             // SAFETY: a valid open fd.
             if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
@@ -345,14 +474,18 @@ impl<'a> Flock<'a> {
                 return Err(err);
             }
             if Instant::now() >= deadline {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("its lock was held for over {FLOCK_WAIT:?}"),
-                ));
+                return Err(held_too_long(wait));
             }
             std::thread::sleep(Duration::from_micros(200));
         }
     }
+}
+
+fn held_too_long(wait: Duration) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!("its lock was held for over {wait:?}"),
+    )
 }
 
 impl Drop for Flock<'_> {

@@ -47,8 +47,8 @@ use tier_core::TierError;
 use super::layout::{self, FolderScan, Layout};
 use super::SharedFolder;
 use lease::{holder_id, Lease, SharedFile, Usage, UsageMark};
-pub(in crate::file) use victim::rename_noreplace;
 use victim::{put_back, unlink_if_unchanged, Victim};
+pub(in crate::file) use victim::{rename_exchange, rename_noreplace};
 
 const USAGE_FILE: &str = ".kvtier.usage";
 const LEASE_FILE: &str = ".kvtier.lease";
@@ -152,9 +152,7 @@ impl Fleet {
         let shared_file =
             |name: &str| SharedFile::open(first.join(name), layout.mode(), settings.locks);
         let fleet = Self {
-            usage: Usage {
-                file: shared_file(USAGE_FILE)?,
-            },
+            usage: Usage::new(shared_file(USAGE_FILE)?),
             lease: Lease {
                 file: shared_file(LEASE_FILE)?,
                 holder: holder_id(),
@@ -214,7 +212,7 @@ impl Fleet {
     pub fn stats(&self) -> FleetStats {
         let c = &self.counts;
         FleetStats {
-            usage_bytes: self.usage.read().unwrap_or(0),
+            usage_bytes: self.usage.estimate().unwrap_or(0),
             evicted: c.evicted.load(Relaxed),
             eviction_runs: c.runs.load(Relaxed),
             takeovers: c.takeovers.load(Relaxed),
@@ -224,9 +222,9 @@ impl Fleet {
         }
     }
 
-    /// The folders' bytes, as the usage file says.
+    /// The folders' bytes, as the usage file says (with this process's pending counts).
     pub fn usage(&self) -> u64 {
-        self.usage.read().unwrap_or(0)
+        self.usage.estimate().unwrap_or(0)
     }
 
     /// Whether a hit on a page last used at `mtime_ns` refreshes its use time.
@@ -242,7 +240,7 @@ impl Fleet {
         let Some(capacity) = self.capacity else {
             return Ok(Room::Made);
         };
-        let mut usage = self.usage.read()?;
+        let mut usage = self.usage.estimate()?;
         if usage + bytes <= capacity {
             return Ok(Room::Made);
         }
@@ -268,14 +266,14 @@ impl Fleet {
                 )));
             }
             std::thread::sleep(Duration::from_millis(5));
-            usage = self.usage.read()?;
+            usage = self.usage.estimate()?;
         }
     }
 
     /// Whether the folders hold more than their capacity, by the usage file.
     pub fn over_capacity(&self) -> bool {
         self.capacity
-            .is_some_and(|c| self.usage.read().is_ok_and(|u| u > c))
+            .is_some_and(|c| self.usage.estimate().is_ok_and(|u| u > c))
     }
 
     /// Marks an eviction beside the puts as started: `false` if one is already.
@@ -299,9 +297,10 @@ impl Fleet {
         self.end_beside();
     }
 
-    /// Waits for this process's eviction under way (bounded by its lease renewals), then
-    /// evicts if the folders are over their capacity.
+    /// Writes the counts pending here, waits for this process's eviction under way (bounded
+    /// by its lease renewals), then evicts if the folders are over their capacity.
     pub fn settle_now(&self, layout: &Layout) -> Result<(), TierError> {
+        self.usage.write_pending()?;
         drop(self.evicting.lock().unwrap_or_else(|e| e.into_inner()));
         if self.over_capacity() {
             self.evict(layout, 0)?;
@@ -310,10 +309,10 @@ impl Fleet {
     }
 
     /// Counts a change of the folders' bytes: pages renamed in (less the files they
-    /// replaced), or removed.
+    /// replaced), or removed; never waits long on the usage file's lock (see [`Usage`]).
     pub fn count(&self, delta: i64) {
         if delta != 0 {
-            if let Err(e) = self.usage.add(delta) {
+            if let Err(e) = self.usage.count(delta) {
                 tracing::warn!(error = %e, "cannot update the shared folders' usage");
             }
         }
@@ -539,6 +538,15 @@ impl Fleet {
 }
 
 /// Whether process `pid` of this machine is alive.
+impl Drop for Fleet {
+    /// Writes the counts still pending here (within the usage lock's bound).
+    fn drop(&mut self) {
+        if let Err(e) = self.usage.write_pending() {
+            tracing::warn!(error = %e, "the shared folders' usage misses this process's last counts until a scan");
+        }
+    }
+}
+
 fn alive(pid: u32) -> bool {
     if pid == std::process::id() {
         return true;

@@ -99,6 +99,16 @@ pub(super) fn unlink_if(
 
 /// Renames `from` to `to` unless `to` exists (`renameat2` with `RENAME_NOREPLACE`).
 pub(in crate::file) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    renameat2(from, to, libc::RENAME_NOREPLACE)
+}
+
+/// Swaps the files at `from` and `to`, both of which must exist (`renameat2` with
+/// `RENAME_EXCHANGE`).
+pub(in crate::file) fn rename_exchange(from: &Path, to: &Path) -> io::Result<()> {
+    renameat2(from, to, libc::RENAME_EXCHANGE)
+}
+
+fn renameat2(from: &Path, to: &Path, flags: libc::c_uint) -> io::Result<()> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
     let c = |p: &Path| {
@@ -113,7 +123,7 @@ pub(in crate::file) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()
             from.as_ptr(),
             libc::AT_FDCWD,
             to.as_ptr(),
-            libc::RENAME_NOREPLACE,
+            flags,
         )
     };
     if done == 0 {

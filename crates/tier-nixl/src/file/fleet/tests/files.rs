@@ -78,14 +78,14 @@ fn without_locks_a_claim_written_over_before_its_look_does_not_stand() {
 #[test]
 fn without_locks_the_usage_changes_while_its_lock_is_held() {
     let (dir, _layout) = layout();
-    let usage = Usage {
-        file: SharedFile::open(
+    let usage = Usage::new(
+        SharedFile::open(
             dir.path().join(USAGE_FILE),
             FolderMode::Owner,
             SharedLocks::None,
         )
         .expect("the usage file"),
-    };
+    );
     let holder = File::open(dir.path().join(USAGE_FILE)).expect("the usage file");
     // SAFETY: a valid open fd.
     assert_eq!(
@@ -129,9 +129,11 @@ fn two_clients_of_a_distributed_filesystem_keep_one_usage_count() {
     for mut adder in adders {
         assert!(adder.wait().expect("it ends").success(), "an adder failed");
     }
-    let usage = |dir: &Path| Usage {
-        file: SharedFile::open(dir.join(USAGE_FILE), FolderMode::Owner, SharedLocks::Flock)
-            .expect("the usage file"),
+    let usage = |dir: &Path| {
+        Usage::new(
+            SharedFile::open(dir.join(USAGE_FILE), FolderMode::Owner, SharedLocks::Flock)
+                .expect("the usage file"),
+        )
     };
     let seen = (
         usage(&a).read().expect("one"),
@@ -153,14 +155,14 @@ fn usage_adder() {
     let Some(dir) = std::env::var_os("KVTIER_USAGE_DIR") else {
         return;
     };
-    let usage = Usage {
-        file: SharedFile::open(
+    let usage = Usage::new(
+        SharedFile::open(
             Path::new(&dir).join(USAGE_FILE),
             FolderMode::Owner,
             SharedLocks::Flock,
         )
         .expect("the usage file"),
-    };
+    );
     for _ in 0..300 {
         usage.add(1).expect("an update");
     }
@@ -173,14 +175,14 @@ fn usage_adder() {
 #[test]
 fn threads_of_one_process_keep_the_usage_count_exact() {
     let (dir, _layout) = layout();
-    let usage = Usage {
-        file: SharedFile::open(
+    let usage = Usage::new(
+        SharedFile::open(
             dir.path().join(USAGE_FILE),
             FolderMode::Owner,
             SharedLocks::Flock,
         )
         .expect("the usage file"),
-    };
+    );
     let done = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
         s.spawn(|| {
