@@ -5,10 +5,13 @@
 //! plus one eviction step at every sample, each process must see the others' pages, and at
 //! most one process may evict at a time. A second test kills the evictor with SIGKILL while
 //! it holds the lease, and a writer in the middle of its writes: another process takes the
-//! lease over once it expires, nothing torn is served, and no temp file outlives a restart.
+//! lease over once it expires, nothing torn is served, and no temp file outlives a restart. The
+//! soak runs them in waves through restarts, threads, clears and mixed checksum settings on
+//! GlusterFS, and checks the usage count at the end.
 
 mod folder;
 mod prefix;
+mod soak;
 mod watch;
 mod worker;
 

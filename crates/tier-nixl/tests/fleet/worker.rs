@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier};
-use tier_nixl::{FileAccess, NixlFileConfig, NixlFileTier, SharedLocks};
+use tier_nixl::{FileAccess, NixlFileConfig, NixlFileTier, PageChecksum, SharedLocks};
 use tier_object::{ObjectTier, ObjectTierConfig, PrefixAccess, S3Settings};
 use tier_tests::content;
 use tier_tests::rng::Rng;
@@ -42,6 +42,9 @@ pub fn config(dir: &Path, capacity: u64, lease: Duration) -> NixlFileConfig {
     c.shared.touch_interval = Duration::from_millis(200);
     if std::env::var("KVTIER_FLEET_LOCKS").is_ok_and(|l| l == "none") {
         c.shared.locks = SharedLocks::None;
+    }
+    if std::env::var("KVTIER_FLEET_CHECKSUM").is_ok_and(|l| l == "off") {
+        c.page_checksum = PageChecksum::Off;
     }
     c
 }
@@ -132,29 +135,60 @@ impl std::ops::Deref for Target {
     }
 }
 
+/// Reads a setting the parent may leave out.
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).map_or(default, |_| env(name))
+}
+
 /// The child: `KVTIER_FLEET_ROUNDS` rounds of a put of 4 own and 4 common pages, a get of 8
 /// pages of any process, and now and then a remove of an own page; then prints its counts.
+/// With `KVTIER_FLEET_LANES` (default 1) it runs that many such lanes at once, each on a
+/// thread of its own with keys of its own; with `KVTIER_FLEET_CLEAR_EVERY` its first lane
+/// clears the tier every that many rounds.
 pub async fn run(dir: String) {
     tracing_subscriber::fmt()
         .json()
         .with_env_filter("tier_nixl=debug,tier_object=debug")
         .with_writer(std::io::stdout)
         .init();
+    let capacity: u64 = env("KVTIER_FLEET_CAPACITY");
+    let lease = Duration::from_millis(env("KVTIER_FLEET_LEASE_MS"));
+    let tier = Arc::new(Target::open(&dir, capacity, lease).await);
+    println!("kvtier-fleet-ready");
+    let lanes: u64 = env_or("KVTIER_FLEET_LANES", 1);
+    let running: Vec<_> = (0..lanes)
+        .map(|lane| tokio::spawn(run_lane(Arc::clone(&tier), lane, lanes)))
+        .collect();
+    let mut counts = HashMap::<&str, u64>::new();
+    for lane in running {
+        for (name, n) in lane.await.expect("a lane ends") {
+            *counts.entry(name).or_default() += n;
+        }
+    }
+    // As an engine closing its hierarchy does: what the puts left to the background is done.
+    tier.flush().await.expect("a flush settles the shared tier");
+    for (name, n) in tier.counts() {
+        counts.insert(name, n);
+    }
+    let line: Vec<String> = counts.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    println!("kvtier-fleet-result {}", line.join(" "));
+}
+
+/// One lane of a worker (see [`run`]): its own keys are those of worker `id + workers * lane`.
+async fn run_lane(tier: Arc<Target>, lane: u64, lanes: u64) -> HashMap<&'static str, u64> {
     let (id, workers, rounds): (u64, u64, u64) = (
         env("KVTIER_FLEET_ID"),
         env("KVTIER_FLEET_WORKERS"),
         env("KVTIER_FLEET_ROUNDS"),
     );
-    let capacity: u64 = env("KVTIER_FLEET_CAPACITY");
-    let lease = Duration::from_millis(env("KVTIER_FLEET_LEASE_MS"));
-    let tier = Target::open(&dir, capacity, lease).await;
-    println!("kvtier-fleet-ready");
-    let mut rng = Rng::new(0xf1ee7 + id);
+    let clear_every: u64 = env_or("KVTIER_FLEET_CLEAR_EVERY", 0);
+    let me = id + workers * lane;
+    let mut rng = Rng::new(0xf1ee7 + me);
     let mut counts = HashMap::<&str, u64>::new();
     for round in 0..rounds {
         let mut batch: Vec<Page<'static>> = (0..BATCH / 2)
             .map(|j| {
-                let k = own_key(id, round * 4 + j);
+                let k = own_key(me, round * 4 + j);
                 Page::new(k.clone(), content::page(&k, 1, PAGE))
             })
             .collect();
@@ -177,9 +211,9 @@ pub async fn run(dir: String) {
                 if j % 4 == 3 {
                     (common_key(rng.below(COMMON)), false)
                 } else {
-                    let w = rng.below(workers);
+                    let w = rng.below(workers * lanes);
                     let n = rng.below((round + 1) * 4);
-                    (own_key(w, n), w != id)
+                    (own_key(w, n), w % workers != id)
                 }
             })
             .collect();
@@ -211,19 +245,22 @@ pub async fn run(dir: String) {
             }
         }
         if round % 5 == 4 {
-            let gone = own_key(id, rng.below((round + 1) * 4));
+            let gone = own_key(me, rng.below((round + 1) * 4));
             for r in tier.remove(&[gone]).await {
                 if r.expect("a remove works") {
                     *counts.entry("removed").or_default() += 1;
                 }
             }
         }
+        if lane == 0 && clear_every > 0 && round % clear_every == clear_every - 1 {
+            match tier.clear().await {
+                Ok(()) => *counts.entry("clears").or_default() += 1,
+                Err(e) => {
+                    *counts.entry("clear_errors").or_default() += 1;
+                    println!("{FAILURE_LINE}clear failed: {e}");
+                }
+            }
+        }
     }
-    // As an engine closing its hierarchy does: what the puts left to the background is done.
-    tier.flush().await.expect("a flush settles the shared tier");
-    for (name, n) in tier.counts() {
-        counts.insert(name, n);
-    }
-    let line: Vec<String> = counts.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    println!("kvtier-fleet-result {}", line.join(" "));
+    counts
 }
