@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -699,3 +700,65 @@ def test_each_pipeline_stage_serves_metrics_on_a_port_of_its_own(tmp):
     assert [s.metrics_addr[1] for s in stages] == [port, port + 1]
     for s in stages:
         s.close()
+
+
+def test_pages_stored_are_published_as_sglang_kv_events_for_routers(tmp):
+    """With ``kv_events``, the KV pages kvtier stored come out on a publisher of its own as
+    SGLang's KV events (``BlockStored``, medium ``DISK``, each page by SGLang's event hash of its
+    key, the pool's page size as block size), and a clear as ``AllBlocksCleared``: read here
+    with a ZMQ subscriber and SGLang's own event classes, as a router reads SGLang's events.
+    Only the rank SGLang publishes from publishes (TP rank 0)."""
+    import msgspec
+    import zmq
+    from conftest import free_port
+    from sglang.srt.disaggregation.kv_events import AllBlocksCleared, BlockStored, KVEventBatch
+    from sglang.srt.mem_cache.utils import hash_str_to_int64
+
+    port = free_port()
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    decode = msgspec.msgpack.Decoder(type=KVEventBatch).decode
+    extra = {"kv_events": {"endpoint": f"tcp://*:{port}", "topic": "kvtier"}}
+    pool = make_pool()
+    b = backend(tier_configs("nixl-file-path", tmp), pool, extra)
+    other_rank = backend(tier_configs("mem", tmp), make_pool(), extra, tp_rank=1, tp_size=2)
+    assert other_rank.events is None, "TP rank 1 publishes nothing"
+    other_rank.close()
+
+    def next_batch(timeout_ms=5000):
+        assert sub.poll(timeout_ms), "a KV event batch arrives"
+        topic, _seq, payload = sub.recv_multipart()
+        assert topic == b"kvtier"
+        return decode(payload)
+
+    # A subscriber joins a publisher a moment after it binds: pages are stored until it has.
+    deadline = time.monotonic() + 20
+    warm = 0
+    while True:
+        idx = fill_pages(pool, 0, 1, warm)
+        assert b.batch_set_v1(hexkeys(f"ee{warm:02x}", 1), idx) == [True]
+        warm += 1
+        if sub.poll(200):
+            sub.recv_multipart()
+            break
+        assert time.monotonic() < deadline, "the subscriber joined the publisher"
+    while sub.poll(300):
+        sub.recv_multipart()
+
+    keys = hexkeys("ab01", 8)
+    idx = fill_pages(pool, 0, 8, 5)
+    assert b.batch_set_v1(keys, idx) == [True] * 8
+    batch = next_batch()
+    assert len(batch.events) == 1
+    event = batch.events[0]
+    assert isinstance(event, BlockStored)
+    assert event.block_hashes == [hash_str_to_int64(k) for k in keys]
+    assert event.parent_block_hash is None
+    assert event.medium == "DISK"
+    assert event.block_size == pool.page_size
+
+    b.clear()
+    assert any(isinstance(e, AllBlocksCleared) for e in next_batch().events)
+    b.close()
+    sub.close(linger=0)

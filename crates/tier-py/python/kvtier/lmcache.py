@@ -13,7 +13,9 @@ LMCache loads it by module path::
 LMCache's own L2 adapters take (LMCache gives its adapters no deadline of its own), and
 ``metrics_addr`` (``host:port``: serves kvtier's Prometheus metrics there; a port another
 process holds is a ``ConfigError`` unless ``metrics_port_fallback`` is true, which serves
-any free port instead). A read
+any free port instead), and ``kv_events`` (a KV events publisher config, as vLLM's or
+SGLang's: the chunks stored are published for routers, LMCache's own events being its CPU
+tier's only; ``kv_events_medium``, ``kv_events_block_size``: see :mod:`kvtier.events`). A read
 past its bound completes with what arrived, the rest misses; kvtier stops working on it.
 Submits never block: each starts a call in kvtier's runtime and returns its id; its
 completion makes :meth:`KvtierL2Connector.event_fd` readable. Page bytes move straight
@@ -42,6 +44,7 @@ from ._engine import (
     open_instance,
     serve_metrics,
 )
+from .events import PageEvents
 
 logger = logging.getLogger(__name__)
 
@@ -69,11 +72,24 @@ class KvtierL2Connector:
         write_timeout_ms: int | None = None,
         metrics_addr: str | None = None,
         metrics_port_fallback: bool = False,
+        kv_events: Any = None,
+        kv_events_medium: str = "DISK",
+        kv_events_block_size: int = 256,
     ):
         self._read_timeout = bound_ms("read_timeout_ms", read_timeout_ms)
         self._write_timeout = bound_ms("write_timeout_ms", write_timeout_ms)
         params = {"config": config, "tiers": tiers, "hierarchy": hierarchy or {}}
         loaded = load_config(params, "adapter_params")
+        # The chunks stored, published for routers (LMCache publishes its CPU tier's only).
+        self.events = (
+            PageEvents.of_any_engine(
+                kv_events, block_size=kv_events_block_size, medium=kv_events_medium
+            )
+            if kv_events
+            else None
+        )
+        # The keys of each set under way, by future id, while events are published.
+        self._sets: dict[int, list[str]] = {}
         # LMCache's keys name the model and its salts; a tenant (or the tiers' integrity
         # secret) adds a namespace of its own, so tenants sharing storage never meet.
         secret = integrity_secret(loaded)
@@ -137,9 +153,13 @@ class KvtierL2Connector:
 
     def submit_batch_set(self, keys: list[str], memoryviews: Sequence[memoryview]) -> int:
         """Stores each memoryview as the page of its key; per key ``True`` once stored."""
-        return self._submit(
+        fid = self._submit(
             "set", self.queue.submit_put, keys, list(memoryviews), timeout=self._write_timeout
         )
+        if self.events is not None and fid >= 0:
+            with self._lock:
+                self._sets[fid] = list(keys)
+        return fid
 
     def submit_batch_get(self, keys: list[str], memoryviews: Sequence[memoryview]) -> int:
         """Reads each key's page into its memoryview; per key ``True`` on a hit."""
@@ -167,15 +187,32 @@ class KvtierL2Connector:
             errors = [r for r in results if isinstance(r, BaseException)]
             if errors:
                 self.log.warn("call", errors[0])
+            ok = [r is True or r is None for r in results]
             out.append(
                 (
                     fid,
                     not errors,
                     f"{type(errors[0]).__name__}: {errors[0]}" if errors else "",
-                    [r is True or r is None for r in results],
+                    ok,
                 )
             )
+            if self.events is not None:
+                self._publish_stored(fid, ok)
         return out
+
+    def _publish_stored(self, fid: int, ok: list[bool]) -> None:
+        """Publishes the chunks a finished set stored, once per chunk (by its first KV rank's
+        and object group's key)."""
+        with self._lock:
+            keys = self._sets.pop(fid, None)
+        if keys is None or self.events is None:
+            return
+        hashes = [
+            self.events.digest_hash(digest)
+            for key, good in zip(keys, ok, strict=False)
+            if good and (digest := _chunk_digest(key)) is not None
+        ]
+        self.events.stored(hashes)
 
     def close(self) -> None:
         """Waits (5 s: LMCache has waited for its own in-flight work first) for running calls,
@@ -192,4 +229,21 @@ class KvtierL2Connector:
                 break
             except Unavailable as e:
                 logger.error("kvtier: %s; LMCache's memory they use stays theirs: waiting", e)
-        close_all(self.log, "close", self.store.close, self._instance.release)
+        closes = [self.store.close, self._instance.release]
+        if self.events is not None:
+            closes.append(self.events.close)
+        close_all(self.log, "close", *closes)
+
+
+def _chunk_digest(key: str) -> bytes | None:
+    """The chunk hash of LMCache's key ``<model>@<kv_rank>@<object_group>@<chunk_hash>[@salt]``
+    (hex), for the first KV rank and object group only (one event per chunk); ``None`` else."""
+    parts = key.split("@")
+    if len(parts) < 4:
+        return None
+    try:
+        if int(parts[1], 16) or int(parts[2], 16):
+            return None
+        return bytes.fromhex(parts[3])
+    except ValueError:
+        return None

@@ -15,6 +15,9 @@ host pool and storage for the ``page_first`` layouts. Keys are namespaced by mod
 page geometry (and ``extra_config["tenant"]`` and ``["model_revision"]`` where given), so
 deployments sharing a folder or bucket never read each other's pages. The
 data path never raises: a failure is ``False`` or a shorter prefix, logged at a bounded rate.
+With ``extra_config["kv_events"]`` (SGLang's KV events publisher config, on an endpoint of
+its own) the pages stored are published as SGLang's KV events, medium ``DISK`` (or
+``["kv_events_medium"]``), for routers: see :mod:`kvtier.events`.
 """
 
 from __future__ import annotations
@@ -39,8 +42,21 @@ from ._engine import (
     serve_metrics,
     shared_by_default,
 )
+from .events import PageEvents, runs
 
 logger = logging.getLogger(__name__)
+
+
+def _event_hash(key: str) -> int | None:
+    """SGLang's event hash of a page's key (its chain hash in hex), as SGLang's own events name
+    that page; ``None`` for a key that is not such a hash."""
+    from sglang.srt.mem_cache.utils import hash_str_to_int64
+
+    try:
+        return int(hash_str_to_int64(key))
+    except ValueError:
+        return None
+
 
 # Layouts whose pools SGLang can describe page by page (``get_page_buffer_meta``); a pool
 # that cannot (MLA page_head) takes the generic flat-page path.
@@ -59,6 +75,8 @@ KVTIER_KEYS = frozenset(
         "kv_cache_dtype",
         "prefetch_timeout_base",
         "prefetch_timeout_per_ki_token",
+        "kv_events",
+        "kv_events_medium",
     }
 )
 SGLANG_KEYS = frozenset(
@@ -212,6 +230,7 @@ class KvtierStorage(HiCacheStorage):
         self.head_groups: list[str] = []
         self.secret = integrity_secret(config)
         self._config = config
+        self.events = self._page_events(extra)
         self.store = Store(self._rank_config(config))
         # Where an MLA group's writer owns the folders, a reader rank's own shards of rank-
         # sharded side pools (Mamba) go to folders it owns (opened with the first such pool).
@@ -241,6 +260,37 @@ class KvtierStorage(HiCacheStorage):
         # kvtier has not finished by then is one SGLang has given up on, so kvtier stops it.
         self.timeout_base = float(extra.get("prefetch_timeout_base", 1.0))
         self.timeout_per_ki_token = float(extra.get("prefetch_timeout_per_ki_token", 0.25))
+
+    def _page_events(self, extra: dict[str, Any]) -> PageEvents | None:
+        """The publisher of the KV pages this backend stores (``kv_events``: SGLang's
+        publisher config, its port offset by the DP group as SGLang's are; see
+        :mod:`kvtier.events`), on the rank SGLang publishes from: the page writer at pipeline
+        stage, attention TP and CP rank 0."""
+        if not extra.get("kv_events"):
+            return None
+        c = self.config
+        ranks = (getattr(c, f, 0) or 0 for f in ("tp_rank", "pp_rank", "attn_cp_rank"))
+        if not self.is_writer or any(ranks):
+            return None
+        return PageEvents(
+            "sglang",
+            extra["kv_events"],
+            block_size=int(getattr(c, "logical_page_size", None) or 1),
+            medium=str(extra.get("kv_events_medium", "DISK")),
+            dp_rank=int(getattr(c, "dp_rank", 0) or 0),
+        )
+
+    def _publish_stored(self, keys: list[str], ok: list[bool]) -> None:
+        """Publishes the pages of ``keys`` that were stored (``ok``), run by run of a prefix,
+        by SGLang's event hash of each page's key."""
+        if self.events is None:
+            return
+        hashes = [_event_hash(k) for k in keys]
+        for start, end in runs(
+            [good and h is not None for good, h in zip(ok, hashes, strict=True)]
+        ):
+            parent = hashes[start - 1] if start else None
+            self.events.stored([h for h in hashes[start:end] if h is not None], parent)
 
     def _read_timeout(self, pages: int) -> float:
         """SGLang's prefetch timeout for ``pages`` pages: base + per 1,024 tokens."""
@@ -364,6 +414,8 @@ class KvtierStorage(HiCacheStorage):
             )
         self.prefix = self._namespace(geometry)
         self.head_groups = self._head_groups(mem_pool_host, page_size)
+        if self.events is not None:
+            self.events.block_size = page_size
         logger.info(
             "kvtier: host pool registered (layout %s, zero copy %s, tiers %s)",
             layout,
@@ -436,6 +488,7 @@ class KvtierStorage(HiCacheStorage):
             if r is not None:
                 self.log.warn("put", r)
         self._record(self._backup_pgs, self._backup_bw, sum(ok), host_indices, len(keys), start)
+        self._publish_stored(keys, ok)
         return ok
 
     def batch_get_v1(
@@ -660,6 +713,7 @@ class KvtierStorage(HiCacheStorage):
         for r in results:
             if r is not None:
                 self.log.warn("put", r)
+        self._publish_stored(keys, [r is None for r in results])
         return all(r is None for r in results)
 
     def exists(self, key: str) -> bool:
@@ -680,6 +734,8 @@ class KvtierStorage(HiCacheStorage):
             # SGLang reports the clear failed (and keeps what it believes storage holds).
             self.log.warn("clear", e)
             raise
+        if self.events is not None:
+            self.events.cleared()
 
     def close(self) -> None:
         """Writes the pages still queued for the lower tiers (bounded by the hierarchy's
@@ -688,6 +744,8 @@ class KvtierStorage(HiCacheStorage):
         closes = [self.store.close]
         if self.shard_store is not None:
             closes.append(self.shard_store.close)
+        if self.events is not None:
+            closes.append(self.events.close)
         close_all(self.log, "close", *closes)
 
     # ------------------------------------------------------------------ metrics

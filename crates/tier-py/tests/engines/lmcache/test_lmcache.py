@@ -525,3 +525,71 @@ def test_close_never_returns_while_a_call_may_write_into_lmcaches_memory(silent_
     time.sleep(0.5)
     assert memory == b"\xaa" * 4096
     print(f"close cancelled the running read in {took:.1f} s")
+
+
+def test_chunks_stored_are_published_as_kv_events_for_routers(tmp):
+    """With ``kv_events``, the chunks LMCache's storage manager stored through kvtier come out
+    on a publisher of kvtier's own as KV events a router reads (``BlockStored``, medium
+    ``DISK``, one event hash per chunk: its first KV rank's key), built from the engine classes
+    importable here (SGLang's: LMCache publishes its CPU tier's events only), and read with
+    them."""
+    import msgspec
+    import zmq
+    from conftest import free_port
+    from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
+    from lmcache.v1.distributed.config import parse_args
+    from lmcache.v1.distributed.storage_manager import StorageManager
+    from sglang.srt.disaggregation.kv_events import BlockStored, KVEventBatch
+
+    port = free_port()
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    decode = msgspec.msgpack.Decoder(type=KVEventBatch).decode
+    spec = plugin_spec(tier_configs("nixl-file-path", tmp),
+                       kv_events={"endpoint": f"tcp://*:{port}"}, kv_events_block_size=16)
+    sm = StorageManager(parse_args(["--l1-size-gb", "0.05", "--eviction-policy", "LRU",
+                                    "--l2-adapter", json.dumps(spec)]))
+    layout = MemoryLayoutDesc(shapes=[torch.Size([2, 1024])], dtypes=[torch.float16])
+
+    def store(first, n, kv_rank=0):
+        keys = [ObjectKey(chunk_hash=ObjectKey.IntHash2Bytes(first + i), model_name="org/model",
+                          kv_rank=kv_rank) for i in range(n)]
+        objs = sm.reserve_write(keys, layout)
+        for k in keys:
+            objs[k].tensor.fill_(1.0)
+        sm.finish_write(keys)
+        return keys
+
+    try:
+        # A subscriber joins a publisher a moment after it binds: chunks are stored until it has.
+        deadline = time.monotonic() + 30
+        warm = 0
+        while not sub.poll(300):
+            store(90_000 + warm, 1)
+            warm += 1
+            assert time.monotonic() < deadline, "the subscriber joined the publisher"
+        while sub.poll(500):
+            sub.recv_multipart()
+
+        store(5000, 3, kv_rank=1)  # another KV rank's copies of chunks: no event of their own
+        keys = store(7000, 4)
+        seen = []
+        wanted = {int.from_bytes(k.chunk_hash[:8], "big", signed=True) for k in keys}
+        while not wanted <= set(seen):
+            assert sub.poll(10_000), f"events for every chunk stored: saw {seen}"
+            _topic, _seq, payload = sub.recv_multipart()
+            for event in decode(payload).events:
+                assert isinstance(event, BlockStored)
+                assert (event.medium, event.block_size) == ("DISK", 16)
+                seen.extend(event.block_hashes)
+        while sub.poll(500):
+            _topic, _seq, payload = sub.recv_multipart()
+            seen.extend(h for e in decode(payload).events for h in e.block_hashes)
+        others = {int.from_bytes(ObjectKey.IntHash2Bytes(5000 + i)[:8], "big", signed=True)
+                  for i in range(3)}
+        assert not others & set(seen), "a chunk's other KV ranks publish nothing of their own"
+        print(f"LMCache: {len(keys)} chunks stored, {len(seen)} BlockStored hashes published")
+    finally:
+        sm.close()
+        sub.close(linger=0)

@@ -698,3 +698,46 @@ def test_kvtiers_metrics_reach_vllms_stats_per_level(tmp):
     finally:
         primary = None
         manager.shutdown()
+
+
+def test_page_events_publish_with_vllms_own_classes_where_vllm_is_importable():
+    """Where vLLM is importable (an LMCache server beside vLLM), kvtier's own KV events
+    (:mod:`kvtier.events`, for the engines whose events leave out their storage tier) are built
+    from vLLM's publisher and event classes: a chunk's hash goes out as LMCache's digest bytes,
+    as LMCache's own events name chunks, and a subscriber decodes them with vLLM's classes."""
+    import msgspec
+    import zmq
+    from conftest import free_port
+    from vllm.distributed.kv_events import AllBlocksCleared, BlockStored, KVEventBatch
+
+    from kvtier.events import PageEvents
+
+    decode = msgspec.msgpack.Decoder(type=KVEventBatch).decode
+    port = free_port()
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    events = PageEvents.of_any_engine({"endpoint": f"tcp://*:{port}"}, block_size=256,
+                                      medium="EXTERNAL")
+    assert events.engine == "vllm"
+    digest = bytes(range(32))
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            events.stored([events.digest_hash(digest)])
+            if sub.poll(200):
+                break
+            assert time.monotonic() < deadline, "the subscriber joined the publisher"
+        _topic, _seq, payload = sub.recv_multipart()
+        (stored,) = decode(payload).events
+        assert isinstance(stored, BlockStored)
+        assert (stored.block_hashes, stored.medium, stored.block_size) == ([digest], "EXTERNAL", 256)
+        events.cleared()
+        while True:
+            assert sub.poll(5000), "the clear is published"
+            _topic, _seq, payload = sub.recv_multipart()
+            if any(isinstance(e, AllBlocksCleared) for e in decode(payload).events):
+                break
+    finally:
+        events.close()
+        sub.close(linger=0)
