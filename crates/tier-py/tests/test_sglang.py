@@ -762,3 +762,35 @@ def test_pages_stored_are_published_as_sglang_kv_events_for_routers(tmp):
     assert any(isinstance(e, AllBlocksCleared) for e in next_batch().events)
     b.close()
     sub.close(linger=0)
+
+
+def test_with_the_integrity_secret_no_file_name_carries_a_pages_chain_hash(tmp, monkeypatch):
+    """A co-tenant who lists a shared folder reads its file names: without a secret they carry
+    SGLang's chain hashes in clear (whoever knows a document's hashes can tell it was
+    prompted); with the tiers' integrity secret every name is a keyed digest, and the fleet
+    still reads its pages."""
+    monkeypatch.setenv("KVTIER_TEST_TENANT_SECRET", "the fleet's secret, 32 bytes long")
+
+    def names_under(folder):
+        return [n for _, _, files in os.walk(folder) for n in files if not n.startswith(".")]
+
+    for sealed in (False, True):
+        folder = str(tmp / f"shared-{sealed}")
+        tier = {"kind": "nixl-file", "dirs": [folder], "access": "shared"}
+        if sealed:
+            tier["integrity"] = {"key_env": "KVTIER_TEST_TENANT_SECRET"}
+        pool = make_pool(pages=16)
+        b = backend([tier], pool)
+        keys, idx, want = roundtrip(b, pool, n=4, seed=3)
+        names = names_under(folder)
+        assert len(names) == 4, names
+        in_clear = [k for k in keys if any(k in n for n in names)]
+        if sealed:
+            assert not in_clear, f"chain hashes in file names: {names}"
+            again = backend([tier], make_pool(pages=16))
+            assert again.batch_get_v1(keys, idx) == [True] * 4
+            assert same(again.mem_pool_host.kv_buffer[:, idx], want)
+            again.close()
+        else:
+            assert in_clear == keys, "without a secret the names carry the keys"
+        b.close()

@@ -66,6 +66,27 @@ def namespace(
     return engine + hashlib.blake2b("|".join(parts).encode(), digest_size=8, key=key).hexdigest()
 
 
+class PageNames:
+    """How an engine's page keys become kvtier keys under a namespace: ``<namespace>-<key>``;
+    with the integrity ``secret``, ``<namespace>-k<keyed digest of the key>``, so a co-tenant
+    who lists the folder or bucket never reads the engine's chain hashes (which would tell
+    whether a known document was prompted)."""
+
+    def __init__(self, secret: bytes | None):
+        self._key = (
+            hashlib.blake2b(secret, digest_size=32, person=b"kvtier-name").digest()
+            if secret
+            else None
+        )
+
+    def __call__(self, namespace: str, key: str) -> str:
+        if self._key is None:
+            return f"{namespace}-{key}"
+        data = key.encode("utf-8", "surrogatepass")
+        digest = hashlib.blake2b(data, digest_size=20, key=self._key)
+        return f"{namespace}-k{digest.hexdigest()}"
+
+
 def integrity_secret(config: dict[str, Any]) -> bytes | None:
     """The secret of the first tier of ``config`` with ``integrity`` (its ``key_env`` or
     ``key_file``, as the store reads it), or ``None``; a secret that cannot be read is the

@@ -35,6 +35,7 @@ from typing import Any
 
 from . import ConfigError, Unavailable
 from ._engine import (
+    PageNames,
     RateLimitedLog,
     bound_ms,
     close_all,
@@ -94,6 +95,8 @@ class KvtierL2Connector:
         # secret) adds a namespace of its own, so tenants sharing storage never meet.
         secret = integrity_secret(loaded)
         self._prefix = f"{namespace('lmc', [], tenant, secret)}-" if tenant or secret else ""
+        # With the secret, a key's name is a keyed digest: no chunk hash in clear.
+        self._page_names = PageNames(secret) if secret else None
         # LMCache servers on one config share its folders by default (`open_instance`).
         self.store, self._instance = open_instance(loaded)
         self.queue = self.store.completion_queue(max_pending)
@@ -126,7 +129,10 @@ class KvtierL2Connector:
         else a digest of it. LMCache keys may end in a ``cache_salt`` of up to 128 characters
         with spaces and any Unicode, past what a kvtier key holds (printable ASCII, 200
         bytes). A digest name has no ``@``, which every LMCache key has, so it never equals a
-        key kept as is."""
+        key kept as is. With the tiers' integrity secret every name is a keyed digest
+        (:class:`kvtier._engine.PageNames`)."""
+        if self._page_names is not None:
+            return self._page_names(self._prefix.rstrip("-"), key)
         name = self._prefix + key
         if _PLAIN_KEY.fullmatch(name):
             return name

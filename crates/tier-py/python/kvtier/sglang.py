@@ -33,6 +33,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 
 from . import ConfigError, Store
 from ._engine import (
+    PageNames,
     RateLimitedLog,
     close_all,
     integrity_secret,
@@ -167,8 +168,8 @@ class SidePool:
     its pages are stored under their KV pages' keys, in a namespace of the pool's own
     (``prefix``), in ``store``."""
 
-    def __init__(self, name: str, pool: Any, store: Store):
-        self.name, self.store = name, store
+    def __init__(self, name: str, pool: Any, store: Store, page_names: PageNames):
+        self.name, self.store, self.page_names = name, store, page_names
         self.mover = PageMover(pool, f"side pool {name}")
         layout, dtype = getattr(pool, "layout", "unknown"), str(getattr(pool, "dtype", ""))
         size = self.mover.page_size
@@ -176,7 +177,7 @@ class SidePool:
         self.prefix = ""
 
     def names(self, keys: list[str]) -> list[str]:
-        return [f"{self.prefix}-{k}" for k in keys]
+        return [self.page_names(self.prefix, k) for k in keys]
 
     def rows(self, host_indices: Any, pages: int) -> Any:
         """The host indices of ``pages`` pages, checked to cover them."""
@@ -229,6 +230,8 @@ class KvtierStorage(HiCacheStorage):
         # The namespaces of this rank's head groups, once its pool splits pages into them.
         self.head_groups: list[str] = []
         self.secret = integrity_secret(config)
+        # With the secret, page names carry no chain hash in clear.
+        self.page_names = PageNames(self.secret)
         self._config = config
         self.events = self._page_events(extra)
         self.store = Store(self._rank_config(config))
@@ -388,7 +391,7 @@ class KvtierStorage(HiCacheStorage):
         return namespace("sgl", parts, self.tenant, self.secret)
 
     def _key(self, key: str) -> str:
-        return f"{self.prefix}-{key}"
+        return self.page_names(self.prefix, key)
 
     def _keys(self, keys: list[str]) -> list[str]:
         return [self._key(k) for k in keys]
@@ -450,7 +453,7 @@ class KvtierStorage(HiCacheStorage):
 
     def _split_names(self, keys: list[str]) -> list[str]:
         """Each page's head-group names, page by page (as SGLang lists the regions)."""
-        return [f"{group}-{k}" for k in keys for group in self.head_groups]
+        return [self.page_names(group, k) for k in keys for group in self.head_groups]
 
     def _per_page(self, results: list[Any], ok: Any) -> list[Any]:
         """Per page: the first head group's result that is not ``ok``, else ``ok``'s."""
@@ -549,7 +552,8 @@ class KvtierStorage(HiCacheStorage):
         super().register_mem_host_pool_v2(host_pool, host_pool_name)
         name = str(host_pool_name)
         sharded = name in RANK_SHARDED_POOLS
-        pool = SidePool(name, host_pool, self._shard_store() if sharded else self.store)
+        store = self._shard_store() if sharded else self.store
+        pool = SidePool(name, host_pool, store, self.page_names)
         pool.prefix = self._namespace(pool.geometry, rank_sharded=sharded)
         self.side_pools[name] = pool
         logger.info("kvtier: side pool %s registered (zero copy %s)", name, pool.mover.zero_copy)

@@ -58,6 +58,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 
 from . import ConfigError, Store
 from ._engine import (
+    PageNames,
     RateLimitedLog,
     bound_ms,
     close_all,
@@ -150,6 +151,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self.log = RateLimitedLog(logger)
         self.drain_timeout = float(drain_timeout)
         secret = integrity_secret(loaded)
+        # With the secret, page names carry no chunk hash in clear.
+        self._page_names = PageNames(secret)
         if not namespace:
             self.namespace = self._default_namespace(
                 offloading_spec, self.block_size_bytes, tenant, secret
@@ -213,7 +216,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         return page_namespace("vllm", parts, tenant, secret)
 
     def _name(self, key: OffloadKey) -> str:
-        return f"{self.namespace}-{bytes(key).hex()}"
+        return self._page_names(self.namespace, bytes(key).hex())
 
     def _regions(self, chunk_ids: np.ndarray) -> tuple[list[int], list[int]]:
         """Each chunk's ``(address, length)`` in the primary view; a chunk id outside it is a

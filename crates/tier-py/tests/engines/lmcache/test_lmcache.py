@@ -593,3 +593,38 @@ def test_chunks_stored_are_published_as_kv_events_for_routers(tmp):
     finally:
         sm.close()
         sub.close(linger=0)
+
+
+def test_with_the_integrity_secret_no_file_name_carries_a_chunk_hash(tmp, monkeypatch):
+    """With the tiers' integrity secret, the files of LMCache's chunks are named by keyed
+    digests: a co-tenant listing the folder reads no chunk hash (without it the names are
+    LMCache's keys, hashes in clear); the chunk reads back whole."""
+    from kvtier.lmcache import KvtierL2Connector
+
+    monkeypatch.setenv("KVTIER_TEST_TENANT_SECRET", "the fleet's secret, 32 bytes long")
+    folder = tmp / "sealed"
+    c = KvtierL2Connector(tiers=[{"kind": "nixl-file", "dirs": [str(folder)], "access": "shared",
+                                  "integrity": {"key_env": "KVTIER_TEST_TENANT_SECRET"}}])
+    chunk = "0123456789abcdef" * 4
+    key = f"org/model@00000000@0@{chunk}"
+    page = bytes(range(256)) * 16
+
+    def done(fid):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for got, ok, error, per_key in c.drain_completions():
+                if got == fid:
+                    return ok, per_key
+            time.sleep(0.01)
+        raise AssertionError("the call completed")
+
+    try:
+        assert done(c.submit_batch_set([key], [memoryview(page)])) == (True, [True])
+        names = [n for _, _, files in os.walk(folder) for n in files if not n.startswith(".")]
+        assert len(names) == 1, names
+        assert chunk[:16] not in names[0] and "org" not in names[0], names
+        back = bytearray(len(page))
+        assert done(c.submit_batch_get([key], [memoryview(back)])) == (True, [True])
+        assert bytes(back) == page
+    finally:
+        c.close()

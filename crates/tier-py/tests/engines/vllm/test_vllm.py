@@ -741,3 +741,43 @@ def test_page_events_publish_with_vllms_own_classes_where_vllm_is_importable():
     finally:
         events.close()
         sub.close(linger=0)
+
+
+def test_with_the_integrity_secret_no_file_name_carries_a_chunk_hash(tmp, monkeypatch):
+    """With the tiers' integrity secret, kvtier names vLLM's chunks by keyed digests: a
+    co-tenant listing the folder reads no chunk hash (each name carried it in hex before); a
+    later engine still finds every chunk."""
+    import os
+
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
+
+    monkeypatch.setenv("KVTIER_TEST_TENANT_SECRET", "the fleet's secret, 32 bytes long")
+    folder = tmp / "sealed"
+    tiers = [{"kind": "nixl-file", "dirs": [str(folder)], "access": "shared",
+              "integrity": {"key_env": "KVTIER_TEST_TENANT_SECRET"}}]
+    hashes = [bytes([60 + i]) * 32 for i in range(3)]
+    keys = [make_offload_key(h, 0) for h in hashes]
+    rng = np.random.default_rng(5)
+    want = {k: rng.integers(-128, 128, BLOCK_BYTES, dtype=np.int8) for k in keys}
+    _, writer = make_manager([kvtier_entry(tiers)])
+    try:
+        store_chunks(writer, primary_view(writer), want)
+    finally:
+        writer.shutdown()
+    names = [n for _, _, files in os.walk(folder) for n in files if not n.startswith(".")]
+    assert len(names) == len(keys), names
+    for h in hashes:
+        assert not any(h.hex()[:16] in n for n in names), f"a chunk hash in {names}"
+    _, reader = make_manager([kvtier_entry(tiers)])
+    try:
+        req = ReqContext(req_id="r")
+        with reader.lock:
+            reader.on_new_request(req)
+
+        def found():
+            with reader.lock:
+                return all(reader.lookup(k, req) is LookupResult.HIT for k in keys)
+
+        step_until(reader, "every chunk found", found)
+    finally:
+        reader.shutdown()
