@@ -2,7 +2,7 @@
 //! checks before a replay.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tier_builtin::registry;
@@ -374,4 +374,44 @@ pub(crate) fn describe_folder(p: &tier_nixl::FolderProbe) -> String {
         yes(p.hard_links),
         yes(p.rename_noreplace),
     )
+}
+
+/// `kvtier tenant-key`: `tenant`'s secret derived from the master secret in `secret_file`,
+/// printed, or written to `out` (a new file of this user's, mode 600, never through a link).
+pub(crate) fn tenant_key(
+    secret_file: &Path,
+    tenant: &str,
+    out: Option<&Path>,
+) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if tenant.is_empty() {
+        return Err("--tenant must name a tenant".into());
+    }
+    let master = tier_hierarchy::sealed::IntegrityConfig {
+        key_env: None,
+        key_file: Some(secret_file.to_path_buf()),
+    }
+    .secret("--secret-file")
+    .map_err(|e| e.to_string())?;
+    let secret = tier_hierarchy::sealed::tenant_secret(&master, tenant);
+    let Some(out) = out else {
+        println!("{secret}");
+        return Ok(());
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(out)
+        .map_err(|e| {
+            format!(
+                "{}: cannot be made (a new file, mode 600): {e}",
+                out.display()
+            )
+        })?;
+    writeln!(file, "{secret}").map_err(|e| format!("{}: {e}", out.display()))?;
+    file.sync_all()
+        .map_err(|e| format!("{}: {e}", out.display()))
 }

@@ -142,6 +142,20 @@ enum Command {
         /// The config file naming the object tiers.
         config: PathBuf,
     },
+    /// Derive a tenant's own integrity secret from an operator's master secret: hand each
+    /// tenant its own (as its tiers' `integrity` key file), never the master, and no tenant
+    /// can forge, probe or name another's pages.
+    TenantKey {
+        /// The master secret's file (this user's, mode 600).
+        #[arg(long)]
+        secret_file: PathBuf,
+        /// The tenant's name.
+        #[arg(long)]
+        tenant: String,
+        /// Write it to this new file (mode 600) instead of printing it.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 const DEFAULT_REQUESTS: usize = 3000;
@@ -250,6 +264,11 @@ async fn run(cli: Cli) -> Result<(), String> {
             let config = HierarchyConfig::from_file(&config).map_err(|e| e.to_string())?;
             commands::move_flat(&config).await
         }
+        Command::TenantKey {
+            secret_file,
+            tenant,
+            out,
+        } => commands::tenant_key(&secret_file, &tenant, out.as_deref()),
         Command::Replay {
             config,
             trace,

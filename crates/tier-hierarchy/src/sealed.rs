@@ -37,6 +37,15 @@ pub struct IntegrityConfig {
 impl IntegrityConfig {
     /// The MAC key, derived from the secret; `field` names the setting in errors.
     pub fn key(&self, field: &str) -> Result<[u8; 32], TierError> {
+        Ok(blake3::derive_key(
+            "kvtier 2026 page MAC v1",
+            &self.secret(field)?,
+        ))
+    }
+
+    /// The secret itself (trimmed, at least [`MIN_SECRET`] bytes), read from `key_env` or
+    /// `key_file`; `field` names the setting in errors, which never quote it.
+    pub fn secret(&self, field: &str) -> Result<Vec<u8>, TierError> {
         let secret = match (&self.key_env, &self.key_file) {
             (Some(var), None) => std::env::var_os(var)
                 .map(|v| v.into_encoded_bytes())
@@ -64,8 +73,21 @@ impl IntegrityConfig {
                 ),
             ));
         }
-        Ok(blake3::derive_key("kvtier 2026 page MAC v1", secret))
+        Ok(secret.to_vec())
     }
+}
+
+/// A tenant's own secret, derived from an operator's `master` secret and the tenant's name
+/// (64 hex digits, a secret in itself). Each tenant is handed its own and never the master, so
+/// no tenant can compute another's: pages one writes fail every other tenant's MAC, and their
+/// names and namespaces differ. (A key derived inside each engine from a secret every tenant
+/// holds would stop no one: each could derive the others'.)
+pub fn tenant_secret(master: &[u8], tenant: &str) -> String {
+    let mut hasher = blake3::Hasher::new_derive_key("kvtier 2026 tenant secret v1");
+    hasher.update(&(master.len() as u64).to_le_bytes());
+    hasher.update(master);
+    hasher.update(tenant.as_bytes());
+    hasher.finalize().to_hex().to_string()
 }
 
 /// The largest key file read: a secret is a line, not a file of data.
