@@ -109,6 +109,11 @@ impl Held {
         self.inner.push(Arc::clone(inner));
     }
 
+    /// Whether it holds memory a caller lent (see [`Self::lend`]).
+    pub fn lent(&self) -> bool {
+        self.lent
+    }
+
     /// Ready to post transfers over.
     pub fn seal(mut self) -> Arc<Self> {
         self.dram.sort_unstable();

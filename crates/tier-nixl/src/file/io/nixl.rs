@@ -110,14 +110,15 @@ impl FileIo {
         self.settle(op, transfer)
     }
 
-    /// Registers the files of the items `which` of `items` and posts their transfer.
+    /// Registers the files of the items `which` of `items` and posts their transfer: one for
+    /// them all, but for a read into memory a caller lent, one per descriptor (see [`Posted`]).
     pub(super) fn post(
         &self,
         op: XferOp,
         items: &[Xfer],
         which: &[usize],
         memory: &Arc<Held>,
-    ) -> Result<Transfer, Failure> {
+    ) -> Result<Posted, Failure> {
         // Fd mode: open every file first; the transfer holds them with their registration.
         let mut files: Vec<File> = Vec::new();
         let mut metas: Vec<Vec<u8>> = Vec::new();
@@ -187,13 +188,44 @@ impl FileIo {
         let mut held = Held::default();
         held.include(memory);
         held.files(registration, files);
-        self.backend
-            .post(op, &local, MemKind::File, &remote, &held.seal())
-            .map_err(|e| Failure::Batch(format!("{}: posting the transfer: {e}", op_name(op))))
+        let held = held.seal();
+        let posting = |local: &[Desc<'_>], remote: &[Desc<'_>]| {
+            self.backend
+                .post(op, local, MemKind::File, remote, &held)
+                .map_err(|e| Failure::Batch(format!("{}: posting the transfer: {e}", op_name(op))))
+        };
+        if !(op == XferOp::Read && held.lent()) || local.len() <= 1 {
+            return Ok(Posted(vec![posting(&local, &remote)?]));
+        }
+        let mut posted = Vec::with_capacity(local.len());
+        for (l, r) in local.iter().zip(&remote) {
+            match posting(std::slice::from_ref(l), std::slice::from_ref(r)) {
+                Ok(transfer) => posted.push(transfer),
+                Err(e) => {
+                    // Those posted are waited out: they read into the caller's memory.
+                    let _ = self.settle(op, Posted(posted));
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Posted(posted))
+    }
+
+    /// Waits for posted transfers (each bounded by the transfer timeout) and says how they
+    /// ended: every one of them is waited for, whatever the first says.
+    pub(super) fn settle(&self, op: XferOp, posted: Posted) -> Result<(), Failure> {
+        let mut outcome = Ok(());
+        for transfer in posted.0 {
+            let ended = self.settle_one(op, transfer);
+            if outcome.is_ok() {
+                outcome = ended;
+            }
+        }
+        outcome
     }
 
     /// Waits for a posted transfer (bounded by the transfer timeout) and says how it ended.
-    pub(super) fn settle(&self, op: XferOp, transfer: Transfer) -> Result<(), Failure> {
+    fn settle_one(&self, op: XferOp, transfer: Transfer) -> Result<(), Failure> {
         // Writes only read memory: a caller's pages need no waiting for (see Abandoned).
         match transfer.finish(self.timeout) {
             Finished::Done => Ok(()),
@@ -216,6 +248,14 @@ impl FileIo {
         }
     }
 }
+
+/// The transfers of one batch. A read into memory a caller lent is posted one descriptor a
+/// transfer: NIXL reports each transfer's end, but after one descriptor of several fails it
+/// no longer reports the others, whose I/O may still land in the caller's memory. Each
+/// transfer of one descriptor ends known (done or failed), so the caller's memory is given
+/// back exactly when every read into it has ended (before, the call waited a whole transfer
+/// timeout after such a failure, and even then could not know).
+pub(super) struct Posted(Vec<Transfer>);
 
 /// Path-mode metaInfo: `<ro|rw>[,create][,direct][,sync]:<path>`.
 fn path_meta(path: &Path, op: XferOp, direct: bool, sync: bool) -> Vec<u8> {
