@@ -158,3 +158,34 @@ async fn write_back_through_an_owned_folder_on_a_hung_mount_loses_nothing() {
 async fn write_back_through_a_shared_folder_on_a_hung_mount_loses_nothing() {
     write_back_through_a_hung_mount(FileAccess::Shared).await;
 }
+
+/// A scrape of a shared folder's stats (a metrics endpoint's, on the runtime's workers) while
+/// its mount hangs answers at once, from memory: the folders' usage as this process last
+/// knew it. (It read the usage file under its lock, and hung with the mount.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scrape_of_a_shared_folder_on_a_hung_mount_answers_at_once() {
+    let mount = ClientMount::new("hung-scrape");
+    let mut config = NixlFileConfig::new([mount.folder("tier")]);
+    config.transfer_timeout = BOUND;
+    config.access = FileAccess::Shared;
+    let tier = Arc::new(NixlFileTier::open(config).await.expect("the tier opens"));
+    tier.opened().await;
+    let key = PageKey::new("b".repeat(64)).expect("a key");
+    let put = tier.put(&[Page::new(key, vec![7u8; 4096])]).await;
+    assert!(put[0].is_ok(), "{put:?}");
+    let before = tier.stats().resident_bytes.expect("the usage");
+    assert!(before >= 4096, "the page is counted: {before}");
+    mount.freeze();
+    let (done, answered) = std::sync::mpsc::channel();
+    let scraped = Arc::clone(&tier);
+    std::thread::spawn(move || {
+        let _ = done.send(scraped.stats().resident_bytes.expect("the usage"));
+    });
+    let during = answered.recv_timeout(Duration::from_secs(1));
+    mount.thaw();
+    assert_eq!(
+        during.expect("the scrape answered within a second"),
+        before,
+        "the usage as last known"
+    );
+}

@@ -341,8 +341,8 @@ impl Transfer {
     ///
     /// A read into a caller's memory (a [`Held::lend`]) cannot keep it: such a transfer is
     /// waited for up to ten more timeouts (a failed one, whose other descriptors NIXL no
-    /// longer reports, for one more timeout: local I/O that has not landed by then is not
-    /// coming), and reported as done or failed. One still running after that, or a request
+    /// longer reports, for one more timeout; the FILE tier posts such reads one descriptor a
+    /// transfer, so theirs end known), and reported as done or failed. One still running after that, or a request
     /// NIXL will not release, still owns the memory: the process aborts, as the only
     /// memory-safe way left.
     pub fn finish(mut self, timeout: Duration) -> Finished {

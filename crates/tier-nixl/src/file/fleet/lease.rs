@@ -229,11 +229,16 @@ impl Usage {
             }
             Err(e) if e.kind() == io::ErrorKind::TimedOut => {
                 self.busy.store(true, Relaxed);
-                let last = self.last.load(Relaxed);
-                Ok(last.saturating_add_signed(self.pending.load(Relaxed)))
+                Ok(self.cached())
             }
             Err(e) => Err(self.error(e)),
         }
+    }
+
+    /// The usage last read or written here, plus what is pending here: no I/O.
+    pub(super) fn cached(&self) -> u64 {
+        let last = self.last.load(Relaxed);
+        last.saturating_add_signed(self.pending.load(Relaxed))
     }
 
     fn put_wait(&self) -> Duration {

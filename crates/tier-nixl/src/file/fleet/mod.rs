@@ -222,9 +222,11 @@ impl Fleet {
         }
     }
 
-    /// The folders' bytes, as the usage file says (with this process's pending counts).
+    /// The folders' bytes as this process last read or wrote the usage file, with its pending
+    /// counts: from memory, so a scrape of the tier's stats never waits on the folders (a hung
+    /// mount held every scrape, and with it the runtime's worker that ran it).
     pub fn usage(&self) -> u64 {
-        self.usage.estimate().unwrap_or(0)
+        self.usage.cached()
     }
 
     /// Whether a hit on a page last used at `mtime_ns` refreshes its use time.
