@@ -1101,7 +1101,10 @@ async fn a_failed_read_into_caller_memory_ends_when_its_reads_end_not_a_timeout_
     println!("a batch of 8 with one file cut short: {took:?}, {results:?}");
     for (i, (r, buf)) in results.iter().zip(&bufs).enumerate() {
         if i == 3 {
-            assert!(!matches!(r, Ok(Lookup::Hit)), "the cut page is no hit: {r:?}");
+            assert!(
+                !matches!(r, Ok(Lookup::Hit)),
+                "the cut page is no hit: {r:?}"
+            );
         } else {
             assert!(matches!(r, Ok(Lookup::Hit)), "page {i}: {r:?}");
             content::verify(&key(i), 1, buf).unwrap();

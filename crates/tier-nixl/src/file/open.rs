@@ -105,14 +105,15 @@ impl Shared {
                 }
             },
         };
+        let remote = catalog
+            .layout()
+            .dirs()
+            .iter()
+            .any(|d| super::probe::may_hang(d));
         let bounded = match config.bounded_io {
             BoundedIo::On => true,
             BoundedIo::Off => false,
-            BoundedIo::Auto => catalog
-                .layout()
-                .dirs()
-                .iter()
-                .any(|d| super::probe::may_hang(d)),
+            BoundedIo::Auto => remote,
         };
         tracing::info!(
             tier = %config.name, %runtime, plugin, %mode, direct, bounded_io = bounded,
@@ -137,6 +138,7 @@ impl Shared {
                 checksums: config.page_checksum == PageChecksum::Crc32c,
                 verified: verified.clone(),
                 file_mode: config.mode,
+                remote,
             })
             .collect();
         // The capacity is enforced once the index holds the pages found (see `opening`).

@@ -376,3 +376,57 @@ fn try_flock(file: &std::fs::File) -> bool {
     }
     got
 }
+
+/// A page another GlusterFS client just stored again (its file replaced by a rename) is read
+/// by this client at once: the name answers `ESTALE` for a moment while this client's caches
+/// hold the file it replaced, and the open is tried again until it answers. (Every read of
+/// such a page failed: SGLang's two DP groups storing one prefix at the same moment read
+/// back 2 of 8 pages.)
+#[test]
+fn a_page_another_client_just_replaced_is_read_not_failed_as_stale() {
+    let (a, b) = tier_tests::gluster::mounts().folder("stale");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let open = |dir: &std::path::Path| {
+            let mut c = NixlFileConfig::new([dir.join("a")]);
+            c.access = FileAccess::Shared;
+            NixlFileTier::open(c)
+        };
+        let on_a = open(&a).await.unwrap();
+        let on_b = open(&b).await.unwrap();
+        let mut misread = 0;
+        for i in 0..8 {
+            let k = own_key(9, i);
+            let page = |v| tier_core::Page::new(k.clone(), tier_tests::content::page(&k, v, PAGE));
+            assert!(on_b.put(&[page(1)]).await[0].is_ok());
+            let mut buf = vec![0u8; PAGE];
+            let mut slots = [tier_core::ReadSlot::new(k.clone(), &mut buf)];
+            assert!(matches!(
+                on_b.get(&mut slots).await[0],
+                Ok(tier_core::Lookup::Hit)
+            ));
+            assert!(
+                on_a.put(&[page(2)]).await[0].is_ok(),
+                "the other client stores it again"
+            );
+            let mut slots = [tier_core::ReadSlot::new(k.clone(), &mut buf)];
+            let got = on_b.get(&mut slots).await.pop().unwrap();
+            drop(slots);
+            match got {
+                Ok(tier_core::Lookup::Hit) => {
+                    // Either version, whole (the client may still show the one it cached).
+                    let whole = [1, 2]
+                        .iter()
+                        .any(|&v| tier_tests::content::verify(&k, v, &buf).is_ok());
+                    assert!(whole, "page {i}: a hit of neither version");
+                }
+                other => {
+                    println!("page {i}: {other:?}");
+                    misread += 1;
+                }
+            }
+        }
+        assert_eq!(misread, 0, "pages another client replaced were not read");
+    });
+    let _ = std::fs::remove_dir_all(&a);
+}

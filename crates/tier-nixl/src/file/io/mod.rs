@@ -58,6 +58,9 @@ pub struct FileIo {
     pub verified: Option<Arc<VerifiedFiles>>,
     /// Who may use the files written (their mode).
     pub file_mode: super::FolderMode,
+    /// The folders are on a filesystem whose clients cache apart (network, FUSE): a name
+    /// another client replaced may answer `ESTALE` for a moment (see [`syscalls::open_page`]).
+    pub remote: bool,
 }
 
 /// Syncs the folder of every page renamed into place, once per folder, so the renames

@@ -149,10 +149,12 @@ impl FileIo {
                     files.push(file);
                     dev_ids.push(next_dev_id());
                 }
-                FileMode::Path if self.file_mode != FolderMode::Owner => {
+                FileMode::Path if self.file_mode != FolderMode::Owner || self.remote => {
                     // Where others may write the folder, a read's file is opened here (never
                     // through a link, never a FIFO) and handed to NIXL by its descriptor: a
                     // link or FIFO planted under a page's name is never read or waited on.
+                    // So it is where clients cache apart: a name another client replaced
+                    // answers `ESTALE` for a moment, which `open_page` waits out.
                     let file = open_page(&item.path, op, item.direct, self.sync, self.file_mode)
                         .map_err(failed)?;
                     let held = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));

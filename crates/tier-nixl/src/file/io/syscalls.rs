@@ -4,6 +4,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
+use std::time::Duration;
 
 use tier_core::TierError;
 
@@ -140,10 +141,29 @@ pub(super) fn open_page(
     }
     // Reading a page must not write its inode: without O_NOATIME the first read after a
     // write updates the access time (relatime). Only the file's owner may ask for it.
-    match perms::open_existing(OpenOptions::new().read(true), path, flags | libc::O_NOATIME) {
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-            perms::open_existing(OpenOptions::new().read(true), path, flags)
+    let open =
+        || match perms::open_existing(OpenOptions::new().read(true), path, flags | libc::O_NOATIME)
+        {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                perms::open_existing(OpenOptions::new().read(true), path, flags)
+            }
+            other => other,
+        };
+    // A name another client of a network filesystem replaced answers `ESTALE` while this
+    // client's caches still hold the old file (GlusterFS: for about 0.1 s, the kernel's own
+    // retry included): tried again a few times, 1.3 s at most, before it is an error.
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match open() {
+            Err(e) if e.raw_os_error() == Some(libc::ESTALE) && pause <= STALE_WAIT => {
+                std::thread::sleep(pause);
+                pause *= 2;
+            }
+            other => return other,
         }
-        other => other,
     }
 }
+
+/// The longest pause between tries of an open that answered `ESTALE` (the pauses double
+/// from 20 ms up to it: 1.26 s in all).
+const STALE_WAIT: Duration = Duration::from_millis(640);
