@@ -169,6 +169,10 @@ impl Fleet {
             sample: EVICTION_SAMPLE,
             counts: Counts::default(),
         };
+        // What a scrape reports until this process next reads or writes the usage.
+        if let Err(e) = fleet.usage.read() {
+            tracing::warn!(error = %e, "cannot read the shared folders' usage at open");
+        }
         Ok(fleet)
     }
 

@@ -1,0 +1,92 @@
+//! The index: eviction order, pins, the turn to sampling, bytes.
+
+use super::*;
+
+fn k(s: &str) -> PageKey {
+    PageKey::new(s).unwrap()
+}
+
+#[test]
+fn evicts_least_recent_unpinned_first() {
+    let mut idx = PageIndex::default();
+    for name in ["a", "b", "c", "d"] {
+        idx.insert(k(name), 10, None, None);
+    }
+    idx.touch(&k("a"), None);
+    idx.pin(&k("b"));
+    assert_eq!(idx.evict_to(20), vec![k("c"), k("d")]);
+    assert_eq!(idx.bytes(), 20);
+    assert!(idx.contains(&k("a")) && idx.contains(&k("b")));
+    idx.unpin(&k("b"));
+    assert_eq!(idx.evict_to(10), vec![k("b")]);
+}
+
+/// Past its ordered pages the index turns sampled, keeping what each page was (length,
+/// generation, checksum, pins) and the policy's order: the pages it evicts first are those
+/// the policy held least recently used, never a pinned one.
+#[test]
+fn past_its_ordered_pages_the_index_turns_sampled_and_keeps_the_order() {
+    let mut idx = PageIndex::new(PolicyKind::Lru)
+        .unwrap()
+        .ordered_up_to(1_000);
+    let key = |i: u64| k(&format!("{:064x}", i * 7919));
+    for i in 0..1_000 {
+        idx.insert(key(i), 10, Some(i as u32), None);
+    }
+    assert!(idx.ordered());
+    // The first half read again: the second half is now the least recently used.
+    for i in 0..500 {
+        idx.touch(&key(i), None);
+    }
+    idx.pin(&key(999));
+    let generation = idx.generation(&key(3));
+    idx.insert(k("not-a-digest"), 10, None, None);
+    assert!(!idx.ordered(), "1,001 pages: sampled");
+    assert_eq!((idx.pages(), idx.bytes()), (1_001, 10_010));
+    assert_eq!(idx.checksum(&key(3)), Some(3));
+    assert_eq!(idx.generation(&key(3)), generation);
+    let victims = idx.evict_to(10_010 - 2_000);
+    assert_eq!(victims.len(), 200);
+    let recent = victims
+        .iter()
+        .filter(|v| (0..500).any(|i| **v == key(i)))
+        .count();
+    assert!(
+        recent <= 2,
+        "{recent} of 200 victims were read after the others"
+    );
+    assert!(!victims.contains(&key(999)), "a pinned page stays");
+    assert!(idx.contains(&k("not-a-digest")));
+    assert_eq!(idx.drain().len(), 801);
+}
+
+/// An open whose scan found more pages than the index keeps in order turns it sampled
+/// before loading them; fewer leave it ordered.
+#[test]
+fn an_index_expecting_more_than_its_ordered_pages_turns_sampled_first() {
+    let mut idx = PageIndex::new(PolicyKind::Auto).unwrap().ordered_up_to(100);
+    for name in ["a", "b", "c"] {
+        idx.insert(k(name), 10, None, None);
+    }
+    idx.expect(97);
+    assert!(idx.ordered(), "100 pages fit the order");
+    idx.expect(98);
+    assert!(!idx.ordered(), "101 would not");
+    assert_eq!((idx.pages(), idx.bytes()), (3, 30));
+    assert_eq!(idx.evict_to(20), vec![k("a")], "the oldest goes first");
+}
+
+#[test]
+fn replacing_a_page_updates_bytes() {
+    let mut idx = PageIndex::default();
+    idx.insert(k("a"), 10, Some(1), None);
+    idx.insert(k("a"), 4, None, None);
+    assert_eq!(
+        idx.checksum(&k("a")),
+        None,
+        "a replaced page's checksum is the new file's"
+    );
+    assert_eq!((idx.bytes(), idx.pages()), (4, 1));
+    assert!(idx.remove(&k("a")));
+    assert_eq!(idx.bytes(), 0);
+}
