@@ -111,7 +111,7 @@ impl FileIo {
     }
 
     /// Registers the files of the items `which` of `items` and posts their transfer: one for
-    /// them all, but for a read into memory a caller lent, one per page (see [`Posted`]).
+    /// them all, but for a read into memory a caller lent, one per region (see [`Posted`]).
     pub(super) fn post(
         &self,
         op: XferOp,
@@ -196,15 +196,24 @@ impl FileIo {
                 .post(op, local, MemKind::File, remote, &held)
                 .map_err(|e| Failure::Batch(format!("{}: posting the transfer: {e}", op_name(op))))
         };
-        if !(op == XferOp::Read && held.lent()) || which.len() <= 1 {
+        if !(op == XferOp::Read && held.lent()) || local.len() <= 1 {
             return Ok(Posted(vec![posting(&local, &remote)?]));
         }
-        let mut posted = Vec::with_capacity(which.len());
+        // Each transfer: a region of a page of a few regions, else a whole page.
+        let mut spans = Vec::with_capacity(local.len());
         let mut at = 0;
         for &i in which {
-            let parts = at..at + items[i].parts.len();
-            at = parts.end;
-            match posting(&local[parts.clone()], &remote[parts]) {
+            let n = items[i].parts.len();
+            if n <= SPLIT_REGIONS {
+                spans.extend((at..at + n).map(|d| d..d + 1));
+            } else {
+                spans.push(at..at + n);
+            }
+            at += n;
+        }
+        let mut posted = Vec::with_capacity(spans.len());
+        for span in spans {
+            match posting(&local[span.clone()], &remote[span]) {
                 Ok(transfer) => posted.push(transfer),
                 Err(e) => {
                     // Those posted are waited out: they read into the caller's memory.
@@ -254,15 +263,19 @@ impl FileIo {
     }
 }
 
-/// The transfers of one batch. A read into memory a caller lent is posted one page a
+/// The transfers of one batch. A read into memory a caller lent is posted one region a
 /// transfer: NIXL reports each transfer's end, but after one descriptor of several fails it
-/// no longer reports the others, whose I/O may still land in the caller's memory. A page lent
-/// as one region is one descriptor, whose transfer ends known (done or failed), so the
-/// caller's memory is given back exactly when every read into it has ended; before, one
-/// failed page made the whole batch wait a transfer timeout blind. A page lent as several
-/// regions that fails still waits that timeout, for its own transfer alone (a transfer per
-/// region cost 6 times a batch's time for pages of 64 regions).
+/// no longer reports the others, whose I/O may still land in the caller's memory. A transfer
+/// of one descriptor ends known (done or failed), so the caller's memory is given back exactly
+/// when every read into it has ended; before, one failed page made the whole batch wait a
+/// transfer timeout blind. A page of more than [`SPLIT_REGIONS`] regions (SGLang's
+/// `layer_first` pages) is one transfer: a transfer per region cost 6 times a batch's time for
+/// pages of 64 regions, so such a page that fails still waits that timeout.
 pub(super) struct Posted(Vec<Transfer>);
+
+/// The most regions of a page read into a caller's memory one transfer each (SGLang's MHA
+/// pages are two: K and V).
+const SPLIT_REGIONS: usize = 4;
 
 /// Path-mode metaInfo: `<ro|rw>[,create][,direct][,sync]:<path>`.
 fn path_meta(path: &Path, op: XferOp, direct: bool, sync: bool) -> Vec<u8> {
