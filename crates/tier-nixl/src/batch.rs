@@ -24,14 +24,7 @@ pub enum Failure {
     Abandoned(String),
 }
 
-/// Outcome of a batch: per-item results, and whether a transfer of it never settled.
-pub struct BatchOutcome {
-    /// One result per item, in order.
-    pub results: Vec<Result<(), TierError>>,
-    /// True if a transfer of the batch is unsettled: its memory is held by the transfer (see
-    /// [`crate::nixl::Held`]), and its files may still be written.
-    pub poisoned: bool,
-}
+pub use tier_folder::io::BatchOutcome;
 
 /// The buffers of the slots marked in `wanted`, in slot order.
 pub fn marked_bufs<'a, 'b>(

@@ -15,29 +15,21 @@
 //!   files are the truth, under one capacity for all of them (see `fleet`).
 //!
 //! Where things are: `config` (settings), `open` (start-up), `write` and `read` (the two data
-//! paths), `opening` (what an open leaves to the background: indexing, scanning), `catalog`
-//! (the pages' files and index entries, changed together), `fleet` (shared
-//! folders' usage and evictor), `index` (entries,
-//! generations, checksums, eviction order), `io` (the engines that move bytes), `helpers`
-//! (threads for big batches), `layout` (paths), `perms` (folder modes, files made without
-//! following links), `checksum` (CRC-32C).
+//! paths), `opening` (what an open leaves to the background: indexing, scanning), `io` (NIXL's
+//! FILE engine beside the syscalls engine), `helpers` (threads for big batches). Everything
+//! about the folders that is not how bytes move (layout, page format, catalog and index, the
+//! fleet of sharers, permissions, the filesystem probe, the syscalls engine) is the folder
+//! cache's own crate, `tier_folder`.
 
-mod catalog;
-mod checksum;
 mod config;
-mod fleet;
-mod format;
 mod helpers;
-mod index;
 mod io;
-mod layout;
 mod open;
 mod opening;
-mod packed;
-mod perms;
-mod probe;
 mod read;
 mod write;
+
+use tier_folder::{catalog, checksum, fleet, format, index, layout, perms, probe};
 
 use std::fs::File;
 use std::future::Future;
@@ -49,12 +41,11 @@ use tier_core::{
     StorageTier, TierError, TierInfo, TierStats, WriteOrder,
 };
 
-pub use checksum::{PageChecksum, VerifyReads};
-pub use format::TRAILER as PAGE_TRAILER;
 pub use io::{probe_path_mode, FileMode};
-pub use layout::{route_hash, BUCKETS};
-pub use perms::FolderMode;
-pub use probe::{probe_folder, FolderProbe, LockReach};
+pub use tier_folder::{
+    probe_folder, route_hash, FileAccess, FleetStats, FolderMode, FolderProbe, LockReach,
+    PageChecksum, SharedFolder, SharedLocks, VerifyReads, BUCKETS, PAGE_TRAILER,
+};
 
 use crate::staging::{align_up, StagingPool, ALIGN};
 use catalog::Catalog;
@@ -62,10 +53,8 @@ use io::FileIo;
 
 pub(crate) use config::MAX_LANES;
 pub use config::{
-    BoundedIo, DirectIo, Durability, FileAccess, FileEngine, FilePlugin, NixlFileConfig,
-    PathModeChoice, SharedFolder, SharedLocks,
+    BoundedIo, DirectIo, Durability, FileEngine, FilePlugin, NixlFileConfig, PathModeChoice,
 };
-pub use fleet::FleetStats;
 
 /// A persistent page tier on local (or mounted) filesystems through NIXL.
 pub struct NixlFileTier {

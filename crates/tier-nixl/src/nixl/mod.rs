@@ -114,14 +114,7 @@ impl MemKind {
     }
 }
 
-/// Transfer direction, seen from local DRAM.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum XferOp {
-    /// Storage to DRAM.
-    Read,
-    /// DRAM to storage.
-    Write,
-}
+pub use tier_folder::io::XferOp;
 
 /// One descriptor: address (or file offset), length, device id, and metaInfo bytes.
 #[derive(Debug, Clone, Copy)]

@@ -1,44 +1,26 @@
 //! Moving batches of pages between memory and files, by one of two engines: NIXL's FILE
-//! backend ([`nixl`], path or fd mode) or kvtier's own syscalls ([`syscalls`]). Runs on blocking threads; every fd and registration a batch
-//! takes is held by its transfer, released once it settles (see [`crate::nixl::Held`]).
+//! backend ([`nixl`], path or fd mode) or kvtier's own syscalls (`tier_folder::io`). Runs on
+//! blocking threads; every fd and registration a batch takes is held by its transfer, released
+//! once it settles (see [`crate::nixl::Held`]).
 
 use std::fs::{self, File};
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tier_core::{PageKey, TierError};
+use tier_folder::{checksum, format, io::move_by_syscalls};
 
-use super::{checksum, format};
 use crate::batch::{move_isolating, BatchOutcome};
 use crate::nixl::{Backend, Held, XferOp};
 use crate::staging::align_up;
 use crate::{FileEngine, READ_ATTEMPTS};
 
 mod nixl;
-mod syscalls;
 
 pub use nixl::{probe_path_mode, FileMode};
-use syscalls::move_by_syscalls;
-
-/// One page to move: its file, its length, and the DRAM regions of its bytes.
-#[derive(Clone)]
-pub struct Xfer {
-    /// The page's key.
-    pub key: PageKey,
-    /// The file: a temp file for writes, the page file for reads.
-    pub path: PathBuf,
-    /// Length in bytes.
-    pub len: usize,
-    /// Whether to bypass the page cache.
-    pub direct: bool,
-    /// The page's bytes in registered DRAM: (address, length) of each region, in file order.
-    pub parts: Vec<(usize, usize)>,
-    /// For a read: the checksum the tier's index knows for the file, so it is not read from
-    /// the file.
-    pub checksum: Option<u32>,
-}
+pub use tier_folder::io::{
+    file_id, free_bytes, op_name, pin, sync_folders, FileId, VerifiedFiles, Xfer, VERIFY_ONCE_MIN,
+};
 
 /// A FILE backend and how to use it.
 pub struct FileIo {
@@ -59,45 +41,8 @@ pub struct FileIo {
     /// Who may use the files written (their mode).
     pub file_mode: super::FolderMode,
     /// The folders are on a filesystem whose clients cache apart (network, FUSE): a name
-    /// another client replaced may answer `ESTALE` for a moment (see [`syscalls::open_page`]).
+    /// another client replaced may answer `ESTALE` for a moment (see [`tier_folder::io::open_page`]).
     pub remote: bool,
-}
-
-/// Syncs the folder of every page renamed into place, once per folder, so the renames
-/// survive a power loss (the files' bytes were written with `O_DSYNC`). A folder that will
-/// not sync fails its pages: written and readable, but not acknowledged as durable.
-pub fn sync_folders(items: &[Xfer], finals: &[PathBuf], results: &mut [Result<(), TierError>]) {
-    // Per folder: the error its sync gave, as (kind, OS code), since an io::Error is not Clone.
-    type Synced = Option<(std::io::ErrorKind, Option<i32>)>;
-    let mut synced: Vec<(&Path, Synced)> = Vec::new();
-    for ((item, path), result) in items.iter().zip(finals).zip(results.iter_mut()) {
-        let Some(folder) = path.parent() else {
-            continue;
-        };
-        if result.is_err() {
-            continue;
-        }
-        let outcome = match synced.iter().find(|(f, _)| *f == folder) {
-            Some((_, outcome)) => *outcome,
-            None => {
-                let outcome = File::open(folder)
-                    .and_then(|dir| dir.sync_all())
-                    .err()
-                    .map(|e| (e.kind(), e.raw_os_error()));
-                synced.push((folder, outcome));
-                outcome
-            }
-        };
-        if let Some((kind, code)) = outcome {
-            let error = code.map_or_else(|| kind.into(), std::io::Error::from_raw_os_error);
-            *result = Err(TierError::io(
-                "sync the page's folder",
-                Some(&item.key),
-                Some(folder.to_path_buf()),
-                error,
-            ));
-        }
-    }
 }
 
 /// Staging offsets of consecutive pages, each slot aligned for direct I/O.
@@ -168,76 +113,6 @@ impl FileIo {
             );
         }
         self.backend_error(Some(&item.key), message)
-    }
-}
-
-/// Which file a path names, in which version: a read is whole only if the file it began on
-/// is the one it ended on. kvtier never writes a page file in place (it renames a new file
-/// over it), and any write changes a file's ctime, so the same identity before and after a
-/// read means the bytes read are one version's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct FileId {
-    dev: u64,
-    ino: u64,
-    ctime_ns: i128,
-    mtime_ns: i128,
-    len: u64,
-}
-
-fn file_id(path: &Path) -> Option<FileId> {
-    fs::metadata(path).ok().map(|m| id_of(&m))
-}
-
-/// Opens the page file at `path` to hold it across a read: while it is open its inode number
-/// cannot be reused by a new file, so the path naming the same identity after the read as
-/// the open file had before it means the read was of this file (a new file created in the
-/// same clock tick with a reused inode number would otherwise look the same).
-fn pin(path: &Path) -> Option<(File, FileId)> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-        .open(path)
-        .ok()?;
-    let id = id_of(&file.metadata().ok()?);
-    Some((file, id))
-}
-
-fn id_of(m: &fs::Metadata) -> FileId {
-    use std::os::unix::fs::MetadataExt;
-    FileId {
-        dev: m.dev(),
-        ino: m.ino(),
-        ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
-        mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
-        len: m.len(),
-    }
-}
-
-/// The smallest page verified once per file version: below it a checksum costs less than the
-/// two `stat`s that prove a version unchanged.
-pub const VERIFY_ONCE_MIN: usize = 64 << 10;
-
-/// The page file versions this process has verified (bounded: forgotten all at once when
-/// full, to be verified again as they are read).
-#[derive(Default)]
-pub struct VerifiedFiles(std::sync::Mutex<std::collections::HashSet<FileId>>);
-
-impl VerifiedFiles {
-    const MAX: usize = 1 << 16;
-
-    fn contains(&self, id: &FileId) -> bool {
-        self.0.lock().is_ok_and(|set| set.contains(id))
-    }
-
-    /// Records a version whose bytes matched its checksum.
-    pub fn insert(&self, id: FileId) {
-        if let Ok(mut set) = self.0.lock() {
-            if set.len() >= Self::MAX {
-                set.clear();
-            }
-            set.insert(id);
-        }
     }
 }
 
@@ -376,10 +251,10 @@ impl FileIo {
                     match (r, after) {
                         (_, None) => Ok(false),
                         (_, Some(after)) if before != Some(after) => Ok(false),
-                        (_, Some(after)) if after.len != format::file_len(item.len) => {
+                        (_, Some(after)) if after.file_len() != format::file_len(item.len) => {
                             Err(TierError::LengthMismatch {
                                 key: item.key.clone(),
-                                stored: format::page_len(after.len).unwrap_or(0) as usize,
+                                stored: format::page_len(after.file_len()).unwrap_or(0) as usize,
                                 buffer: item.len,
                             })
                         }
@@ -527,17 +402,6 @@ const HASH_DEPTH: usize = 4;
 /// 5 to 10 GB/s; a disk feeding two lanes gives each far less).
 const CACHED_RATE: f64 = 4e9;
 
-impl Xfer {
-    /// The CRC-32C of the page's bytes in DRAM, once a read of them has completed.
-    fn checksum_parts(&self) -> u32 {
-        checksum::of(self.parts.iter().map(|&(addr, len)| {
-            // SAFETY: the parts are memory lent to this read for the batch (see `Xfer`), and
-            // its transfer has completed: nothing writes them now.
-            unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
-        }))
-    }
-}
-
 /// What [`FileIo::read_all`] found.
 pub struct BatchReads {
     /// Per item: hit (`true`), miss (`false`), or the error.
@@ -554,23 +418,4 @@ pub struct BatchReads {
     pub trusted: Vec<bool>,
     /// True if the batch's DRAM must never be reused or freed.
     pub poisoned: bool,
-}
-
-pub(super) fn op_name(op: XferOp) -> &'static str {
-    match op {
-        XferOp::Read => "read page",
-        XferOp::Write => "write page",
-    }
-}
-
-/// Bytes an unprivileged writer may still use on the filesystem holding `dir`.
-fn free_bytes(dir: &Path) -> Option<u64> {
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs is plain old data; all-zero is a valid value.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: valid C string and out-pointer.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    Some(st.f_bavail as u64 * st.f_frsize as u64)
 }

@@ -16,8 +16,8 @@ use crate::nixl::{
 };
 
 use super::super::FolderMode;
-use super::syscalls::open_page;
 use super::{op_name, FileIo, Xfer};
+use tier_folder::io::open_page;
 /// How files are handed to NIXL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileMode {
@@ -79,22 +79,20 @@ pub fn probe_path_mode(backend: &Arc<Backend>) -> FileMode {
     }
 }
 
-impl Xfer {
-    /// Each part's DRAM descriptor and the file range it maps to, for a file registered as
-    /// `dev_id`.
-    fn descs(&self, dev_id: u64) -> impl Iterator<Item = (Desc<'static>, Desc<'static>)> + '_ {
-        let mut offset = 0;
-        self.parts.iter().map(move |&(addr, len)| {
-            let file = Desc {
-                addr: offset,
-                len,
-                dev_id,
-                meta: &[],
-            };
-            offset += len;
-            (Desc::dram(addr, len), file)
-        })
-    }
+/// Each part of `item`: its DRAM descriptor and the file range it maps to, for a file
+/// registered as `dev_id`.
+fn descs(item: &Xfer, dev_id: u64) -> impl Iterator<Item = (Desc<'static>, Desc<'static>)> + '_ {
+    let mut offset = 0;
+    item.parts.iter().map(move |&(addr, len)| {
+        let file = Desc {
+            addr: offset,
+            len,
+            dev_id,
+            meta: &[],
+        };
+        offset += len;
+        (Desc::dram(addr, len), file)
+    })
 }
 
 impl FileIo {
@@ -181,7 +179,7 @@ impl FileIo {
         let (local, remote): (Vec<Desc<'_>>, Vec<Desc<'_>>) = which
             .iter()
             .enumerate()
-            .flat_map(|(n, &i)| items[i].descs(dev_ids[n]))
+            .flat_map(|(n, &i)| descs(&items[i], dev_ids[n]))
             .unzip();
         let registration = self
             .backend

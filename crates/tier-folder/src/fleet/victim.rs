@@ -98,13 +98,13 @@ pub(super) fn unlink_if(
 }
 
 /// Renames `from` to `to` unless `to` exists (`renameat2` with `RENAME_NOREPLACE`).
-pub(in crate::file) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     renameat2(from, to, libc::RENAME_NOREPLACE)
 }
 
 /// Swaps the files at `from` and `to`, both of which must exist (`renameat2` with
 /// `RENAME_EXCHANGE`).
-pub(in crate::file) fn rename_exchange(from: &Path, to: &Path) -> io::Result<()> {
+pub(crate) fn rename_exchange(from: &Path, to: &Path) -> io::Result<()> {
     renameat2(from, to, libc::RENAME_EXCHANGE)
 }
 

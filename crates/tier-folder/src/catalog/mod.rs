@@ -24,13 +24,12 @@ use tier_core::{PageKey, TierError};
 
 use super::fleet::{Fleet, FleetStats, Room};
 use super::index::{Generation, Loaded, PageIndex};
-use super::io::Xfer;
 use super::layout::{FileStamp, Layout};
-use crate::batch::BatchOutcome;
+use crate::io::{BatchOutcome, Xfer};
 use files::{land_shared, planted, planted_error, touch};
 
 /// The pages of one FILE tier: its folders' layout and what knows which pages they hold.
-pub(super) struct Catalog {
+pub struct Catalog {
     layout: Arc<Layout>,
     keeper: Keeper,
 }
@@ -47,7 +46,7 @@ enum Keeper {
 
 /// A stored page, as a read plans with it.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Stored {
+pub struct Stored {
     pub len: u64,
     /// Its entry's generation (none without an index).
     pub generation: Generation,
@@ -59,7 +58,7 @@ pub(super) struct Stored {
 
 /// Pins on the pages a get reads (eviction leaves them), released when it drops: when the get
 /// returns, and when it is dropped at an await point.
-pub(super) struct Pins<'a> {
+pub struct Pins<'a> {
     catalog: &'a Catalog,
     keys: Vec<PageKey>,
 }
@@ -584,7 +583,7 @@ impl Catalog {
 }
 
 /// A read as [`Catalog::settle_reads`] takes it.
-pub(super) struct SettledRead<'r> {
+pub struct SettledRead<'r> {
     pub key: &'r PageKey,
     pub generation: Generation,
     pub mtime_ns: Option<i128>,

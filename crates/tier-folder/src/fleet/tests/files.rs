@@ -116,11 +116,7 @@ fn two_clients_of_a_distributed_filesystem_keep_one_usage_count() {
         .iter()
         .map(|dir| {
             std::process::Command::new(std::env::current_exe().expect("this test binary"))
-                .args([
-                    "--exact",
-                    "file::fleet::tests::files::usage_adder",
-                    "--ignored",
-                ])
+                .args(["--exact", "fleet::tests::files::usage_adder", "--ignored"])
                 .env("KVTIER_USAGE_DIR", dir)
                 .spawn()
                 .expect("an adder process")

@@ -8,10 +8,9 @@ use std::time::Duration;
 
 use tier_core::TierError;
 
-use super::super::{checksum, format, perms, FolderMode};
-use crate::nixl::XferOp;
+use crate::{checksum, format, perms, FolderMode};
 
-use super::{op_name, Xfer};
+use super::{op_name, Xfer, XferOp};
 /// Linux's bound on the parts of one vectored call (`UIO_MAXIOV`).
 const IOV_MAX: usize = 1024;
 
@@ -22,7 +21,7 @@ const HASH_CHUNK: usize = 256 << 10;
 /// Moves one page with `preadv`/`pwritev` on the calling thread. The parts' addresses are
 /// memory the caller keeps valid (and, for reads, exclusively lent) for the call. A read
 /// given `crc` adds each piece's bytes to it as soon as they are read.
-pub(super) fn move_by_syscalls(
+pub fn move_by_syscalls(
     op: XferOp,
     item: &Xfer,
     sync: bool,
@@ -122,7 +121,7 @@ pub(super) fn move_by_syscalls(
 /// Opens a page file to read (never through a link, never waiting on a FIFO, only a regular
 /// file: see [`perms::open_existing`]), or creates a temp file to write (exclusively, never
 /// through a link, with `mode`'s file mode; see [`FolderMode::create_new`]).
-pub(super) fn open_page(
+pub fn open_page(
     path: &Path,
     op: XferOp,
     direct: bool,

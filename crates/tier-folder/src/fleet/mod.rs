@@ -48,7 +48,7 @@ use super::layout::{self, FolderScan, Layout};
 use super::SharedFolder;
 use lease::{holder_id, Lease, SharedFile, Usage, UsageMark};
 use victim::{put_back, unlink_if_unchanged, Victim};
-pub(in crate::file) use victim::{rename_exchange, rename_noreplace};
+pub(crate) use victim::{rename_exchange, rename_noreplace};
 
 const USAGE_FILE: &str = ".kvtier.usage";
 const LEASE_FILE: &str = ".kvtier.lease";
@@ -65,7 +65,7 @@ const EVICT_BESIDE: f64 = 0.02;
 
 /// What a put does about the capacity before it writes (see [`Fleet::make_room`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Room {
+pub enum Room {
     /// Room enough: within the capacity, or made.
     Made,
     /// Past the capacity by at most [`EVICT_BESIDE`]: the put goes on while an eviction runs
@@ -74,7 +74,7 @@ pub(super) enum Room {
 }
 
 /// What the processes sharing some folders agree on: their usage, and who evicts.
-pub(super) struct Fleet {
+pub struct Fleet {
     usage: Usage,
     lease: Lease,
     capacity: Option<u64>,
@@ -123,7 +123,7 @@ pub struct FleetStats {
 /// The scan of shared folders that follows an open: it removes dead writers' leftovers and
 /// sets the usage from the bytes it finds (a count a killed process never made is corrected
 /// there), bucket by bucket, while the tier serves.
-pub(super) struct OpenScan {
+pub struct OpenScan {
     /// Where the usage's counted changes stood when the scan began.
     since: UsageMark,
     /// Bytes of the page files found so far.

@@ -15,7 +15,7 @@ use super::perms::nonce;
 
 /// `statfs` types of filesystems whose clients share one cache (one machine): ext2/3/4, XFS,
 /// Btrfs, tmpfs, ZFS, overlayfs, ramfs.
-pub(super) const LOCAL_FILESYSTEMS: [i64; 7] = [
+pub const LOCAL_FILESYSTEMS: [i64; 7] = [
     0xEF53,
     0x5846_5342,
     0x9123_683E,
@@ -178,7 +178,7 @@ fn lock_reach(
 }
 
 /// The mount option by which `filesystem` locks per node, if it has one.
-pub(super) fn node_local_option(filesystem: &str, options: &str) -> Option<String> {
+pub fn node_local_option(filesystem: &str, options: &str) -> Option<String> {
     let has = |o: &str| options.split(',').any(|x| x == o);
     let says = match filesystem {
         "nfs" | "nfs4" => ["nolock", "local_lock=flock", "local_lock=all"]
@@ -192,7 +192,7 @@ pub(super) fn node_local_option(filesystem: &str, options: &str) -> Option<Strin
 
 /// The filesystem type and options of the mount holding `dir` (the longest mount point that
 /// is a prefix of it).
-pub(super) fn mount_of(dir: &Path) -> Option<(String, String)> {
+pub fn mount_of(dir: &Path) -> Option<(String, String)> {
     let mounts = fs::read_to_string("/proc/self/mounts").ok()?;
     mounts
         .lines()
@@ -214,7 +214,7 @@ pub(super) fn mount_of(dir: &Path) -> Option<(String, String)> {
 
 /// Whether I/O under `dir` can hang: a filesystem not known to be local (network, FUSE), or
 /// one whose type cannot be read.
-pub(super) fn may_hang(dir: &Path) -> bool {
+pub fn may_hang(dir: &Path) -> bool {
     statfs_type(dir).is_none_or(|t| !LOCAL_FILESYSTEMS.contains(&t))
 }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tier_core::TierError;
 
 use super::{layout, now_ms};
-use crate::file::{perms, FolderMode, SharedLocks};
+use crate::{perms, FolderMode, SharedLocks};
 
 /// Bound on waiting for the usage or lease file's `flock` (held for a few system calls).
 const FLOCK_WAIT: Duration = Duration::from_secs(5);
@@ -523,6 +523,6 @@ pub(super) fn holder_id() -> String {
         layout::pid_space_tag(),
         std::process::id(),
         NEXT.fetch_add(1, Relaxed),
-        crate::file::perms::nonce()
+        crate::perms::nonce()
     )
 }

@@ -1,8 +1,8 @@
 //! The catalog: files and entries change together; generations guard every change.
 
 use super::*;
-use crate::file::layout::ScanReport;
-use crate::file::FolderMode;
+use crate::layout::ScanReport;
+use crate::FolderMode;
 use tier_policy::PolicyKind;
 
 fn key(s: &str) -> PageKey {
@@ -24,7 +24,7 @@ fn sharer(dir: &Path) -> Catalog {
     let fleet = Fleet::open(
         &layout,
         None,
-        crate::file::SharedFolder::default(),
+        crate::SharedFolder::default(),
         std::time::Duration::from_secs(30),
     )
     .expect("a fleet");
@@ -279,11 +279,7 @@ fn sharers_storing_one_new_page_at_once_count_it_once(a: &Path, b: &Path, pages:
         .enumerate()
         .map(|(me, dir)| {
             std::process::Command::new(std::env::current_exe().expect("this test binary"))
-                .args([
-                    "--exact",
-                    "file::catalog::tests::same_pages_storer",
-                    "--ignored",
-                ])
+                .args(["--exact", "catalog::tests::same_pages_storer", "--ignored"])
                 .env("KVTIER_STORER", format!("{me} {pages}"))
                 .env("KVTIER_STORER_DIR", dir)
                 .env("KVTIER_STORER_SYNC", sync.path())
@@ -295,7 +291,7 @@ fn sharers_storing_one_new_page_at_once_count_it_once(a: &Path, b: &Path, pages:
     for mut storer in storers {
         assert!(storer.wait().expect("it ends").success(), "a storer failed");
     }
-    let page = crate::file::format::file_len(STORED_LEN);
+    let page = crate::format::file_len(STORED_LEN);
     let counted = sharer(a).bytes();
     assert!(
         ((pages - lost) * page..=pages * page).contains(&counted),
@@ -337,7 +333,7 @@ fn same_pages_storer() {
     let (me, pages): (u32, u64) = (me.parse().expect("ME"), pages.parse().expect("PAGES"));
     let sync = Path::new(&sync);
     let catalog = sharer(Path::new(&dir));
-    let file_len = crate::file::format::file_len(STORED_LEN) as usize;
+    let file_len = crate::format::file_len(STORED_LEN) as usize;
     for i in 0..pages {
         let key = key(&format!("page{i}"));
         let path = catalog.layout().page_path(&key).expect("a page path");
@@ -379,7 +375,7 @@ fn a_shared_page_file_without_page_bytes_is_absent() {
     let dir = tempfile::tempdir().expect("a temp folder");
     let catalog = sharer(dir.path());
     let (a, b) = (key("a"), key("b"));
-    let trailer_only = vec![0u8; crate::file::format::TRAILER as usize];
+    let trailer_only = vec![0u8; crate::format::TRAILER as usize];
     fs::write(
         catalog.layout().page_path(&a).expect("a path"),
         &trailer_only,

@@ -3,8 +3,8 @@
 use super::lease::{Lease, SharedFile};
 use super::victim::PutBack;
 use super::*;
-use crate::file::layout::{FileStamp, FolderPage};
-use crate::file::{FolderMode, SharedLocks};
+use crate::layout::{FileStamp, FolderPage};
+use crate::{FolderMode, SharedLocks};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use tier_core::PageKey;
@@ -39,7 +39,7 @@ fn store(layout: &Layout, name: &str, bytes: &[u8]) -> PathBuf {
     let path = layout.page_path(&key).expect("a path");
     let temp = layout.temp_path(&path);
     fs::write(&temp, bytes).expect("a temp file");
-    crate::file::format::seal(&temp, &key, bytes.len(), None, false).expect("sealed");
+    crate::format::seal(&temp, &key, bytes.len(), None, false).expect("sealed");
     fs::rename(&temp, &path).expect("renamed into place");
     path
 }
@@ -57,7 +57,7 @@ fn used_later(path: &Path) {
 /// The page a stored file holds (its trailer left off).
 fn page_of(path: &Path) -> Vec<u8> {
     let mut bytes = fs::read(path).expect("the page stays");
-    bytes.truncate(bytes.len() - crate::file::format::TRAILER as usize);
+    bytes.truncate(bytes.len() - crate::format::TRAILER as usize);
     bytes
 }
 
@@ -336,7 +336,7 @@ fn victims_are_the_oldest_of_each_window_in_the_share_the_folders_must_lose() {
 fn a_put_just_past_the_capacity_leaves_its_eviction_beside_it() {
     let (_dir, layout) = layout();
     let page = vec![7u8; 1000];
-    let file = crate::file::format::file_len(page.len());
+    let file = crate::format::file_len(page.len());
     for i in 0..100 {
         store(&layout, &format!("p{i}"), &page);
     }

@@ -14,7 +14,7 @@ const DIGITS: usize = 64;
 
 /// A key, packed by a [`Packer`].
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub(super) enum Packed {
+pub enum Packed {
     /// The key's prefix by number, then its digest's bytes.
     Digest { prefix: u32, digest: [u8; 32] },
     /// The key whole.
@@ -22,7 +22,7 @@ pub(super) enum Packed {
 }
 
 /// Packs keys and unpacks them, holding the prefixes seen (never forgotten: ids stay valid).
-pub(super) struct Packer {
+pub struct Packer {
     ids: HashMap<Box<str>, u32>,
     prefixes: Vec<Box<str>>,
 }

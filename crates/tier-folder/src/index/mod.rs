@@ -430,7 +430,7 @@ impl PageIndex {
 /// Gives the allocator's free memory back to the system: after an index turned sampled (its
 /// policy's entries freed) and after an open's scan (its keys freed once indexed), glibc keeps
 /// the freed blocks, millions of small ones, in the process's resident set otherwise.
-pub(super) fn release_freed_memory() {
+pub fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only hands free memory of the allocator's arenas back to the system.
     unsafe {
