@@ -33,7 +33,9 @@ unsafe impl Send for StagingBuf {}
 unsafe impl Sync for StagingBuf {}
 
 impl StagingBuf {
-    fn new(backend: &Arc<Backend>, len: usize) -> Result<Self, TierError> {
+    /// A buffer of `len` bytes, registered with `backend` where there is one (the syscalls
+    /// engine registers nothing).
+    fn new(backend: Option<&Arc<Backend>>, len: usize) -> Result<Self, TierError> {
         let layout = Layout::from_size_align(len, ALIGN)
             .map_err(|_| TierError::config("staging_bytes", "must be a positive size"))?;
         // SAFETY: non-zero size (checked by config), valid alignment.
@@ -45,6 +47,9 @@ impl StagingBuf {
             registration: None,
             ptr,
             len,
+        };
+        let Some(backend) = backend else {
+            return Ok(buf);
         };
         let desc = Desc::dram(buf.addr(), len);
         let registration =
@@ -92,7 +97,7 @@ impl Drop for StagingBuf {
 
 /// A bounded pool of staging buffers.
 pub struct StagingPool {
-    backend: Arc<Backend>,
+    backend: Option<Arc<Backend>>,
     buf_bytes: usize,
     free: Mutex<Vec<StagingBuf>>,
     permits: Arc<Semaphore>,
@@ -100,7 +105,7 @@ pub struct StagingPool {
 
 impl StagingPool {
     /// A pool of at most `buffers` buffers of `buf_bytes` each.
-    pub fn new(backend: Arc<Backend>, buffers: usize, buf_bytes: usize) -> Arc<Self> {
+    pub fn new(backend: Option<Arc<Backend>>, buffers: usize, buf_bytes: usize) -> Arc<Self> {
         Arc::new(Self {
             backend,
             buf_bytes: align_up(buf_bytes),
@@ -124,8 +129,8 @@ impl StagingPool {
         let buf = match reused {
             Some(buf) => buf,
             None => {
-                let (backend, bytes) = (Arc::clone(&self.backend), self.buf_bytes);
-                tokio::task::spawn_blocking(move || StagingBuf::new(&backend, bytes))
+                let (backend, bytes) = (self.backend.clone(), self.buf_bytes);
+                tokio::task::spawn_blocking(move || StagingBuf::new(backend.as_ref(), bytes))
                     .await
                     .map_err(|e| {
                         TierError::Unavailable(format!("staging allocation task failed: {e}"))

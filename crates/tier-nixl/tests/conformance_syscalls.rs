@@ -15,3 +15,55 @@ mod direct {
             .direct()
     );
 }
+
+/// The resident bytes of this process, from `/proc/self/status`.
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("a VmRSS line")
+        * 1024
+}
+
+/// A tier on the syscalls engine moves every byte itself: it creates no NIXL agent and maps
+/// none of NIXL's libraries (run alone in a process, so nothing else loaded them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_syscalls_tier_loads_no_nixl() {
+    if !tier_tests::fd::in_own_process() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temp folder");
+    let before = rss_bytes();
+    let mut config = tier_nixl::NixlFileConfig::new([dir.path()]);
+    config.engine = tier_nixl::FileEngine::Syscalls;
+    let tier = tier_nixl::NixlFileTier::open(config).await.expect("opens");
+    tier.opened().await;
+    let grown = rss_bytes().saturating_sub(before);
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
+    let nixl: Vec<&str> = maps
+        .lines()
+        .filter(|l| l.contains("nixl"))
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    println!(
+        "an empty syscalls-engine folder's open grew RSS by {:.1} MiB; NIXL files mapped: {}",
+        grown as f64 / (1 << 20) as f64,
+        nixl.len()
+    );
+    assert!(
+        nixl.is_empty(),
+        "{} NIXL files mapped by a syscalls tier, among them {:?}",
+        nixl.len(),
+        &nixl[..nixl.len().min(3)]
+    );
+    // (NIXL's agents and libraries took 42 MiB here.)
+    assert!(
+        grown < 16 << 20,
+        "an empty syscalls tier's open grew RSS by {grown} bytes"
+    );
+    drop(tier);
+}

@@ -1,5 +1,6 @@
 //! Opening the tier: folders created and locked, leftovers of crashed writes removed, the
-//! pages present indexed, one NIXL backend per lane created, path mode and direct I/O probed.
+//! pages present indexed, one NIXL backend per lane created (none for the syscalls engine), path
+//! mode and direct I/O probed.
 
 use std::fs::{self, File};
 use std::os::unix::io::AsRawFd;
@@ -11,12 +12,12 @@ use tier_core::{StatsRecorder, TierError, WriteOrder};
 use super::catalog::Catalog;
 use super::fleet::Fleet;
 use super::index::PageIndex;
-use super::io::{self, FileIo, FileMode};
+use super::io::{self, Engine, FileIo, FileMode};
 use super::layout::Layout;
 use super::perms::{self, FolderMode};
 use super::{
-    format, BoundedIo, DirectIo, Durability, FileAccess, FilePlugin, NixlFileConfig, PageChecksum,
-    PathModeChoice, Shared, SharedLocks, VerifyReads,
+    format, BoundedIo, DirectIo, Durability, FileAccess, FileEngine, FilePlugin, NixlFileConfig,
+    PageChecksum, PathModeChoice, Shared, SharedLocks, VerifyReads,
 };
 use crate::nixl::Agent;
 use crate::staging::StagingPool;
@@ -31,7 +32,11 @@ impl Shared {
         config: NixlFileConfig,
         opened: tokio::sync::watch::Receiver<bool>,
     ) -> Result<Self, TierError> {
-        let runtime = crate::runtime::load(config.runtime_dir.as_deref())?;
+        // The syscalls engine moves every byte itself: no runtime, agent or registration.
+        let runtime = match config.engine {
+            FileEngine::Nixl => Some(crate::runtime::load(config.runtime_dir.as_deref())?),
+            FileEngine::Syscalls => None,
+        };
         let layout = Layout::create(&config.dirs, config.mode)?;
         let index = PageIndex::new(config.policy)
             .ok_or_else(|| {
@@ -67,19 +72,24 @@ impl Shared {
         };
 
         let plugin = config.plugin.nixl_name();
-        let backends = (0..config.staging_buffers)
-            .map(|lane| create_backend(&config, lane))
-            .collect::<Result<Vec<_>, _>>()?;
-        let backend = Arc::clone(&backends[0]);
-        let mode = match (config.path_mode, io::probe_path_mode(&backend)) {
-            (PathModeChoice::Off, _) => FileMode::Fd,
-            (PathModeChoice::On, FileMode::Fd) => {
-                return Err(TierError::config(
-                    "path_mode",
-                    "path mode was required, but this NIXL runtime ignores path metaInfo (NIXL >= 1.3 has it)",
-                ))
-            }
-            (_, probed) => probed,
+        let backends = match config.engine {
+            FileEngine::Nixl => (0..config.staging_buffers)
+                .map(|lane| create_backend(&config, lane))
+                .collect::<Result<Vec<_>, _>>()?,
+            FileEngine::Syscalls => Vec::new(),
+        };
+        let mode = match (config.path_mode, backends.first()) {
+            // The syscalls engine opens every file itself.
+            (_, None) | (PathModeChoice::Off, _) => FileMode::Fd,
+            (choice, Some(backend)) => match (choice, io::probe_path_mode(backend)) {
+                (PathModeChoice::On, FileMode::Fd) => {
+                    return Err(TierError::config(
+                        "path_mode",
+                        "path mode was required, but this NIXL runtime ignores path metaInfo (NIXL >= 1.3 has it)",
+                    ))
+                }
+                (_, probed) => probed,
+            },
         };
         let direct = match config.direct_io {
             DirectIo::Off => false,
@@ -115,23 +125,35 @@ impl Shared {
             BoundedIo::Off => false,
             BoundedIo::Auto => remote,
         };
-        tracing::info!(
-            tier = %config.name, %runtime, plugin, %mode, direct, bounded_io = bounded,
-            access = ?config.access,
-            "NIXL FILE tier open"
-        );
+        match &runtime {
+            Some(runtime) => tracing::info!(
+                tier = %config.name, %runtime, plugin, %mode, direct, bounded_io = bounded,
+                access = ?config.access,
+                "NIXL FILE tier open"
+            ),
+            None => tracing::info!(
+                tier = %config.name, engine = "syscalls", direct, bounded_io = bounded,
+                access = ?config.access,
+                "NIXL FILE tier open"
+            ),
+        }
         let staging = StagingPool::new(
-            Arc::clone(&backend),
+            backends.first().cloned(),
             config.staging_buffers,
             config.staging_bytes,
         );
         let verified =
             (config.verify == VerifyReads::Once).then(|| Arc::new(io::VerifiedFiles::default()));
-        let lanes = backends
+        let engines: Vec<Engine> = match config.engine {
+            FileEngine::Nixl => backends.into_iter().map(Engine::Nixl).collect(),
+            FileEngine::Syscalls => (0..config.staging_buffers.max(1))
+                .map(|_| Engine::Syscalls)
+                .collect(),
+        };
+        let lanes = engines
             .into_iter()
-            .map(|backend| FileIo {
-                backend,
-                engine: config.engine,
+            .map(|engine| FileIo {
+                engine,
                 mode,
                 timeout: config.transfer_timeout,
                 sync: config.durability == Durability::Power,

@@ -7,11 +7,8 @@ use std::sync::Arc;
 use tier_core::{OrderGuard, Page, PageData, PageKey, PutResult, TierError};
 
 use super::helpers::run_split;
-use super::io::{self, FileIo, Xfer};
-use super::{
-    checksum, chunks, format, Durability, FileAccess, FileEngine, NixlFileTier, PageChecksum,
-    Shared,
-};
+use super::io::{self, Engine, FileIo, Xfer};
+use super::{checksum, chunks, format, Durability, FileAccess, NixlFileTier, PageChecksum, Shared};
 use crate::batch::{run_blocking, send_pages, BatchOutcome};
 use crate::nixl::{Held, XferOp};
 use crate::staging::StagingLease;
@@ -267,7 +264,7 @@ impl Shared {
         pages: &[PlannedWrite<'_>],
         lent: bool,
     ) -> (Vec<Xfer>, BatchOutcome) {
-        if io.engine == FileEngine::Syscalls {
+        let Engine::Nixl(backend) = &io.engine else {
             let xfers = write_xfers(pages, |_, page| {
                 page.data
                     .regions()
@@ -276,7 +273,7 @@ impl Shared {
             });
             let outcome = io.transfer_all(XferOp::Write, &xfers, &Held::default().seal());
             return (xfers, outcome);
-        }
+        };
         let regions: Vec<&[u8]> = pages.iter().flat_map(|p| p.data.regions()).collect();
         // The tier's pages are held by their transfers; a caller's are read during the call.
         let owner = (!lent).then(|| {
@@ -284,7 +281,7 @@ impl Shared {
             Arc::new(shared) as Arc<dyn Send + Sync>
         });
         let mut xfers = Vec::new();
-        let outcome = send_pages(&io.backend, &regions, owner, &mut |addrs, held| {
+        let outcome = send_pages(backend, &regions, owner, &mut |addrs, held| {
             let mut addrs = addrs.iter();
             xfers = write_xfers(pages, |_, page| {
                 page.data

@@ -13,7 +13,7 @@ use tier_folder::{checksum, format, io::move_by_syscalls};
 use crate::batch::{move_isolating, BatchOutcome};
 use crate::nixl::{Backend, Held, XferOp};
 use crate::staging::align_up;
-use crate::{FileEngine, READ_ATTEMPTS};
+use crate::READ_ATTEMPTS;
 
 mod nixl;
 
@@ -22,12 +22,24 @@ pub use tier_folder::io::{
     file_id, free_bytes, op_name, pin, sync_folders, FileId, VerifiedFiles, Xfer, VERIFY_ONCE_MIN,
 };
 
-/// A FILE backend and how to use it.
+/// What moves a lane's bytes.
+pub enum Engine {
+    /// A NIXL FILE backend (one agent per lane).
+    Nixl(Arc<Backend>),
+    /// kvtier's own system calls (`tier_folder::io`): no NIXL agent, nothing registered.
+    Syscalls,
+}
+
+impl Engine {
+    fn is_nixl(&self) -> bool {
+        matches!(self, Self::Nixl(_))
+    }
+}
+
+/// A lane's engine and how to use it.
 pub struct FileIo {
-    /// The backend.
-    pub backend: Arc<Backend>,
     /// What moves the bytes.
-    pub engine: FileEngine,
+    pub engine: Engine,
     /// Path or fd mode.
     pub mode: FileMode,
     /// Bound on each transfer's completion.
@@ -58,8 +70,12 @@ pub fn slots(lens: impl IntoIterator<Item = usize>) -> (Vec<usize>, usize) {
 
 impl FileIo {
     fn backend_error(&self, key: Option<&PageKey>, message: String) -> TierError {
+        let backend = match &self.engine {
+            Engine::Nixl(backend) => format!("nixl {} ({} mode)", backend.plugin(), self.mode),
+            Engine::Syscalls => "syscalls".to_string(),
+        };
         TierError::Backend {
-            backend: format!("nixl {} ({} mode)", self.backend.plugin(), self.mode),
+            backend,
             key: key.cloned(),
             message,
         }
@@ -69,9 +85,8 @@ impl FileIo {
     /// nothing where the engine needs no registration.
     pub fn lend_local(&self, ranges: &[(usize, usize)]) -> Result<Arc<Held>, TierError> {
         let mut held = Held::default();
-        if self.engine != FileEngine::Syscalls {
-            let registration = self
-                .backend
+        if let Engine::Nixl(backend) = &self.engine {
+            let registration = backend
                 .register_dram(ranges)
                 .map_err(|e| self.backend_error(None, format!("registering page memory: {e}")))?;
             held.lend(registration);
@@ -83,7 +98,7 @@ impl FileIo {
     /// retries each item alone so one bad page does not fail its neighbours. `memory`
     /// registered the items' DRAM (nothing for the syscall engine).
     pub fn transfer_all(&self, op: XferOp, items: &[Xfer], memory: &Arc<Held>) -> BatchOutcome {
-        if self.engine == FileEngine::Syscalls {
+        if !self.engine.is_nixl() {
             return BatchOutcome {
                 results: items
                     .iter()
@@ -170,8 +185,7 @@ impl FileIo {
     fn read_once(&self, items: &[Xfer], memory: &Arc<Held>) -> BatchReads {
         // A checksum is read by path: the file's identity before and after proves it is the
         // one whose bytes were read.
-        let watch =
-            |i: &Xfer| i.checksum.is_none() && (self.engine == FileEngine::Nixl || self.checksums);
+        let watch = |i: &Xfer| i.checksum.is_none() && (self.engine.is_nixl() || self.checksums);
         // Pages verified once per file version: their identity is taken before and after too.
         let verified = self.verified.as_deref().filter(|_| self.checksums);
         let once = |i: &Xfer| verified.is_some() && i.len >= VERIFY_ONCE_MIN;
@@ -186,11 +200,11 @@ impl FileIo {
             .map(|id| id.is_some_and(|id| verified.is_some_and(|v| v.contains(&id))))
             .collect();
         let mut hashed = vec![None; items.len()];
-        let outcome = match (self.engine, self.checksums) {
-            (FileEngine::Nixl, true) if items.iter().any(|i| !i.direct) => {
+        let outcome = match (&self.engine, self.checksums) {
+            (Engine::Nixl(_), true) if items.iter().any(|i| !i.direct) => {
                 self.transfer_hashing(items, memory, &skip, &mut hashed)
             }
-            (FileEngine::Syscalls, true) => self.read_hashing(items, &skip, &mut hashed),
+            (Engine::Syscalls, true) => self.read_hashing(items, &skip, &mut hashed),
             _ => self.transfer_all(XferOp::Read, items, memory),
         };
         let after: Vec<Option<FileId>> = items

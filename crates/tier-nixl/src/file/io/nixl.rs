@@ -16,7 +16,7 @@ use crate::nixl::{
 };
 
 use super::super::FolderMode;
-use super::{op_name, FileIo, Xfer};
+use super::{op_name, Engine, FileIo, Xfer};
 use tier_folder::io::open_page;
 /// How files are handed to NIXL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,8 +181,13 @@ impl FileIo {
             .enumerate()
             .flat_map(|(n, &i)| descs(&items[i], dev_ids[n]))
             .unzip();
-        let registration = self
-            .backend
+        let Engine::Nixl(backend) = &self.engine else {
+            return Err(Failure::Batch(format!(
+                "{}: the syscalls engine has no NIXL backend",
+                op_name(op)
+            )));
+        };
+        let registration = backend
             .register(MemKind::File, &files_reg)
             .map_err(|e| Failure::Batch(format!("{}: registering files: {e}", op_name(op))))?;
         let mut held = Held::default();
@@ -190,7 +195,7 @@ impl FileIo {
         held.files(registration, files);
         let held = held.seal();
         let posting = |local: &[Desc<'_>], remote: &[Desc<'_>]| {
-            self.backend
+            backend
                 .post(op, local, MemKind::File, remote, &held)
                 .map_err(|e| Failure::Batch(format!("{}: posting the transfer: {e}", op_name(op))))
         };
