@@ -178,7 +178,7 @@ impl Layout {
                 }
             }
             let Ok(meta) = entry.metadata() else { continue };
-            let page_len = super::format::page_len(meta.len());
+            let page_len = crate::format::page_len(meta.len());
             let Some(page_len) = page_len.filter(|&l| meta.is_file() && l > 0) else {
                 report.foreign += 1;
                 continue;
@@ -262,7 +262,7 @@ impl Layout {
                 .file_name()
                 .and_then(|n| decode(&n.to_string_lossy()))
                 .is_some_and(|key| self.page_path(&key).is_ok_and(|p| p == path));
-            if ours && meta.is_file() && meta.len() > super::format::TRAILER {
+            if ours && meta.is_file() && meta.len() > crate::format::TRAILER {
                 report.pages.push(FolderPage {
                     len: meta.len(),
                     stamp: FileStamp::of(&meta),

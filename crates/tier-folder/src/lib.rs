@@ -2,7 +2,8 @@
 //! everything about those files that is not how their bytes move.
 //!
 //! - [`layout`]: where a page lives (folder, bucket, escaped name), temp names, bucket
-//!   pre-creation, scans. [`format`]: the page file's trailer and each folder's format marker.
+//!   pre-creation, scans. [`format`]: the page file's trailer; [`marker`]: each folder's format
+//!   marker.
 //! - [`catalog`]: the pages a tier stores, as files and index entries changed together;
 //!   [`index`]: entries, generations, checksums, capacity and eviction order ([`packed`]
 //!   keys).
@@ -20,6 +21,7 @@ pub mod format;
 pub mod index;
 pub mod io;
 pub mod layout;
+pub mod marker;
 pub mod packed;
 pub mod perms;
 pub mod probe;

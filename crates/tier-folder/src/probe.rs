@@ -92,7 +92,7 @@ pub fn probe_folder(dir: &Path, other: Option<&Path>) -> io::Result<FolderProbe>
         .is_ok();
     let hard_links = fs::hard_link(&file, scratch.0.join("link")).is_ok();
     let rename_noreplace =
-        super::fleet::rename_noreplace(&file, &scratch.0.join("renamed")).is_ok();
+        super::perms::rename_noreplace(&file, &scratch.0.join("renamed")).is_ok();
     Ok(FolderProbe {
         dir,
         filesystem,

@@ -38,7 +38,7 @@ pub(super) fn land_shared(temp: &Path, path: &Path, len: u64) -> std::io::Result
     };
     // A name freed and taken again between the tries is tried once more, a few times at most.
     for _ in 0..4 {
-        match super::super::fleet::rename_noreplace(temp, path) {
+        match crate::perms::rename_noreplace(temp, path) {
             Ok(()) => return Ok(len as i64),
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
             Err(e) if unsupported(&e) => match fs::hard_link(temp, path) {
@@ -53,7 +53,7 @@ pub(super) fn land_shared(temp: &Path, path: &Path, len: u64) -> std::io::Result
             },
             Err(e) => return Err(e),
         }
-        match super::super::fleet::rename_exchange(temp, path) {
+        match crate::perms::rename_exchange(temp, path) {
             Ok(()) => {
                 // The file replaced is at the temp name now, this writer's alone.
                 let replaced = fs::symlink_metadata(temp)

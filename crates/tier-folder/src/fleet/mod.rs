@@ -48,7 +48,6 @@ use super::layout::{self, FolderScan, Layout};
 use super::SharedFolder;
 use lease::{holder_id, Lease, SharedFile, Usage, UsageMark};
 use victim::{put_back, unlink_if_unchanged, Victim};
-pub(crate) use victim::{rename_exchange, rename_noreplace};
 
 const USAGE_FILE: &str = ".kvtier.usage";
 const LEASE_FILE: &str = ".kvtier.lease";

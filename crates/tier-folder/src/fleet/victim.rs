@@ -6,6 +6,7 @@ use std::io;
 use std::path::Path;
 
 use super::layout::{FileStamp, FolderPage, Layout};
+use crate::perms::rename_noreplace;
 
 /// What became of a victim.
 pub(super) enum Victim {
@@ -95,40 +96,4 @@ pub(super) fn unlink_if(
     }
     fs::remove_file(&aside)?;
     Ok(Victim::Spared(0))
-}
-
-/// Renames `from` to `to` unless `to` exists (`renameat2` with `RENAME_NOREPLACE`).
-pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
-    renameat2(from, to, libc::RENAME_NOREPLACE)
-}
-
-/// Swaps the files at `from` and `to`, both of which must exist (`renameat2` with
-/// `RENAME_EXCHANGE`).
-pub(crate) fn rename_exchange(from: &Path, to: &Path) -> io::Result<()> {
-    renameat2(from, to, libc::RENAME_EXCHANGE)
-}
-
-fn renameat2(from: &Path, to: &Path, flags: libc::c_uint) -> io::Result<()> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    let c = |p: &Path| {
-        CString::new(p.as_os_str().as_bytes())
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
-    };
-    let (from, to) = (c(from)?, c(to)?);
-    // SAFETY: two NUL-terminated paths that live across the call.
-    let done = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            from.as_ptr(),
-            libc::AT_FDCWD,
-            to.as_ptr(),
-            flags,
-        )
-    };
-    if done == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
 }

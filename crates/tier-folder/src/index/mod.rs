@@ -1,7 +1,7 @@
 //! The in-memory index of complete pages: presence, length, pins, byte capacity, and the
 //! eviction policy's order.
 //!
-//! The tier's [catalog](super::catalog) changes a page's file and its entry together, under
+//! The tier's catalog (`crate::catalog`) changes a page's file and its entry together, under
 //! one lock (a rename in with its insert, an unlink with its removal). Each entry has a
 //! generation: a read that finds its file vanished forgets the entry only if it is still the
 //! one the read planned with.

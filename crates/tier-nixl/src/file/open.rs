@@ -16,7 +16,7 @@ use super::io::{self, Engine, FileIo, FileMode};
 use super::layout::Layout;
 use super::perms::{self, FolderMode};
 use super::{
-    format, BoundedIo, DirectIo, Durability, FileAccess, FileEngine, FilePlugin, NixlFileConfig,
+    BoundedIo, DirectIo, Durability, FileAccess, FileEngine, FilePlugin, NixlFileConfig,
     PageChecksum, PathModeChoice, Shared, SharedLocks, VerifyReads,
 };
 use crate::nixl::Agent;
@@ -54,7 +54,11 @@ impl Shared {
                 .collect::<Result<Vec<_>, _>>()?,
         };
         for dir in layout.dirs() {
-            format::check_folder(dir, config.access != FileAccess::Reader, config.mode)?;
+            tier_folder::marker::check_folder(
+                dir,
+                config.access != FileAccess::Reader,
+                config.mode,
+            )?;
         }
         let catalog = match config.access {
             FileAccess::Owner => Catalog::owned(layout, index),

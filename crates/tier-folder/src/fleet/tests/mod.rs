@@ -4,6 +4,7 @@ use super::lease::{Lease, SharedFile};
 use super::victim::PutBack;
 use super::*;
 use crate::layout::{FileStamp, FolderPage};
+use crate::perms::rename_noreplace;
 use crate::{FolderMode, SharedLocks};
 use std::fs::File;
 use std::path::{Path, PathBuf};
