@@ -45,6 +45,7 @@ pub use tier_policy::PolicyKind;
 
 use names::MARKER;
 use objects::{GiveBack, Objects};
+use shared::Fleet;
 
 /// Which object a name held when asked: its length and the store's identity of its content.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,14 +67,23 @@ pub struct ObjectId {
 /// back), and a later put or remove of the same keys waits for it, so it never lands late.
 pub struct ObjectTier {
     objects: Arc<Objects>,
+    /// The capacity of a shared prefix (a private one's is its objects' catalog).
+    fleet: Option<Arc<Fleet>>,
     order: WriteOrder,
 }
 
 impl ObjectTier {
     /// A tier over `store`; checks the config (no request is made).
     pub fn open(store: Arc<dyn ObjectStore>, config: ObjectTierConfig) -> Result<Self, TierError> {
+        let fleet = match (config.access, config.capacity_bytes) {
+            (PrefixAccess::Shared, Some(capacity)) => {
+                Some(Arc::new(Fleet::new(config.shared, capacity)))
+            }
+            _ => None,
+        };
         Ok(Self {
             objects: Arc::new(Objects::new(store, config)?),
+            fleet,
             order: WriteOrder::new(),
         })
     }
@@ -124,7 +134,7 @@ impl ObjectTier {
     /// without a capacity. A shared prefix starts its listing in the background and returns
     /// 0 at once ([`Self::settle`] waits for it).
     pub async fn load_catalog(&self) -> Result<usize, TierError> {
-        if self.objects.fleet.is_some() {
+        if self.fleet.is_some() {
             // The listing runs beside the calls served meanwhile (see `shared`).
             drop(self.settle_in_background(false));
             return Ok(0);
@@ -156,7 +166,7 @@ impl ObjectTier {
     /// and page length), in batch order, in the catalog of a tier with a capacity; returns how
     /// many the policy evicted (deleted by the next [`Self::delete_evicted`]).
     pub fn record_stored<'k>(&self, pages: impl IntoIterator<Item = (&'k PageKey, u64)>) -> usize {
-        if let Some(fleet) = &self.objects.fleet {
+        if let Some(fleet) = &self.fleet {
             for (key, len) in pages {
                 fleet.note_written(key, len);
             }
@@ -176,7 +186,7 @@ impl ObjectTier {
 
     /// For a tier reading these objects another way: records the keys it read, in batch order.
     pub fn record_read<'k>(&self, keys: impl IntoIterator<Item = &'k PageKey>) {
-        if let Some(fleet) = &self.objects.fleet {
+        if let Some(fleet) = &self.fleet {
             fleet.note_read(keys);
             return;
         }
@@ -194,7 +204,7 @@ impl ObjectTier {
     /// capacity and this node gets the lease; waits for a listing under way first. (Puts and
     /// opens leave this to the background; see `shared`.) A no-op for a private prefix.
     pub async fn settle(&self) -> Result<(), TierError> {
-        match &self.objects.fleet {
+        match &self.fleet {
             Some(fleet) => fleet.settle(&self.objects, true).await,
             None => Ok(()),
         }
@@ -204,8 +214,9 @@ impl ObjectTier {
     /// finishes and frees its lease); `wait`: after any under way.
     fn settle_in_background(&self, wait: bool) -> tokio::task::JoinHandle<()> {
         let objects = Arc::clone(&self.objects);
+        let fleet = self.fleet.clone();
         tokio::spawn(async move {
-            let Some(fleet) = &objects.fleet else {
+            let Some(fleet) = fleet else {
                 return;
             };
             if let Err(e) = fleet.settle(&objects, wait).await {
@@ -217,7 +228,7 @@ impl ObjectTier {
     /// Deletes the objects the catalog evicted, each in its key's turn and only if no put has
     /// stored the key again since; what could not be deleted is retried by a later put.
     pub async fn delete_evicted(&self) {
-        if let Some(fleet) = self.objects.fleet.as_ref().filter(|f| f.due()) {
+        if let Some(fleet) = self.fleet.as_ref().filter(|f| f.due()) {
             let wait = fleet.over_bound();
             let settling = self.settle_in_background(wait);
             if wait {
@@ -267,7 +278,7 @@ impl ObjectTier {
 
     /// What this node did for a shared prefix (`None` unless the prefix is shared and bounded).
     pub fn prefix_stats(&self) -> Option<PrefixStats> {
-        self.objects.fleet.as_ref().map(|f| f.stats(&self.objects))
+        self.fleet.as_ref().map(|f| f.stats(&self.objects))
     }
 
     /// Checks that the store answers and the credentials may list the prefix.
@@ -306,19 +317,33 @@ impl ObjectTier {
 #[async_trait]
 impl StorageTier for ObjectTier {
     fn info(&self) -> TierInfo {
-        self.objects.info()
+        let mut info = self.objects.info();
+        if let Some(fleet) = &self.fleet {
+            info.capacity_bytes = Some(fleet.capacity());
+        }
+        info
     }
 
     fn stats(&self) -> TierStats {
-        self.objects.stats()
+        self.objects.stats(self.fleet.as_ref().map(|f| f.bytes()))
     }
 
     async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
         let keys = pages.iter().map(|p| p.key.clone()).collect();
         let owned: Vec<Page<'static>> = pages.iter().map(Page::to_shared).collect();
+        // Noted in the task: a put whose call is dropped still counts in the fleet's usage.
+        let fleet = self.fleet.clone();
         let results = self
             .in_turn(keys, pages.len(), move |objects| async move {
-                objects.put(&owned).await
+                let results = objects.put(&owned).await;
+                if let Some(fleet) = &fleet {
+                    for (page, r) in owned.iter().zip(&results) {
+                        if r.is_ok() {
+                            fleet.note_written(&page.key, page.data.len() as u64);
+                        }
+                    }
+                }
+                results
             })
             .await;
         self.delete_evicted().await;
@@ -326,7 +351,14 @@ impl StorageTier for ObjectTier {
     }
 
     async fn get(&self, slots: &mut [ReadSlot<'_>]) -> Vec<GetResult> {
-        self.objects.get(slots).await
+        let results = self.objects.get(slots).await;
+        if let Some(fleet) = &self.fleet {
+            let hits = slots.iter().zip(&results);
+            fleet.note_read(hits.filter_map(|(slot, r)| {
+                matches!(r, Ok(tier_core::Lookup::Hit)).then_some(&slot.key)
+            }));
+        }
+        results
     }
 
     async fn exists(&self, keys: &[PageKey]) -> Result<usize, TierError> {
@@ -352,7 +384,7 @@ impl StorageTier for ObjectTier {
     /// eviction called for), after any settle under way, so a node that flushes before it
     /// exits leaves the prefix within its capacity. Otherwise nothing to wait for.
     async fn flush(&self) -> Result<(), TierError> {
-        match &self.objects.fleet {
+        match &self.fleet {
             Some(fleet) if fleet.due() => fleet.settle(&self.objects, true).await,
             _ => Ok(()),
         }

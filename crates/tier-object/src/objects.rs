@@ -14,7 +14,6 @@ use tier_core::{
 
 use crate::catalog::Catalog;
 use crate::names::{escape, parse_prefix};
-use crate::shared::Fleet;
 use crate::unfinished::Unfinished;
 use crate::PrefixAccess;
 use crate::{ObjectId, ObjectTierConfig};
@@ -43,8 +42,6 @@ pub(crate) struct Objects {
     pub(crate) backend: String,
     pub(crate) stats: StatsRecorder,
     pub(crate) catalog: Option<Catalog>,
-    /// The capacity of a shared prefix (instead of a catalog).
-    pub(crate) fleet: Option<Fleet>,
     /// LIST requests made, as S3 pages them (see [`Objects::count_listed`]).
     pub(crate) list_requests: std::sync::atomic::AtomicU64,
 }
@@ -110,15 +107,10 @@ impl Objects {
                 "lease and relist must be positive",
             ));
         }
-        let (catalog, fleet) = match (config.access, catalog, config.capacity_bytes) {
-            (PrefixAccess::Shared, Some(_), Some(capacity)) => {
-                (None, Some(Fleet::new(config.shared, capacity)))
-            }
-            (_, catalog, _) => (catalog, None),
-        };
+        // A shared prefix's capacity is its fleet's (see `shared`), not a catalog's.
+        let catalog = catalog.filter(|_| config.access != PrefixAccess::Shared);
         Ok(Self {
             catalog,
-            fleet,
             backend: format!("object store {store}"),
             store,
             prefix,
@@ -362,20 +354,16 @@ impl Objects {
         TierInfo {
             name: self.config.name.clone(),
             kind: "object".into(),
-            capacity_bytes: self
-                .catalog
-                .as_ref()
-                .map(Catalog::capacity)
-                .or(self.fleet.as_ref().map(Fleet::capacity)),
+            capacity_bytes: self.catalog.as_ref().map(Catalog::capacity),
             max_page_bytes: Some(self.config.max_page_bytes),
             persistent: true,
         }
     }
 
-    pub(crate) fn stats(&self) -> TierStats {
-        let held = self.catalog.as_ref().map(Catalog::bytes);
-        self.stats
-            .snapshot(held.or(self.fleet.as_ref().map(Fleet::bytes)))
+    /// The tier's counts, with the bytes its catalog holds, else `held` (a fleet's).
+    pub(crate) fn stats(&self, held: Option<u64>) -> TierStats {
+        let held = self.catalog.as_ref().map(Catalog::bytes).or(held);
+        self.stats.snapshot(held)
     }
 
     pub(crate) async fn put(&self, pages: &[Page<'_>]) -> Vec<PutResult> {
@@ -403,9 +391,6 @@ impl Objects {
                         let evicted = catalog.insert(&page.key, page.data.len() as u64, after);
                         (0..evicted).for_each(|_| self.stats.eviction());
                     }
-                    if let Some(fleet) = &self.fleet {
-                        fleet.note_written(&page.key, page.data.len() as u64);
-                    }
                     after = Some(&page.key);
                 }
                 Err(_) => self.stats.errors(1),
@@ -420,12 +405,6 @@ impl Objects {
             .map(|slot| -> Job<'_, GetResult> { Box::pin(self.get_one(slot)) })
             .collect();
         let results = run_ordered(jobs, self.config.concurrency).await;
-        if let Some(fleet) = &self.fleet {
-            let hits = slots.iter().zip(&results);
-            fleet.note_read(hits.filter_map(|(slot, r)| {
-                matches!(r, Ok(tier_core::Lookup::Hit)).then_some(&slot.key)
-            }));
-        }
         if let Some(catalog) = &self.catalog {
             let mut after = None;
             for (slot, r) in slots.iter().zip(&results) {

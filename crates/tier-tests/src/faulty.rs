@@ -12,7 +12,7 @@ use tier_core::{
     TierError, TierInfo, TierStats,
 };
 
-use crate::suite::DynTier;
+use crate::factory::DynTier;
 
 /// What to inject.
 #[derive(Debug, Clone, Default)]

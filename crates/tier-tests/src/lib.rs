@@ -23,6 +23,7 @@ pub mod broken;
 pub mod cancel;
 pub mod content;
 pub mod explore;
+pub mod factory;
 pub mod faulty;
 pub mod fd;
 pub mod gluster;

@@ -10,10 +10,10 @@ use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier};
 use tier_hierarchy::{HealthPolicy, Hierarchy, HierarchyPolicy, TierState, WritePolicy};
 
 use crate::content;
+use crate::factory::DynTier;
+use crate::factory::{S3Target, S3TierFactory};
 use crate::model::ModelTier;
 use crate::s3::S3Server;
-use crate::s3_faults::{S3Target, S3TierFactory};
-use crate::suite::DynTier;
 
 /// Page size of these cases.
 const LEN: usize = 64 << 10;

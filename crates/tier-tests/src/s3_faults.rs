@@ -10,50 +10,14 @@
 
 use std::time::{Duration, Instant};
 
-use tier_core::{async_trait, Lookup, Page, PageKey, TierError};
+use tier_core::{Lookup, Page, PageKey, TierError};
 
 use crate::content;
+use crate::factory::DynTier;
 use crate::s3::S3Server;
-use crate::suite::{read_page, DynTier};
+use crate::suite::read_page;
 
-/// Where a tier under test reaches S3, and the bound on each of its calls.
-#[derive(Debug, Clone)]
-pub struct S3Target {
-    /// `http://127.0.0.1:<port>`.
-    pub endpoint: String,
-    /// Bucket.
-    pub bucket: String,
-    /// Access key.
-    pub access_key: String,
-    /// Secret key.
-    pub secret_key: String,
-    /// The tier's namespace.
-    pub prefix: String,
-    /// Every call of the tier must end within this (plus one second of slack).
-    pub bound: Duration,
-}
-
-impl S3Target {
-    /// The target of `server`'s bucket under `prefix`, each call bounded by 5 s.
-    pub fn of(server: &S3Server, prefix: &str) -> Self {
-        Self {
-            endpoint: server.endpoint(),
-            bucket: server.bucket.clone(),
-            access_key: server.access_key.clone(),
-            secret_key: server.secret_key.clone(),
-            prefix: prefix.into(),
-            bound: Duration::from_secs(5),
-        }
-    }
-}
-
-/// Opens S3-backed tiers for the outage cases.
-#[async_trait]
-pub trait S3TierFactory: Send + Sync {
-    /// A tier on `target`, each call bounded by `target.bound` (give its client short request
-    /// timeouts and few retries).
-    async fn open(&self, target: &S3Target) -> Result<DynTier, TierError>;
-}
+pub use crate::factory::{S3Target, S3TierFactory};
 
 fn key(i: usize) -> PageKey {
     PageKey::new(format!("{i:064x}")).expect("valid key")

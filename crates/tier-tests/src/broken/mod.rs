@@ -11,8 +11,8 @@ use tier_core::{
     TierError, TierInfo, TierStats,
 };
 
+use crate::factory::{DynTier, TierFactory};
 use crate::model::ModelTier;
-use crate::suite::{DynTier, TierFactory};
 
 mod hierarchy;
 

@@ -17,14 +17,11 @@ pub use ops::*;
 pub use state::*;
 
 use std::cell::RefCell;
-use std::collections::BTreeSet;
 use std::future::Future;
-use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
-use tier_core::{async_trait, GetResult, Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
+use tier_core::{GetResult, Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
 use tokio::sync::RwLock;
 
 use crate::broken::HierarchyFlaw;
@@ -32,51 +29,7 @@ use crate::content;
 use descriptors::{fds_back_to, open_fds};
 use hierarchy::{lower_outage, over_faulty, over_faulty_tier, quick_probes};
 
-/// A shared tier handle.
-pub type DynTier = Arc<dyn StorageTier>;
-
-/// Opens the tiers a suite run checks. One factory serves one test: repeated [`open`] calls
-/// must reach the same storage, so a persistent tier's pages survive a drop and a reopen.
-///
-/// [`open`]: TierFactory::open
-#[async_trait]
-pub trait TierFactory: Send + Sync {
-    /// Opens the tier under test.
-    async fn open(&self) -> Result<DynTier, TierError>;
-
-    /// Opens a tier of the same kind bounded to `capacity_bytes`, on fresh storage; `None` if
-    /// the kind has no byte bound.
-    async fn open_bounded(&self, _capacity_bytes: u64) -> Option<Result<DynTier, TierError>> {
-        None
-    }
-
-    /// The folder the tier's files must stay inside, if it keeps files.
-    fn root(&self) -> Option<PathBuf> {
-        None
-    }
-
-    /// The names the tier's storage holds outside the place the tier owns, where the factory
-    /// can list them (an object tier: its bucket's names not under its prefix); `None` if it
-    /// cannot. The hostile-keys case compares them around its puts: a tier writes only under
-    /// its own prefix.
-    async fn names_outside(&self) -> Option<Result<BTreeSet<String>, String>> {
-        None
-    }
-
-    /// Descriptors the tier may legitimately keep open after a call, such as a pool of idle
-    /// network connections (0 for tiers that hold none). The fd-leak case then runs enough
-    /// rounds that a per-call leak exceeds it.
-    fn fd_slack(&self) -> usize {
-        0
-    }
-
-    /// Makes the storage under the last opened tier fail its I/O (for example by removing its
-    /// folders), so the fd-leak case can count descriptors around failing calls. Returns what
-    /// it did, or `None` if this kind cannot be made to fail.
-    async fn break_storage(&self) -> Option<String> {
-        None
-    }
-}
+pub use crate::factory::{DynTier, TierFactory};
 
 /// A case's verdict: what broke, in words.
 #[derive(Debug, Clone, PartialEq, Eq)]
