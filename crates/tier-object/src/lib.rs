@@ -43,7 +43,7 @@ pub use s3::{S3Settings, Secret};
 pub use shared::{PrefixStats, SharedPrefix};
 pub use tier_policy::PolicyKind;
 
-use names::MARKER;
+use listing::Listed;
 use objects::{GiveBack, Objects};
 use shared::Fleet;
 
@@ -143,16 +143,11 @@ impl ObjectTier {
             return Ok(0);
         };
         let mut listed = self.objects.list().await?;
-        listed.sort_by_key(|meta| meta.last_modified);
+        listed.sort_by_key(|l| l.meta.last_modified);
         let mut found = 0;
-        for meta in listed {
-            let key = meta
-                .location
-                .filename()
-                .and_then(|name| PageKey::from_escaped_name(name, MARKER));
+        for Listed { key, meta, .. } in listed {
             // A private prefix counts page bytes, as its puts do.
-            let page = tier_format::page_len(meta.size);
-            if let (Some(key), Some(len)) = (key, page) {
+            if let Some(len) = tier_format::page_len(meta.size) {
                 found += 1;
                 let evicted = catalog.insert(&key, len, None);
                 (0..evicted).for_each(|_| self.objects.stats.eviction());

@@ -18,7 +18,7 @@ impl Objects {
     /// where one prefix's listing would be a chain of requests; a smaller one in one
     /// recursive listing (one request per 1,000 objects on S3, as cheap as a small prefix
     /// was). Each request is bounded by `op_timeout`, so a prefix of any size lists.
-    pub(crate) async fn list(&self) -> Result<Vec<object_store::ObjectMeta>, TierError> {
+    pub(crate) async fn list(&self) -> Result<Vec<Listed>, TierError> {
         let top = self.list_level(&self.prefix).await?;
         self.flat_layout(&top.objects)?;
         if top.common_prefixes.len() >= BUCKETS {
@@ -30,7 +30,7 @@ impl Objects {
     /// The pages under `path`, in a recursive listing whose every answer (one request on S3,
     /// 1,000 entries) is bounded by `op_timeout`, not the whole listing: a bucket or a prefix
     /// of any size lists.
-    async fn list_streamed(&self, path: &Path) -> Result<Vec<object_store::ObjectMeta>, TierError> {
+    async fn list_streamed(&self, path: &Path) -> Result<Vec<Listed>, TierError> {
         let mut listing = self.store.list(Some(path));
         let mut objects = Vec::new();
         let mut entries = 0;
@@ -45,8 +45,12 @@ impl Objects {
             .await?
         {
             entries += 1;
-            if self.is_page(&next) {
-                objects.push(next);
+            if let Some((key, bucket)) = self.page_of(&next) {
+                objects.push(Listed {
+                    key,
+                    bucket,
+                    meta: next,
+                });
             }
         }
         self.count_listed(entries);
@@ -79,7 +83,7 @@ impl Objects {
     }
 
     /// [`Self::list`] bucket by bucket.
-    async fn list_buckets(&self) -> Result<Vec<object_store::ObjectMeta>, TierError> {
+    async fn list_buckets(&self) -> Result<Vec<Listed>, TierError> {
         self.list_buckets_in(0..BUCKETS).await
     }
 
@@ -89,7 +93,7 @@ impl Objects {
     pub(crate) async fn list_buckets_in(
         &self,
         buckets: impl IntoIterator<Item = usize>,
-    ) -> Result<Vec<object_store::ObjectMeta>, TierError> {
+    ) -> Result<Vec<Listed>, TierError> {
         let mut listings = futures::stream::iter(buckets)
             .map(|b| async move { self.list_streamed(&self.bucket(b)).await })
             .buffer_unordered(self.config.concurrency.max(1));
@@ -100,28 +104,19 @@ impl Objects {
         Ok(objects)
     }
 
-    /// The bucket of one of the tier's pages, by its path (see [`Self::is_page`]).
-    pub(crate) fn bucket_of_page(&self, path: &Path) -> Option<usize> {
-        let bucket = path.parts().nth(self.prefix.parts().count())?;
-        usize::from_str_radix(bucket.as_ref(), 16)
-            .ok()
-            .filter(|&b| b < BUCKETS)
-    }
-
-    /// Whether `meta` is one of the tier's pages: in one of its buckets, named as a key routed
-    /// to that bucket.
-    fn is_page(&self, meta: &object_store::ObjectMeta) -> bool {
+    /// The key and bucket of `meta` if it is one of the tier's pages: in one of its buckets,
+    /// named as a key routed to that bucket.
+    fn page_of(&self, meta: &object_store::ObjectMeta) -> Option<(PageKey, usize)> {
         let depth = self.prefix.parts().count();
         let mut parts = meta.location.parts().skip(depth);
         let (Some(bucket), Some(name), None) = (parts.next(), parts.next(), parts.next()) else {
-            return false;
+            return None;
         };
-        PageKey::from_escaped_name(name.as_ref(), MARKER).is_some_and(|key| {
-            // The bucket's name (two lowercase hex digits), compared without making it.
-            const HEX: &[u8; 16] = b"0123456789abcdef";
-            let b = bucket_of(&key);
-            bucket.as_ref().as_bytes() == [HEX[b >> 4], HEX[b & 15]]
-        })
+        let key = PageKey::from_escaped_name(name.as_ref(), MARKER)?;
+        // The bucket's name (two lowercase hex digits), compared without making it.
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let b = bucket_of(&key);
+        (bucket.as_ref().as_bytes() == [HEX[b >> 4], HEX[b & 15]]).then_some((key, b))
     }
 
     /// Refuses a prefix holding, among `listed`, a page where kvtier before bucketed prefixes
@@ -149,4 +144,14 @@ impl Objects {
             )),
         }
     }
+}
+
+/// One of the tier's pages, as a listing found it.
+pub(crate) struct Listed {
+    /// The page's key, decoded from the object's name once.
+    pub key: PageKey,
+    /// Its bucket.
+    pub bucket: usize,
+    /// The object.
+    pub meta: object_store::ObjectMeta,
 }

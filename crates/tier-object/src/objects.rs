@@ -483,8 +483,8 @@ impl Objects {
         let listed = self.list().await?;
         let jobs: Vec<Job<'_, Result<(), TierError>>> = listed
             .iter()
-            .map(|meta| -> Job<'_, Result<(), TierError>> {
-                Box::pin(self.delete_path(&meta.location, None))
+            .map(|l| -> Job<'_, Result<(), TierError>> {
+                Box::pin(self.delete_path(&l.meta.location, None))
             })
             .collect();
         run_ordered(jobs, self.config.concurrency)

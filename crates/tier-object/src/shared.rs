@@ -36,7 +36,7 @@ use object_store::path::{Path, PathPart};
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
 use tier_core::{PageKey, TierError};
 
-use crate::names::MARKER;
+use crate::listing::Listed;
 use crate::objects::{bucket_of, Objects, BUCKETS};
 use crate::usage::PrefixUsage;
 
@@ -237,7 +237,7 @@ impl Fleet {
             Some(window) => {
                 let before = self.usage().before();
                 let listed = objects.list_buckets_in(window.iter().copied()).await?;
-                self.set_listed(objects, &window, &listed, &before, true)
+                self.set_listed(&window, &listed, &before, true)
             }
             None => self.list_whole(objects).await?.1,
         };
@@ -270,14 +270,11 @@ impl Fleet {
     }
 
     /// Lists the whole prefix and counts it: its pages and their bytes.
-    async fn list_whole(
-        &self,
-        objects: &Objects,
-    ) -> Result<(Vec<object_store::ObjectMeta>, u64), TierError> {
+    async fn list_whole(&self, objects: &Objects) -> Result<(Vec<Listed>, u64), TierError> {
         let before = self.usage().before();
         let listed = objects.list().await?;
         let all: Vec<usize> = (0..BUCKETS).collect();
-        let total = self.set_listed(objects, &all, &listed, &before, false);
+        let total = self.set_listed(&all, &listed, &before, false);
         Ok((listed, total))
     }
 
@@ -285,15 +282,12 @@ impl Fleet {
     /// `before` (see [`PrefixUsage::set_listed`]); the prefix's listed bytes.
     fn set_listed(
         &self,
-        objects: &Objects,
         buckets: &[usize],
-        listed: &[object_store::ObjectMeta],
+        listed: &[Listed],
         before: &[u64],
         window: bool,
     ) -> u64 {
-        let pages = listed
-            .iter()
-            .filter_map(|m| Some((objects.bucket_of_page(&m.location)?, page_bytes(m))));
+        let pages = listed.iter().map(|l| (l.bucket, page_bytes(&l.meta)));
         let mut u = self.usage();
         u.set_listed(buckets, pages, before, window);
         u.listed_bytes()
@@ -303,21 +297,17 @@ impl Fleet {
     async fn evict(
         &self,
         objects: &Objects,
-        mut listed: Vec<object_store::ObjectMeta>,
+        mut listed: Vec<Listed>,
         total: u64,
         version: &mut UpdateVersion,
     ) -> Result<(), TierError> {
         {
             let read = self.read.lock().unwrap_or_else(|e| e.into_inner());
             // Oldest first; of one time, by name (buckets list in any order).
-            listed.sort_by_cached_key(|m| {
-                let written = m.last_modified.timestamp_millis();
-                let name = m.location.filename().unwrap_or_default();
-                let key = PageKey::from_escaped_name(name, MARKER);
-                let used = key
-                    .and_then(|k| read.get(&k).copied())
-                    .map_or(written, |r| r.max(written));
-                (used, name.to_owned())
+            listed.sort_by_cached_key(|l| {
+                let written = l.meta.last_modified.timestamp_millis();
+                let used = read.get(&l.key).map_or(written, |&r| r.max(written));
+                (used, l.key.clone())
             });
         }
         let mut excess = total - self.low;
@@ -332,7 +322,7 @@ impl Fleet {
             let mut covers = 0;
             while covers < excess && chunk.len() < EVICT_CHUNK {
                 let Some(meta) = candidates.next() else { break };
-                covers += page_bytes(meta);
+                covers += page_bytes(&meta.meta);
                 chunk.push(meta);
             }
             let unchanged = self.unchanged(objects, &chunk).await;
@@ -350,21 +340,21 @@ impl Fleet {
             }
             self.spared
                 .fetch_add((chunk.len() - unchanged.len()) as u64, Relaxed);
-            let sizes: HashMap<&Path, u64> = unchanged
+            let pages: HashMap<&Path, (usize, u64)> = unchanged
                 .iter()
-                .map(|m| (&m.location, page_bytes(m)))
+                .map(|l| (&l.meta.location, (l.bucket, page_bytes(&l.meta))))
                 .collect();
             let deleted = objects
-                .delete_many(unchanged.iter().map(|m| m.location.clone()).collect())
+                .delete_many(unchanged.iter().map(|l| l.meta.location.clone()).collect())
                 .await?;
             for path in &deleted {
-                let size = sizes.get(path).copied().unwrap_or(0);
+                let Some(&(bucket, size)) = pages.get(path) else {
+                    continue;
+                };
                 self.evicted.fetch_add(1, Relaxed);
                 objects.stats.eviction();
                 excess = excess.saturating_sub(size);
-                if let Some(b) = objects.bucket_of_page(path) {
-                    self.usage().freed(b, size);
-                }
+                self.usage().freed(bucket, size);
             }
         }
         Ok(())
@@ -373,15 +363,11 @@ impl Fleet {
     /// Those of `chunk` whose object is still the one listed: neither stored again nor gone.
     /// A re-store of a page writes its very bytes (its ETag may stay): the time tells, to the
     /// second a HEAD's `Last-Modified` carries.
-    async fn unchanged<'m>(
-        &self,
-        objects: &Objects,
-        chunk: &[&'m object_store::ObjectMeta],
-    ) -> Vec<&'m object_store::ObjectMeta> {
+    async fn unchanged<'m>(&self, objects: &Objects, chunk: &[&'m Listed]) -> Vec<&'m Listed> {
         type Head<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>>;
         let heads: Vec<Head<'_>> = chunk
             .iter()
-            .map(|&meta| -> Head<'_> { Box::pin(Self::still_listed(objects, meta)) })
+            .map(|&l| -> Head<'_> { Box::pin(Self::still_listed(objects, &l.meta)) })
             .collect();
         let heads: Vec<bool> = futures::stream::iter(heads)
             .buffered(objects.config.concurrency.max(1))

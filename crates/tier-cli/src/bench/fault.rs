@@ -215,11 +215,7 @@ pub struct FaultReport {
 /// Gets of one batch: latency and hits.
 async fn get_batch(h: &Hierarchy, keys: &[PageKey], bufs: &mut [Vec<u8>]) -> (Duration, usize) {
     let started = Instant::now();
-    let mut slots: Vec<ReadSlot<'_>> = keys
-        .iter()
-        .zip(bufs.iter_mut())
-        .map(|(k, b)| ReadSlot::new(k.clone(), b))
-        .collect();
+    let mut slots = super::read_slots(keys, bufs);
     let results = h.get(&mut slots).await;
     let hits = results
         .iter()

@@ -161,11 +161,7 @@ async fn run_tier(
                     (failed, 0)
                 }
                 Op::Get => {
-                    let mut slots: Vec<ReadSlot<'_>> = keys
-                        .iter()
-                        .zip(bufs.iter_mut())
-                        .map(|(k, b)| ReadSlot::new(k.clone(), b))
-                        .collect();
+                    let mut slots = read_slots(keys, bufs);
                     let results = h.get(&mut slots).await;
                     drop(slots);
                     let failed = results.iter().filter(|r| r.is_err()).count();
@@ -354,3 +350,11 @@ pub fn render(reports: &[OpReport], s: &Settings) -> String {
 
 #[cfg(test)]
 mod tests;
+
+/// A get's slots: each key's page read into its buffer.
+fn read_slots<'b>(keys: &[PageKey], bufs: &'b mut [Vec<u8>]) -> Vec<ReadSlot<'b>> {
+    keys.iter()
+        .zip(bufs.iter_mut())
+        .map(|(k, b)| ReadSlot::new(k.clone(), b))
+        .collect()
+}

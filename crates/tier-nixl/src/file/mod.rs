@@ -340,3 +340,12 @@ impl StorageTier for NixlFileTier {
         .map_err(|e| TierError::Unavailable(format!("clear task failed: {e}")))?
     }
 }
+
+/// `e` again, for another page of the batch it failed: a timeout stays a timeout (the tier's
+/// health tells them apart), anything else is the tier unavailable for the same reason.
+fn again(e: &TierError) -> TierError {
+    match e {
+        &TierError::Timeout { op, after } => TierError::Timeout { op, after },
+        e => TierError::Unavailable(e.to_string()),
+    }
+}

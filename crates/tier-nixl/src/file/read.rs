@@ -36,7 +36,7 @@ impl NixlFileTier {
             match looked {
                 Ok(stored) => (None, stored),
                 Err(e) => {
-                    let failed = slots.iter().map(|_| Some(Err(again(&e)))).collect();
+                    let failed = slots.iter().map(|_| Some(Err(super::again(&e)))).collect();
                     return shared.stats.settle_gets(failed, slots);
                 }
             }
@@ -137,7 +137,7 @@ impl NixlFileTier {
             }
             Err(e) => {
                 for i in slots {
-                    results[i] = Some(Err(again(&e)));
+                    results[i] = Some(Err(super::again(&e)));
                 }
             }
         }
@@ -240,7 +240,7 @@ impl NixlFileTier {
                 }
                 Err(e) => {
                     let failed: Vec<Result<bool, TierError>> =
-                        reads.iter().map(|_| Err(again(&e))).collect();
+                        reads.iter().map(|_| Err(super::again(&e))).collect();
                     shared.finish_reads(&reads, &failed);
                     for (read, r) in reads.iter().zip(failed) {
                         results[read.slot] = Some(r.map(|_| Lookup::Miss));
@@ -297,7 +297,7 @@ impl Shared {
             Ok(memory) => memory,
             Err(e) => {
                 return VerifiedReads {
-                    results: reads.iter().map(|_| Err(copy_error(&e))).collect(),
+                    results: reads.iter().map(|_| Err(super::again(&e))).collect(),
                     replaced: Vec::new(),
                 }
             }
@@ -424,10 +424,12 @@ impl Shared {
 
     /// Hits become most recent; a file that vanished under its entry is forgotten (see
     /// [`Catalog::settle_reads`](super::catalog::Catalog::settle_reads)). That may look at
-    /// files: where I/O is bounded, on a thread of its own, never waited for.
+    /// files (a miss's, or a sharer's hits'): where I/O is bounded, on a thread of its own,
+    /// never waited for. An owner's hits touch only its index: settled here.
     fn finish_reads(self: &Arc<Self>, reads: &[PlannedRead], results: &[Result<bool, TierError>]) {
         let found: Vec<Option<bool>> = results.iter().map(|r| r.as_ref().ok().copied()).collect();
-        if !self.bounded {
+        let memory_only = self.catalog.indexed() && !found.contains(&Some(false));
+        if !self.bounded || memory_only {
             return self.settle_reads(reads, &found);
         }
         if found.iter().any(Option::is_some) {
@@ -548,19 +550,6 @@ fn read_xfers(reads: &[PlannedRead], parts: impl Fn(usize) -> Vec<(usize, usize)
             checksum: r.checksum,
         })
         .collect()
-}
-
-fn copy_error(e: &TierError) -> TierError {
-    TierError::Unavailable(e.to_string())
-}
-
-/// `e` again, for one more read of the batch it failed: a timeout stays a timeout (the tier's
-/// health tells them apart).
-pub(super) fn again(e: &TierError) -> TierError {
-    match e {
-        &TierError::Timeout { op, after } => TierError::Timeout { op, after },
-        e => copy_error(e),
-    }
 }
 
 #[cfg(test)]

@@ -56,7 +56,7 @@ impl NixlFileTier {
             Ok(results) => results,
             Err(e) => {
                 shared.stats.errors(pages.len());
-                pages.iter().map(|_| Err(super::read::again(&e))).collect()
+                pages.iter().map(|_| Err(super::again(&e))).collect()
             }
         }
     }
