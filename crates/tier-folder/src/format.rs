@@ -26,20 +26,21 @@ pub fn page_len(file_len: u64) -> Option<u32> {
 }
 
 /// Appends the trailer of `key`'s `page_len` bytes to the temp file at `path`, which holds
-/// them; synced to the disk if `sync`.
+/// them; synced to the disk if `sync`. Returns the file, open: its identity once renamed in
+/// (see `io::FileId`) is the version this process wrote.
 pub fn seal(
     path: &Path,
     key: &PageKey,
     page_len: usize,
     crc: Option<u32>,
     sync: bool,
-) -> io::Result<()> {
+) -> io::Result<File> {
     let file = super::perms::open_existing(OpenOptions::new().write(true), path, 0)?;
     file.write_all_at(&encode(key, page_len as u64, crc), page_len as u64)?;
     if sync {
         file.sync_data()?;
     }
-    Ok(())
+    Ok(file)
 }
 
 /// Reads the trailer of an open page file, as `key`'s.

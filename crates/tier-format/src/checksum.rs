@@ -22,6 +22,7 @@ impl Crc {
 
     /// Adds the next bytes.
     pub fn update(&mut self, bytes: &[u8]) {
+        CHECKSUMMED.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
         self.0.update(bytes);
     }
 
@@ -58,4 +59,12 @@ mod tests {
         flipped[5000] ^= 1;
         assert_ne!(of([flipped.as_slice()]), whole);
     }
+}
+
+static CHECKSUMMED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Bytes this process has checksummed so far, written and read: the measure of what
+/// verification costs (as `tier_core::copied_bytes` is of copies).
+pub fn checksummed_bytes() -> u64 {
+    CHECKSUMMED.load(std::sync::atomic::Ordering::Relaxed)
 }

@@ -632,6 +632,48 @@ async fn a_page_rewritten_in_place_after_it_was_verified_is_verified_again() {
     }
 }
 
+/// A page this process stored is read without checksumming it again, on every engine and read
+/// path, owner or sharing: the version it wrote (its file held open across the rename) counts
+/// as verified (`verify = "once"`). Rewritten after, it is checksummed again and a miss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_this_process_stored_is_read_without_checksumming_it_again() {
+    // Alone in a process: the count of bytes checksummed is the process's.
+    if !fd::in_own_process() {
+        return;
+    }
+    const LEN: usize = 128 << 10;
+    let tmp = tempfile::tempdir().unwrap();
+    for (n, (engine, direct)) in READ_PATHS.into_iter().enumerate() {
+        for access in [FileAccess::Owner, FileAccess::Shared] {
+            let mut config = direct_config(&tmp.path().join(format!("e{n}-{access:?}")), direct);
+            config.engine = engine;
+            config.access = access;
+            let what = format!("{engine:?} {direct:?} {access:?}");
+            let tier = NixlFileTier::open(config).await.unwrap();
+            let pages: Vec<Page<'static>> = (0..8).map(|i| page(i, 1, LEN)).collect();
+            put_ok(&tier, &pages).await;
+            let before = tier_format::checksum::checksummed_bytes();
+            for i in 0..8 {
+                let (r, buf) = get_one(&tier, &key(i), LEN).await;
+                assert_eq!(r.unwrap(), Lookup::Hit, "{what}");
+                content::verify(&key(i), 1, &buf).unwrap();
+            }
+            let summed = tier_format::checksum::checksummed_bytes() - before;
+            assert!(
+                summed < LEN as u64,
+                "{what}: {summed} bytes checksummed reading 8 pages of {LEN} it stored"
+            );
+            let path = tier.page_path(&key(1)).unwrap();
+            write_in_place(&path, &content::page(&key(1), 9, LEN));
+            let before = tier_format::checksum::checksummed_bytes();
+            let (r, _) = get_one(&tier, &key(1), LEN).await;
+            assert_eq!(r.unwrap(), Lookup::Miss, "{what}: rewritten in place");
+            let summed = tier_format::checksum::checksummed_bytes() - before;
+            assert!(summed >= LEN as u64, "{what}: {summed} bytes checksummed");
+        }
+    }
+}
+
 /// In a shared folder, a page file showing a length other than the caller's buffer is a miss
 /// (counted as an error) when it holds no whole page: another client's write as this client's
 /// caches still show it, as GlusterFS's do for a moment. A whole page of another length is

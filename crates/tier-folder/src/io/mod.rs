@@ -121,6 +121,11 @@ pub fn pin(path: &Path) -> Option<(File, FileId)> {
 }
 
 impl FileId {
+    /// The identity of the file whose metadata is `m`.
+    pub fn of(m: &fs::Metadata) -> Self {
+        id_of(m)
+    }
+
     /// The file's length, trailer included.
     pub fn file_len(&self) -> u64 {
         self.len

@@ -202,28 +202,39 @@ impl Shared {
             None => self.write_zero_copy(self.lane(lane), pages, lent),
         };
         let mut checksums = vec![None; pages.len()];
+        // The files of pages to be verified once per version, held open across the rename.
+        let mut written: Vec<Option<std::fs::File>> = (0..pages.len()).map(|_| None).collect();
         if !outcome.poisoned {
             // On the temp file, before the rename: a page file never lacks its trailer.
             let sync = self.config.durability == Durability::Power;
+            let verified = self.lane(0).verified.is_some();
             let sealed = pages.iter().zip(&xfers).zip(&mut outcome.results);
-            for (((page, xfer), result), known) in sealed.zip(&mut checksums) {
+            for (i, (((page, xfer), result), known)) in sealed.zip(&mut checksums).enumerate() {
                 if result.is_ok() {
                     *known = (self.config.page_checksum == PageChecksum::Crc32c)
                         .then(|| checksum::of(page.data.regions()));
                     let len = page.data.len();
-                    if let Err(e) = format::seal(&xfer.path, &page.key, len, *known, sync) {
-                        *result = Err(TierError::io(
-                            "seal the page's file",
-                            Some(&page.key),
-                            Some(xfer.path.clone()),
-                            e,
-                        ));
+                    match format::seal(&xfer.path, &page.key, len, *known, sync) {
+                        Ok(file) => {
+                            if verified && known.is_some() && len >= io::VERIFY_ONCE_MIN {
+                                written[i] = Some(file).filter(|_| i < HELD_WRITTEN);
+                            }
+                        }
+                        Err(e) => {
+                            *result = Err(TierError::io(
+                                "seal the page's file",
+                                Some(&page.key),
+                                Some(xfer.path.clone()),
+                                e,
+                            ))
+                        }
                     }
                 }
             }
         }
         self.catalog
             .commit(&xfers, &finals, &mut outcome, &checksums);
+        self.note_verified(&written, &outcome.results);
         for (page, result) in pages.iter().zip(&outcome.results) {
             match result {
                 Ok(()) => self.stats.put(page.data.len()),
@@ -236,6 +247,22 @@ impl Shared {
         }
         self.enforce_capacity();
         outcome.results
+    }
+
+    /// Records the versions this process just wrote as verified (see `VerifyReads::Once`):
+    /// their bytes are the ones it checksummed, and the identity of the file it held open
+    /// across the rename is the one a read must find unchanged to trust them.
+    fn note_verified(&self, written: &[Option<std::fs::File>], results: &[Result<(), TierError>]) {
+        let Some(verified) = &self.lane(0).verified else {
+            return;
+        };
+        for (file, result) in written.iter().zip(results) {
+            if let (Some(file), Ok(())) = (file, result) {
+                if let Ok(meta) = file.metadata() {
+                    verified.insert(io::FileId::of(&meta));
+                }
+            }
+        }
     }
 
     fn write_staged(
@@ -345,3 +372,7 @@ fn settle_writes(
         }
     }
 }
+
+/// The most files of one batch held open from their seal to their rename (beyond it, a page
+/// is verified at its first read instead).
+const HELD_WRITTEN: usize = 256;
