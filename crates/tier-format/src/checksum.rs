@@ -38,6 +38,14 @@ impl Default for Crc {
     }
 }
 
+static CHECKSUMMED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Bytes this process has checksummed so far, written and read: the measure of what
+/// verification costs (as `tier_core::copied_bytes` is of copies).
+pub fn checksummed_bytes() -> u64 {
+    CHECKSUMMED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,12 +67,4 @@ mod tests {
         flipped[5000] ^= 1;
         assert_ne!(of([flipped.as_slice()]), whole);
     }
-}
-
-static CHECKSUMMED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Bytes this process has checksummed so far, written and read: the measure of what
-/// verification costs (as `tier_core::copied_bytes` is of copies).
-pub fn checksummed_bytes() -> u64 {
-    CHECKSUMMED.load(std::sync::atomic::Ordering::Relaxed)
 }
