@@ -148,7 +148,7 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 pub async fn run(dir: String) {
     tracing_subscriber::fmt()
         .json()
-        .with_env_filter("tier_nixl=debug,tier_object=debug")
+        .with_env_filter("tier_nixl=debug,tier_folder=debug,tier_object=debug")
         .with_writer(std::io::stdout)
         .init();
     let capacity: u64 = env("KVTIER_FLEET_CAPACITY");
