@@ -602,33 +602,27 @@ async fn pages_written_without_checksums_are_read_by_tiers_that_check_and_kept()
 async fn a_page_rewritten_in_place_after_it_was_verified_is_verified_again() {
     const LEN: usize = 128 << 10;
     let tmp = tempfile::tempdir().unwrap();
-    for (n, (engine, direct)) in READ_PATHS.into_iter().enumerate() {
-        for access in [FileAccess::Owner, FileAccess::Shared] {
-            let mut config = direct_config(&tmp.path().join(format!("e{n}-{access:?}")), direct);
-            config.engine = engine;
-            config.access = access;
-            let tier = NixlFileTier::open(config.clone()).await.unwrap();
-            put_ok(&tier, &[page(1, 1, LEN), page(2, 1, LEN)]).await;
-            for _ in 0..3 {
-                let (r, buf) = get_one(&tier, &key(1), LEN).await;
-                assert_eq!(r.unwrap(), Lookup::Hit);
-                content::verify(&key(1), 1, &buf).unwrap();
-            }
-            let what = format!("{engine:?} {direct:?} {access:?}");
-            let path = tier.page_path(&key(1)).unwrap();
-            write_in_place(&path, &content::page(&key(1), 9, LEN));
-            let errors = tier.stats().errors;
-            let (r, _) = get_one(&tier, &key(1), LEN).await;
-            assert_eq!(r.unwrap(), Lookup::Miss, "{what}: rewritten in place");
-            assert_eq!(tier.stats().errors, errors + 1, "{what}");
-            // Changed by one byte only, with the whole page read in between.
-            let path = tier.page_path(&key(2)).unwrap();
-            let (r, _) = get_one(&tier, &key(2), LEN).await;
-            assert_eq!(r.unwrap(), Lookup::Hit, "{what}");
-            write_in_place(&path, &[0xA5]);
-            let (r, _) = get_one(&tier, &key(2), LEN).await;
-            assert_eq!(r.unwrap(), Lookup::Miss, "{what}: one byte rewritten");
+    for (what, config) in every_read_path(tmp.path()) {
+        let tier = NixlFileTier::open(config.clone()).await.unwrap();
+        put_ok(&tier, &[page(1, 1, LEN), page(2, 1, LEN)]).await;
+        for _ in 0..3 {
+            let (r, buf) = get_one(&tier, &key(1), LEN).await;
+            assert_eq!(r.unwrap(), Lookup::Hit);
+            content::verify(&key(1), 1, &buf).unwrap();
         }
+        let path = tier.page_path(&key(1)).unwrap();
+        write_in_place(&path, &content::page(&key(1), 9, LEN));
+        let errors = tier.stats().errors;
+        let (r, _) = get_one(&tier, &key(1), LEN).await;
+        assert_eq!(r.unwrap(), Lookup::Miss, "{what}: rewritten in place");
+        assert_eq!(tier.stats().errors, errors + 1, "{what}");
+        // Changed by one byte only, with the whole page read in between.
+        let path = tier.page_path(&key(2)).unwrap();
+        let (r, _) = get_one(&tier, &key(2), LEN).await;
+        assert_eq!(r.unwrap(), Lookup::Hit, "{what}");
+        write_in_place(&path, &[0xA5]);
+        let (r, _) = get_one(&tier, &key(2), LEN).await;
+        assert_eq!(r.unwrap(), Lookup::Miss, "{what}: one byte rewritten");
     }
 }
 
@@ -643,34 +637,28 @@ async fn a_page_this_process_stored_is_read_without_checksumming_it_again() {
     }
     const LEN: usize = 128 << 10;
     let tmp = tempfile::tempdir().unwrap();
-    for (n, (engine, direct)) in READ_PATHS.into_iter().enumerate() {
-        for access in [FileAccess::Owner, FileAccess::Shared] {
-            let mut config = direct_config(&tmp.path().join(format!("e{n}-{access:?}")), direct);
-            config.engine = engine;
-            config.access = access;
-            let what = format!("{engine:?} {direct:?} {access:?}");
-            let tier = NixlFileTier::open(config).await.unwrap();
-            let pages: Vec<Page<'static>> = (0..8).map(|i| page(i, 1, LEN)).collect();
-            put_ok(&tier, &pages).await;
-            let before = tier_format::checksum::checksummed_bytes();
-            for i in 0..8 {
-                let (r, buf) = get_one(&tier, &key(i), LEN).await;
-                assert_eq!(r.unwrap(), Lookup::Hit, "{what}");
-                content::verify(&key(i), 1, &buf).unwrap();
-            }
-            let summed = tier_format::checksum::checksummed_bytes() - before;
-            assert!(
-                summed < LEN as u64,
-                "{what}: {summed} bytes checksummed reading 8 pages of {LEN} it stored"
-            );
-            let path = tier.page_path(&key(1)).unwrap();
-            write_in_place(&path, &content::page(&key(1), 9, LEN));
-            let before = tier_format::checksum::checksummed_bytes();
-            let (r, _) = get_one(&tier, &key(1), LEN).await;
-            assert_eq!(r.unwrap(), Lookup::Miss, "{what}: rewritten in place");
-            let summed = tier_format::checksum::checksummed_bytes() - before;
-            assert!(summed >= LEN as u64, "{what}: {summed} bytes checksummed");
+    for (what, config) in every_read_path(tmp.path()) {
+        let tier = NixlFileTier::open(config).await.unwrap();
+        let pages: Vec<Page<'static>> = (0..8).map(|i| page(i, 1, LEN)).collect();
+        put_ok(&tier, &pages).await;
+        let before = tier_format::checksum::checksummed_bytes();
+        for i in 0..8 {
+            let (r, buf) = get_one(&tier, &key(i), LEN).await;
+            assert_eq!(r.unwrap(), Lookup::Hit, "{what}");
+            content::verify(&key(i), 1, &buf).unwrap();
         }
+        let summed = tier_format::checksum::checksummed_bytes() - before;
+        assert!(
+            summed < LEN as u64,
+            "{what}: {summed} bytes checksummed reading 8 pages of {LEN} it stored"
+        );
+        let path = tier.page_path(&key(1)).unwrap();
+        write_in_place(&path, &content::page(&key(1), 9, LEN));
+        let before = tier_format::checksum::checksummed_bytes();
+        let (r, _) = get_one(&tier, &key(1), LEN).await;
+        assert_eq!(r.unwrap(), Lookup::Miss, "{what}: rewritten in place");
+        let summed = tier_format::checksum::checksummed_bytes() - before;
+        assert!(summed >= LEN as u64, "{what}: {summed} bytes checksummed");
     }
 }
 
@@ -746,6 +734,21 @@ async fn a_folder_of_an_older_page_format_is_refused_never_misread() {
         .unwrap();
     assert!(marker.exists());
     drop(tier);
+}
+
+/// A tier config per read path (engine and direct I/O), owner and sharing, each in its own
+/// folder under `root`, with what it is called.
+fn every_read_path(root: &Path) -> Vec<(String, NixlFileConfig)> {
+    let mut configs = Vec::new();
+    for (n, (engine, direct)) in READ_PATHS.into_iter().enumerate() {
+        for access in [FileAccess::Owner, FileAccess::Shared] {
+            let mut config = direct_config(&root.join(format!("e{n}-{access:?}")), direct);
+            config.engine = engine;
+            config.access = access;
+            configs.push((format!("{engine:?} {direct:?} {access:?}"), config));
+        }
+    }
+    configs
 }
 
 fn direct_config(dir: &Path, choice: DirectIo) -> NixlFileConfig {
