@@ -16,17 +16,6 @@ mod direct {
     );
 }
 
-/// The resident bytes of this process, from `/proc/self/status`.
-fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("a VmRSS line")
-        * 1024
-}
-
 /// A tier on the syscalls engine moves every byte itself: it creates no NIXL agent and maps
 /// none of NIXL's libraries (run alone in a process, so nothing else loaded them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -35,12 +24,14 @@ async fn a_syscalls_tier_loads_no_nixl() {
         return;
     }
     let dir = tempfile::tempdir().expect("a temp folder");
-    let before = rss_bytes();
+    let before = tier_tests::fd::resident_bytes().expect("the resident bytes");
     let mut config = tier_nixl::NixlFileConfig::new([dir.path()]);
     config.engine = tier_nixl::FileEngine::Syscalls;
     let tier = tier_nixl::NixlFileTier::open(config).await.expect("opens");
     tier.opened().await;
-    let grown = rss_bytes().saturating_sub(before);
+    let grown = tier_tests::fd::resident_bytes()
+        .expect("the resident bytes")
+        .saturating_sub(before);
     let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
     let nixl: Vec<&str> = maps
         .lines()
