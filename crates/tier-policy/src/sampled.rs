@@ -74,6 +74,12 @@ impl<K: Clone + Eq + Hash, V> SampledTable<K, V> {
         self.slots.is_empty()
     }
 
+    /// Heap bytes its dense array and its table are allocated: each grows by doubling, so a
+    /// change means a larger allocation replaced one now freed.
+    pub fn allocated_bytes(&self) -> usize {
+        self.slots.capacity() * Self::SLOT_BYTES + self.table.allocation_size()
+    }
+
     fn tick(&mut self) -> u64 {
         self.clock += 1;
         self.clock
