@@ -6,6 +6,7 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
 use tier_core::PageKey;
@@ -26,21 +27,47 @@ pub fn page_len(file_len: u64) -> Option<u32> {
 }
 
 /// Appends the trailer of `key`'s `page_len` bytes to the temp file at `path`, which holds
-/// them; synced to the disk if `sync`. Returns the file, open: its identity once renamed in
-/// (see `io::FileId`) is the version this process wrote.
+/// them: through `created`, the descriptor its engine created and wrote it with, where there
+/// is one (its `O_DIRECT` cleared: a trailer is not a block), else opened again; synced to the
+/// disk if `sync`. Returns the file, open: its identity once renamed in (see `io::FileId`) is
+/// the version this process wrote.
 pub fn seal(
+    created: Option<File>,
     path: &Path,
     key: &PageKey,
     page_len: usize,
     crc: Option<u32>,
     sync: bool,
 ) -> io::Result<File> {
-    let file = super::perms::open_existing(OpenOptions::new().write(true), path, 0)?;
+    let file = match created {
+        Some(file) => {
+            buffered(&file)?;
+            file
+        }
+        None => super::perms::open_existing(OpenOptions::new().write(true), path, 0)?,
+    };
     file.write_all_at(&encode(key, page_len as u64, crc), page_len as u64)?;
     if sync {
         file.sync_data()?;
     }
     Ok(file)
+}
+
+/// Clears `O_DIRECT` on `file`'s open description, if set.
+fn buffered(file: &File) -> io::Result<()> {
+    let fd = file.as_raw_fd();
+    // SAFETY: F_GETFL and F_SETFL read and set the flags of a descriptor `file` owns.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if flags & libc::O_DIRECT != 0
+        // SAFETY: as above.
+        && unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_DIRECT) } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Reads the trailer of an open page file, as `key`'s.
@@ -106,7 +133,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("page");
         fs::write(&path, b"0123456789").unwrap();
-        seal(&path, &key("k"), 10, Some(99), true).unwrap();
+        seal(None, &path, &key("k"), 10, Some(99), true).unwrap();
         assert_eq!(fs::metadata(&path).unwrap().len(), file_len(10));
         let recorded = |key: &PageKey| recorded_in(&File::open(&path).unwrap(), key, &path);
         assert_eq!(recorded(&key("k")), Some(Recorded::Crc(99)));
@@ -120,6 +147,32 @@ mod tests {
             &bytes[..10],
             b"0123456789",
             "the page's bytes stay in place"
+        );
+    }
+
+    /// A temp file is sealed through the descriptor its engine wrote it with: its name is
+    /// not opened again (here it is gone), and a descriptor opened for direct I/O takes the
+    /// 32-byte trailer, which direct I/O would refuse.
+    #[test]
+    fn a_file_is_sealed_through_the_descriptor_that_wrote_it() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("page");
+        let page = vec![7u8; 4096];
+        fs::write(&path, &page).unwrap();
+        let direct = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .expect("the temp folder's filesystem has direct I/O");
+        let moved = dir.path().join("renamed");
+        fs::rename(&path, &moved).unwrap();
+        assert!(seal(None, &path, &key("k"), 4096, Some(5), false).is_err());
+        let file = seal(Some(direct), &path, &key("k"), 4096, Some(5), false).unwrap();
+        assert_eq!(file.metadata().unwrap().len(), file_len(4096));
+        assert_eq!(
+            recorded_in(&File::open(&moved).unwrap(), &key("k"), &moved),
+            Some(Recorded::Crc(5))
         );
     }
 }

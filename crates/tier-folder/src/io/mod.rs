@@ -34,7 +34,6 @@ pub struct BatchOutcome {
 }
 
 /// One page to move: its file, its length, and the DRAM regions of its bytes.
-#[derive(Clone)]
 pub struct Xfer {
     /// The page's key.
     pub key: PageKey,
@@ -49,6 +48,24 @@ pub struct Xfer {
     /// For a read: the checksum the tier's index knows for the file, so it is not read from
     /// the file.
     pub checksum: Option<u32>,
+    /// For a write: the temp file the engine created and wrote, kept open (its own descriptor)
+    /// so its trailer is appended without opening it again (see [`crate::format::seal`]).
+    pub created: std::sync::OnceLock<File>,
+}
+
+/// The same move, to run again: without a temp file created by an earlier run.
+impl Clone for Xfer {
+    fn clone(&self) -> Self {
+        Xfer {
+            key: self.key.clone(),
+            path: self.path.clone(),
+            len: self.len,
+            direct: self.direct,
+            parts: self.parts.clone(),
+            checksum: self.checksum,
+            created: std::sync::OnceLock::new(),
+        }
+    }
 }
 
 /// Syncs the folder of every page renamed into place, once per folder, so the renames

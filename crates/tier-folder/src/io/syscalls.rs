@@ -115,6 +115,9 @@ pub fn move_by_syscalls(
             }
         }
     }
+    if op == XferOp::Write {
+        let _ = item.created.set(file);
+    }
     Ok(())
 }
 

@@ -197,7 +197,7 @@ impl Shared {
                 .map(|_| Err(TierError::Unavailable(message.clone())))
                 .collect();
         }
-        let (xfers, mut outcome) = match lease {
+        let (mut xfers, mut outcome) = match lease {
             Some(lease) => self.write_staged(pages, lease),
             None => self.write_zero_copy(self.lane(lane), pages, lent),
         };
@@ -208,13 +208,14 @@ impl Shared {
             // On the temp file, before the rename: a page file never lacks its trailer.
             let sync = self.config.durability == Durability::Power;
             let verified = self.lane(0).verified.is_some();
-            let sealed = pages.iter().zip(&xfers).zip(&mut outcome.results);
+            let sealed = pages.iter().zip(&mut xfers).zip(&mut outcome.results);
             for (i, (((page, xfer), result), known)) in sealed.zip(&mut checksums).enumerate() {
                 if result.is_ok() {
                     *known = (self.config.page_checksum == PageChecksum::Crc32c)
                         .then(|| checksum::of(page.data.regions()));
                     let len = page.data.len();
-                    match format::seal(&xfer.path, &page.key, len, *known, sync) {
+                    let created = xfer.created.take();
+                    match format::seal(created, &xfer.path, &page.key, len, *known, sync) {
                         Ok(file) => {
                             if verified && known.is_some() && len >= io::VERIFY_ONCE_MIN {
                                 written[i] = Some(file).filter(|_| i < HELD_WRITTEN);
@@ -346,6 +347,7 @@ fn write_xfers<'a, 'p>(
             direct: p.direct,
             parts: parts(i, p),
             checksum: None,
+            created: Default::default(),
         })
         .collect()
 }

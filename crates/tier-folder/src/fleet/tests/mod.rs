@@ -40,7 +40,7 @@ fn store(layout: &Layout, name: &str, bytes: &[u8]) -> PathBuf {
     let path = layout.page_path(&key).expect("a path");
     let temp = layout.temp_path(&path);
     fs::write(&temp, bytes).expect("a temp file");
-    crate::format::seal(&temp, &key, bytes.len(), None, false).expect("sealed");
+    crate::format::seal(None, &temp, &key, bytes.len(), None, false).expect("sealed");
     fs::rename(&temp, &path).expect("renamed into place");
     path
 }

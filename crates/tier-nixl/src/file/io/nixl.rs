@@ -95,6 +95,16 @@ fn descs(item: &Xfer, dev_id: u64) -> impl Iterator<Item = (Desc<'static>, Desc<
     })
 }
 
+/// Keeps a descriptor of the temp file a write created in its item (see [`Xfer::created`]), so
+/// the trailer is appended through it; the transfer holds the file itself until it settles.
+fn keep_created(op: XferOp, item: &Xfer, file: &File) {
+    if op == XferOp::Write {
+        if let Ok(own) = file.try_clone() {
+            let _ = item.created.set(own);
+        }
+    }
+}
+
 impl FileIo {
     /// Moves the items `which` of `items` in one registration and one transfer.
     pub(super) fn transfer(
@@ -134,6 +144,7 @@ impl FileIo {
                     let file = open_page(&item.path, op, item.direct, self.sync, self.file_mode)
                         .map_err(failed)?;
                     dev_ids.push(file.as_raw_fd() as u64);
+                    keep_created(op, item, &file);
                     files.push(file);
                 }
                 FileMode::Path if op == XferOp::Write => {
@@ -144,6 +155,7 @@ impl FileIo {
                     let file = self.file_mode.create_new(&item.path, 0).map_err(failed)?;
                     let held = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
                     metas.push(path_meta(&held, op, item.direct, self.sync));
+                    keep_created(op, item, &file);
                     files.push(file);
                     dev_ids.push(next_dev_id());
                 }
