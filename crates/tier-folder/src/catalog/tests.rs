@@ -63,7 +63,7 @@ fn commit(catalog: &Catalog, key: &PageKey, bytes: &[u8], ok: bool) -> (PathBuf,
         direct: false,
         parts: Vec::new(),
         checksum: None,
-        created: Default::default(),
+        created: None,
     };
     let result = if ok {
         Ok(())
@@ -348,7 +348,7 @@ fn same_pages_storer() {
             direct: false,
             parts: Vec::new(),
             checksum: None,
-            created: Default::default(),
+            created: None,
         };
         let mut outcome = BatchOutcome {
             results: vec![Ok(())],

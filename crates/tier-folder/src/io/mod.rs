@@ -48,9 +48,11 @@ pub struct Xfer {
     /// For a read: the checksum the tier's index knows for the file, so it is not read from
     /// the file.
     pub checksum: Option<u32>,
-    /// For a write: the temp file the engine created and wrote, kept open (its own descriptor)
-    /// so its trailer is appended without opening it again (see [`crate::format::seal`]).
-    pub created: std::sync::OnceLock<File>,
+    /// For a write the tier asked to keep it for (`Some`): the temp file the engine created
+    /// and wrote, kept open (its own descriptor) so its trailer is appended without opening it
+    /// again (see [`crate::format::seal`]). `None` for reads, and past a batch's first pages,
+    /// so that a batch never holds more files open than its caller allows for.
+    pub created: Option<std::sync::OnceLock<File>>,
 }
 
 /// The same move, to run again: without a temp file created by an earlier run.
@@ -63,7 +65,7 @@ impl Clone for Xfer {
             direct: self.direct,
             parts: self.parts.clone(),
             checksum: self.checksum,
-            created: std::sync::OnceLock::new(),
+            created: self.created.as_ref().map(|_| std::sync::OnceLock::new()),
         }
     }
 }

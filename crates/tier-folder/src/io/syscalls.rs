@@ -115,8 +115,8 @@ pub fn move_by_syscalls(
             }
         }
     }
-    if op == XferOp::Write {
-        let _ = item.created.set(file);
+    if let (XferOp::Write, Some(created)) = (op, &item.created) {
+        let _ = created.set(file);
     }
     Ok(())
 }

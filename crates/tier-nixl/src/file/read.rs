@@ -548,7 +548,7 @@ fn read_xfers(reads: &[PlannedRead], parts: impl Fn(usize) -> Vec<(usize, usize)
             direct: r.direct,
             parts: parts(i),
             checksum: r.checksum,
-            created: Default::default(),
+            created: None,
         })
         .collect()
 }

@@ -214,7 +214,7 @@ impl Shared {
                     *known = (self.config.page_checksum == PageChecksum::Crc32c)
                         .then(|| checksum::of(page.data.regions()));
                     let len = page.data.len();
-                    let created = xfer.created.take();
+                    let created = xfer.created.as_mut().and_then(std::sync::OnceLock::take);
                     match format::seal(created, &xfer.path, &page.key, len, *known, sync) {
                         Ok(file) => {
                             if verified && known.is_some() && len >= io::VERIFY_ONCE_MIN {
@@ -347,7 +347,8 @@ fn write_xfers<'a, 'p>(
             direct: p.direct,
             parts: parts(i, p),
             checksum: None,
-            created: Default::default(),
+            // The files held from the write to the seal, as from the seal to the rename.
+            created: (i < HELD_WRITTEN).then(Default::default),
         })
         .collect()
 }

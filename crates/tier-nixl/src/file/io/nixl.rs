@@ -98,9 +98,9 @@ fn descs(item: &Xfer, dev_id: u64) -> impl Iterator<Item = (Desc<'static>, Desc<
 /// Keeps a descriptor of the temp file a write created in its item (see [`Xfer::created`]), so
 /// the trailer is appended through it; the transfer holds the file itself until it settles.
 fn keep_created(op: XferOp, item: &Xfer, file: &File) {
-    if op == XferOp::Write {
+    if let (XferOp::Write, Some(created)) = (op, &item.created) {
         if let Ok(own) = file.try_clone() {
-            let _ = item.created.set(own);
+            let _ = created.set(own);
         }
     }
 }
