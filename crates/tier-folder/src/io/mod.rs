@@ -6,6 +6,7 @@
 use std::fs::{self, File};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 use tier_core::{PageKey, TierError};
 
@@ -52,7 +53,28 @@ pub struct Xfer {
     /// and wrote, kept open (its own descriptor) so its trailer is appended without opening it
     /// again (see [`crate::format::seal`]). `None` for reads, and past a batch's first pages,
     /// so that a batch never holds more files open than its caller allows for.
-    pub created: Option<std::sync::OnceLock<File>>,
+    pub created: Option<Created>,
+}
+
+/// The temp file a write's engine created last, kept open for its seal. A write run again (a
+/// batch that failed is retried page by page) creates its temp file anew, unlinking the one
+/// an earlier run made: the file kept is always the latest, the one renamed in.
+#[derive(Debug, Default)]
+pub struct Created(Mutex<Option<File>>);
+
+impl Created {
+    /// Keeps `file`, just created under the write's temp name, in place of any kept before.
+    pub fn keep(&self, file: File) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(file);
+    }
+
+    /// The file kept last, if any.
+    pub fn take(&mut self) -> Option<File> {
+        self.0
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
 }
 
 /// The same move, to run again: without a temp file created by an earlier run.
@@ -65,7 +87,7 @@ impl Clone for Xfer {
             direct: self.direct,
             parts: self.parts.clone(),
             checksum: self.checksum,
-            created: self.created.as_ref().map(|_| std::sync::OnceLock::new()),
+            created: self.created.as_ref().map(|_| Created::default()),
         }
     }
 }

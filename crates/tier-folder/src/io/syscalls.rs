@@ -116,7 +116,7 @@ pub fn move_by_syscalls(
         }
     }
     if let (XferOp::Write, Some(created)) = (op, &item.created) {
-        let _ = created.set(file);
+        created.keep(file);
     }
     Ok(())
 }

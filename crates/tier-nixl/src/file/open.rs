@@ -187,7 +187,7 @@ impl Shared {
 /// Creates one lane's agent and backend. POSIX gets `use_uring = true` unless the config picks
 /// an I/O engine itself (measured faster here for 2 MiB pages); if the runtime cannot use
 /// io_uring, the plugin's defaults are used.
-fn create_backend(
+pub(super) fn create_backend(
     config: &NixlFileConfig,
     lane: usize,
 ) -> Result<Arc<crate::nixl::Backend>, TierError> {

@@ -214,7 +214,7 @@ impl Shared {
                     *known = (self.config.page_checksum == PageChecksum::Crc32c)
                         .then(|| checksum::of(page.data.regions()));
                     let len = page.data.len();
-                    let created = xfer.created.as_mut().and_then(std::sync::OnceLock::take);
+                    let created = xfer.created.as_mut().and_then(io::Created::take);
                     match format::seal(created, &xfer.path, &page.key, len, *known, sync) {
                         Ok(file) => {
                             if verified && known.is_some() && len >= io::VERIFY_ONCE_MIN {

@@ -19,7 +19,8 @@ mod nixl;
 
 pub use nixl::{probe_path_mode, FileMode};
 pub use tier_folder::io::{
-    file_id, free_bytes, op_name, pin, sync_folders, FileId, VerifiedFiles, Xfer, VERIFY_ONCE_MIN,
+    file_id, free_bytes, op_name, pin, sync_folders, Created, FileId, VerifiedFiles, Xfer,
+    VERIFY_ONCE_MIN,
 };
 
 /// What moves a lane's bytes.

@@ -100,7 +100,7 @@ fn descs(item: &Xfer, dev_id: u64) -> impl Iterator<Item = (Desc<'static>, Desc<
 fn keep_created(op: XferOp, item: &Xfer, file: &File) {
     if let (XferOp::Write, Some(created)) = (op, &item.created) {
         if let Ok(own) = file.try_clone() {
-            let _ = created.set(own);
+            created.keep(own);
         }
     }
 }
@@ -307,4 +307,75 @@ fn path_meta(path: &Path, op: XferOp, direct: bool, sync: bool) -> Vec<u8> {
     meta.push(b':');
     meta.extend_from_slice(OsStr::as_bytes(path.as_os_str()));
     meta
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tier_core::PageKey;
+    use tier_folder::format::{self, Trailer};
+
+    use super::super::Created;
+    use super::*;
+    use crate::file::NixlFileConfig;
+
+    /// A write run twice, as a batch that failed is retried page by page, creates its temp
+    /// file twice (the second unlinks the first): the file kept for the seal is the one the
+    /// last run created, the one renamed in, so the page lands with its trailer.
+    #[test]
+    fn a_write_run_again_is_sealed_in_the_file_it_created_last() {
+        crate::runtime::load(None).expect("the NIXL runtime");
+        for mode in [FileMode::Path, FileMode::Fd] {
+            let dir = tempfile::tempdir().expect("a temp folder");
+            let config = NixlFileConfig::new([dir.path()]);
+            let backend = super::super::super::open::create_backend(&config, 0).expect("a backend");
+            if mode == FileMode::Path {
+                assert_eq!(
+                    probe_path_mode(&backend),
+                    FileMode::Path,
+                    "NIXL has path mode"
+                );
+            }
+            let io = FileIo {
+                engine: Engine::Nixl(backend),
+                mode,
+                timeout: Duration::from_secs(10),
+                sync: false,
+                checksums: true,
+                verified: None,
+                file_mode: FolderMode::Owner,
+                remote: false,
+            };
+            let page = vec![0x5a_u8; 4096];
+            let region = (page.as_ptr() as usize, page.len());
+            let memory = io
+                .lend_local(&[region])
+                .expect("the page's memory registered");
+            let key = PageKey::new("k").expect("a key");
+            let path = dir.path().join("temp");
+            let mut xfer = Xfer {
+                key: key.clone(),
+                path: path.clone(),
+                len: page.len(),
+                direct: false,
+                parts: vec![region],
+                checksum: None,
+                created: Some(Created::default()),
+            };
+            for _ in 0..2 {
+                let moved = io.transfer(XferOp::Write, std::slice::from_ref(&xfer), &[0], &memory);
+                assert!(moved.is_ok(), "{mode} mode: the write ran");
+            }
+            let created = xfer.created.as_mut().and_then(Created::take);
+            assert!(created.is_some(), "{mode} mode: the created file was kept");
+            format::seal(created, &path, &key, page.len(), Some(7), false).expect("sealed");
+            let file = File::open(&path).expect("the temp file");
+            assert_eq!(
+                format::read_from(&file, &key).expect("its trailer read"),
+                Trailer::Page(Some(7)),
+                "{mode} mode: the file under the temp name has the trailer"
+            );
+        }
+    }
 }
