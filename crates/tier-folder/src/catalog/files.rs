@@ -3,6 +3,7 @@
 //! setting a file's use time.
 
 use std::fs;
+use std::io::ErrorKind;
 use std::path::Path;
 
 /// Whether what is at `path` is not a regular file (a link or a FIFO planted there).
@@ -72,7 +73,19 @@ pub(super) fn land_shared(temp: &Path, path: &Path, len: u64) -> std::io::Result
         }
     }
     let replaced = fs::metadata(path).map_or(0, |m| m.len());
-    fs::rename(temp, path)?;
+    match fs::rename(temp, path) {
+        Ok(()) => {}
+        // GlusterFS's client may answer a rename over a name another client unlinks at that
+        // moment with `ENOENT`, the file moved all the same: the temp name, this writer's
+        // alone, is gone. The page landed, and the unlink may take it, as a moment later.
+        Err(e)
+            if e.raw_os_error() == Some(libc::ENOENT)
+                && fs::symlink_metadata(temp).is_err_and(|e| e.kind() == ErrorKind::NotFound) =>
+        {
+            tracing::debug!(path = %path.display(), "a rename answered ENOENT and moved the page");
+        }
+        Err(e) => return Err(e),
+    }
     Ok(len as i64 - replaced as i64)
 }
 

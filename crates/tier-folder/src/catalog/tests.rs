@@ -438,3 +438,97 @@ fn a_page_landed_while_an_evictor_moves_the_old_one_aside_is_counted_exactly() {
          name holds"
     );
 }
+
+/// The names the landing test's pages take, and the unlinker process removes.
+const CONTESTED: usize = 8;
+
+/// Pages landed by two threads of one GlusterFS client over names another client's process
+/// removes at the same moment (as a remove, a clear or an eviction there does) all land: that
+/// client answers some such renames `ENOENT` though it moved the page (a put of the fleet's
+/// soak failed "rename page into place": No such file or directory).
+#[test]
+fn on_two_glusterfs_clients_pages_landed_over_names_the_other_removes_land() {
+    const LANDINGS: usize = 1_500;
+    let (a, b) = tier_tests::gluster::mounts().folder("land-removed");
+    let stop = tempfile::tempdir().expect("a temp folder");
+    let mut unlinker = std::process::Command::new(std::env::current_exe().expect("this binary"))
+        .args(["--exact", "catalog::tests::page_remover", "--ignored"])
+        .env("KVTIER_REMOVER_DIR", &b)
+        .env("KVTIER_REMOVER_STOP", stop.path().join("stop"))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("a remover process");
+    let catalog = sharer(&a);
+    let failed: Vec<String> = std::thread::scope(|s| {
+        let writers: Vec<_> = (0..2)
+            .map(|w| {
+                let catalog = &catalog;
+                s.spawn(move || {
+                    let mut failed = Vec::new();
+                    for i in 0..LANDINGS {
+                        let key = key(&format!("page{}", (i + w) % CONTESTED));
+                        let path = catalog.layout().page_path(&key).expect("a page path");
+                        let temp = catalog.layout().temp_path(&path);
+                        fs::write(&temp, [w as u8; 256]).expect("a temp file");
+                        let xfer = Xfer {
+                            key,
+                            path: temp,
+                            len: 224,
+                            direct: false,
+                            parts: Vec::new(),
+                            checksum: None,
+                            created: None,
+                        };
+                        let mut outcome = BatchOutcome {
+                            results: vec![Ok(())],
+                            poisoned: false,
+                        };
+                        catalog.commit(&[xfer], &[path], &mut outcome, &[None]);
+                        if let Err(e) = &outcome.results[0] {
+                            failed.push(e.to_string());
+                        }
+                    }
+                    failed
+                })
+            })
+            .collect();
+        writers
+            .into_iter()
+            .flat_map(|w| w.join().expect("a writer"))
+            .collect()
+    });
+    fs::write(stop.path().join("stop"), b"").expect("the stop file");
+    assert!(
+        unlinker.wait().expect("it ends").success(),
+        "the remover failed"
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {} landings failed, the first: {}",
+        failed.len(),
+        2 * LANDINGS,
+        failed[0]
+    );
+    let _ = fs::remove_dir_all(&a);
+}
+
+/// The remover process's entry (see above): does nothing unless `KVTIER_REMOVER_DIR` is set.
+/// Removes the contested pages from a sharer's catalog of that folder until
+/// `KVTIER_REMOVER_STOP` exists.
+#[test]
+#[ignore = "run by on_two_glusterfs_clients_pages_landed_over_names_the_other_removes_land"]
+fn page_remover() {
+    let (Some(dir), Some(stop)) = (
+        std::env::var_os("KVTIER_REMOVER_DIR"),
+        std::env::var_os("KVTIER_REMOVER_STOP"),
+    ) else {
+        return;
+    };
+    let catalog = sharer(Path::new(&dir));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    while !Path::new(&stop).exists() && std::time::Instant::now() < deadline {
+        for i in 0..CONTESTED {
+            catalog.remove(&key(&format!("page{i}"))).expect("a remove");
+        }
+    }
+}
