@@ -1,7 +1,8 @@
-//! Moving a batch of pages between memory and their files: what every I/O engine shares (the
-//! page to move, its direction, a batch's outcome, file identities across a read, folder
-//! syncs) and kvtier's own engine, [`syscalls`] (`preadv`/`pwritev` on the calling thread).
-//! NIXL's FILE engine lives in `tier-nixl`, over the same types.
+//! Moving a batch of pages between memory and their files: the engine's trait
+//! ([`PageEngine`]), what every engine shares (the page to move, its direction, a batch's
+//! outcome, file identities across a read, folder syncs) and kvtier's own engine,
+//! [`Syscalls`] (`preadv`/`pwritev` on the calling thread). NIXL's FILE engine lives in
+//! `tier-nixl`, over the same types.
 
 use std::fs::{self, File};
 use std::os::unix::ffi::OsStrExt;
@@ -12,8 +13,10 @@ use tier_core::{PageKey, TierError};
 
 use crate::checksum;
 
+mod engine;
 mod syscalls;
 
+pub use engine::{PageEngine, Syscalls};
 pub use syscalls::{move_by_syscalls, open_page};
 
 /// Transfer direction, seen from memory.

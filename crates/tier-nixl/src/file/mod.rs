@@ -111,7 +111,7 @@ impl NixlFileTier {
 
     /// The mode in use.
     pub fn mode(&self) -> FileMode {
-        self.shared.lanes[0].mode
+        self.shared.lanes[0].mode()
     }
 
     /// Whether pages go through `O_DIRECT` where aligned.

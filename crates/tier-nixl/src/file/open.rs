@@ -12,7 +12,7 @@ use tier_core::{StatsRecorder, TierError, WriteOrder};
 use super::catalog::Catalog;
 use super::fleet::Fleet;
 use super::index::PageIndex;
-use super::io::{self, Engine, FileIo, FileMode};
+use super::io::{self, Engine, FileIo, FileMode, NixlEngine, Syscalls};
 use super::layout::Layout;
 use super::perms::{self, FolderMode};
 use super::{
@@ -148,23 +148,38 @@ impl Shared {
         );
         let verified =
             (config.verify == VerifyReads::Once).then(|| Arc::new(io::VerifiedFiles::default()));
+        let sync = config.durability == Durability::Power;
+        let checksums = config.page_checksum == PageChecksum::Crc32c;
         let engines: Vec<Engine> = match config.engine {
-            FileEngine::Nixl => backends.into_iter().map(Engine::Nixl).collect(),
+            FileEngine::Nixl => backends
+                .into_iter()
+                .map(|backend| {
+                    Engine::Nixl(NixlEngine {
+                        backend,
+                        mode,
+                        timeout: config.transfer_timeout,
+                        sync,
+                        checksums,
+                        file_mode: config.mode,
+                        remote,
+                    })
+                })
+                .collect(),
             FileEngine::Syscalls => (0..config.staging_buffers.max(1))
-                .map(|_| Engine::Syscalls)
+                .map(|_| {
+                    Engine::Syscalls(Syscalls {
+                        sync,
+                        mode: config.mode,
+                    })
+                })
                 .collect(),
         };
         let lanes = engines
             .into_iter()
             .map(|engine| FileIo {
                 engine,
-                mode,
-                timeout: config.transfer_timeout,
-                sync: config.durability == Durability::Power,
-                checksums: config.page_checksum == PageChecksum::Crc32c,
+                checksums,
                 verified: verified.clone(),
-                file_mode: config.mode,
-                remote,
             })
             .collect();
         // The capacity is enforced once the index holds the pages found (see `opening`).

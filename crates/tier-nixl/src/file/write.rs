@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tier_core::{OrderGuard, Page, PageData, PageKey, PutResult, TierError};
 
 use super::helpers::run_split;
-use super::io::{self, Engine, FileIo, Xfer};
+use super::io::{self, Engine, FileIo, NixlEngine, Xfer};
 use super::{checksum, chunks, format, Durability, FileAccess, NixlFileTier, PageChecksum, Shared};
 use crate::batch::{run_blocking, send_pages, BatchOutcome};
 use crate::nixl::{Held, XferOp};
@@ -292,7 +292,7 @@ impl Shared {
         pages: &[PlannedWrite<'_>],
         lent: bool,
     ) -> (Vec<Xfer>, BatchOutcome) {
-        let Engine::Nixl(backend) = &io.engine else {
+        let Engine::Nixl(NixlEngine { backend, .. }) = &io.engine else {
             let xfers = write_xfers(pages, |_, page| {
                 page.data
                     .regions()
