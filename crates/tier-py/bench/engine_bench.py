@@ -16,6 +16,8 @@ def parser(doc: str) -> argparse.ArgumentParser:
                     help="kvtier's NIXL FILE page checksum (default: the tier's, crc32c)")
     ap.add_argument("--direct-io", action="store_true",
                     help="kvtier's NIXL FILE with direct_io = \"preferred\" (as vLLM's fs tier uses O_DIRECT)")
+    ap.add_argument("--engine", choices=["nixl", "syscalls"], default=None,
+                    help="kvtier's NIXL FILE engine (default: the tier's, nixl)")
     ap.add_argument("--lanes", type=int, default=None,
                     help="kvtier's NIXL FILE lanes (staging_buffers; default: the tier's default, 2)")
     return ap
@@ -30,4 +32,6 @@ def tier_tuning(args: argparse.Namespace) -> dict:
         tuning["direct_io"] = "preferred"
     if args.page_checksum:
         tuning["page_checksum"] = args.page_checksum
+    if args.engine:
+        tuning["engine"] = args.engine
     return tuning

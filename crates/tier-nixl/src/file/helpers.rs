@@ -62,6 +62,24 @@ impl Helpers {
     }
 }
 
+/// Pages of a batch worth a thread of their own.
+pub(super) const SPLIT_PAGES: usize = 32;
+
+/// Bytes of a batch worth a thread of their own: the page cache takes or gives a page's bytes
+/// at memory speed, a core's worth each (writes until the kernel throttles writers, then each
+/// writer waits its turn).
+pub(super) const SPLIT_BYTES: usize = 4 << 20;
+
+/// The parts a batch of `pages` pages of `bytes` bytes in all is split in to run on as many
+/// threads: one per [`SPLIT_PAGES`] pages or [`SPLIT_BYTES`] bytes, whichever makes more, at
+/// least one and at most one per lane (and per page).
+pub(super) fn split_parts(pages: usize, bytes: usize, lanes: usize) -> usize {
+    (pages / SPLIT_PAGES)
+        .max(bytes / SPLIT_BYTES)
+        .clamp(1, lanes.max(1))
+        .min(pages.max(1))
+}
+
 /// Runs `first` on the calling thread while other threads run `others`, and returns when all
 /// are done: `first`'s result, and each other's or why it has none (it panicked or could not
 /// run). Each other part runs on an idle helper, or on a thread of its own when every helper
@@ -170,5 +188,19 @@ mod tests {
         assert_eq!(first, 1);
         assert_eq!(others[0], Ok(2));
         assert!(others[1].as_ref().is_err_and(|e| e.contains("panicked")));
+    }
+
+    /// A batch is split by pages or by bytes, whichever makes more parts, never into more
+    /// than the lanes or the pages: a load of 16 LMCache chunks of 2 MiB runs on both lanes
+    /// (reads were split only from 32 pages up, and such a load ran on one thread).
+    #[test]
+    fn a_batch_is_split_by_pages_or_bytes_up_to_the_lanes() {
+        const MIB: usize = 1 << 20;
+        assert_eq!(split_parts(16, 32 * MIB, 2), 2, "16 chunks of 2 MiB");
+        assert_eq!(split_parts(1_000, 4_000 * 1024, 2), 2, "many small pages");
+        assert_eq!(split_parts(8, 8 * 4096, 2), 1, "a small batch");
+        assert_eq!(split_parts(1, 64 * MIB, 4), 1, "one page is one part");
+        assert_eq!(split_parts(16, 32 * MIB, 8), 8, "up to one part per lane");
+        assert_eq!(split_parts(0, 0, 2), 1);
     }
 }

@@ -10,7 +10,7 @@ use tier_core::{GetResult, Lookup, PageBuf, PageKey, ReadSlot, TierError};
 
 use super::catalog::SettledRead;
 use super::format::Recorded;
-use super::helpers::run_split;
+use super::helpers::{run_split, split_parts};
 use super::index::Generation;
 use super::io::{self, FileId, FileIo, Xfer};
 use super::{checksum, chunks, format, perms, FileAccess, NixlFileTier, PageChecksum, Shared};
@@ -253,36 +253,50 @@ impl NixlFileTier {
 }
 
 impl Shared {
-    /// Reads pages straight into the caller's buffers, on the calling thread (and a helper
-    /// thread for the second half of big batches, see [`run_split`]). No await happens while
-    /// NIXL may write into the buffers, so a dropped future cannot free them under a transfer.
+    /// Reads pages straight into the caller's buffers, on the calling thread and, for big
+    /// batches, helper threads (see [`run_split`]), split as writes are ([`split_parts`]: by
+    /// pages or by bytes, whichever makes more parts, up to one per lane). No await happens
+    /// while NIXL may write into the buffers, so a dropped future cannot free them under a
+    /// transfer.
     fn read_in_place(&self, reads: &[PlannedRead], bufs: &mut [&mut PageBuf<'_>]) -> VerifiedReads {
-        const SPLIT_AT: usize = 32;
-        if reads.len() < SPLIT_AT {
+        let bytes: usize = reads.iter().map(|r| r.len).sum();
+        let parts = split_parts(reads.len(), bytes, self.lanes.len());
+        if parts <= 1 {
             return self.read_part(self.lane(0), reads, bufs);
         }
-        let mid = reads.len() / 2;
-        let (left_reads, right_reads) = reads.split_at(mid);
-        let (left_bufs, right_bufs) = bufs.split_at_mut(mid);
-        let (mut reads, others) = run_split(
-            || self.read_part(self.lane(0), left_reads, left_bufs),
-            vec![|| self.read_part(self.lane(1), right_reads, right_bufs)],
+        let per_part = reads.len().div_ceil(parts);
+        let mut read_parts = reads.chunks(per_part);
+        let mut buf_parts = bufs.chunks_mut(per_part);
+        let (first_reads, first_bufs) = match (read_parts.next(), buf_parts.next()) {
+            (Some(r), Some(b)) => (r, b),
+            _ => return self.read_part(self.lane(0), reads, bufs),
+        };
+        let others: Vec<_> = read_parts
+            .zip(buf_parts)
+            .enumerate()
+            .map(|(n, (part, part_bufs))| move || self.read_part(self.lane(n + 1), part, part_bufs))
+            .collect();
+        let (mut merged, others) = run_split(
+            || self.read_part(self.lane(0), first_reads, first_bufs),
+            others,
         );
-        let right = others.into_iter().next();
-        match right.unwrap_or_else(|| Err("a kvtier-io helper did not run".to_string())) {
-            Ok(right) => {
-                reads
-                    .replaced
-                    .extend(right.replaced.into_iter().map(|i| i + mid));
-                reads.results.extend(right.results);
+        let mut at = first_reads.len();
+        for (part, outcome) in reads.chunks(per_part).skip(1).zip(others) {
+            match outcome {
+                Ok(done) => {
+                    merged
+                        .replaced
+                        .extend(done.replaced.into_iter().map(|i| i + at));
+                    merged.results.extend(done.results);
+                }
+                Err(msg) => merged.results.extend(
+                    part.iter()
+                        .map(|_| Err(TierError::Unavailable(msg.clone()))),
+                ),
             }
-            Err(msg) => reads.results.extend(
-                right_reads
-                    .iter()
-                    .map(|_| Err(TierError::Unavailable(msg.clone()))),
-            ),
+            at += part.len();
         }
-        reads
+        merged
     }
 
     fn read_part(

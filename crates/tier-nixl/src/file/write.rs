@@ -6,16 +6,12 @@ use std::sync::Arc;
 
 use tier_core::{OrderGuard, Page, PageData, PageKey, PutResult, TierError};
 
-use super::helpers::run_split;
+use super::helpers::{run_split, split_parts};
 use super::io::{self, Engine, FileIo, NixlEngine, Xfer};
 use super::{checksum, chunks, format, Durability, FileAccess, NixlFileTier, PageChecksum, Shared};
 use crate::batch::{run_blocking, send_pages, BatchOutcome};
 use crate::nixl::{Held, XferOp};
 use crate::staging::StagingLease;
-
-/// Bytes of buffered writes worth a thread of their own: the page cache takes a page's
-/// bytes at memory speed until the kernel throttles writers, then each writer waits its turn.
-const SPLIT_BYTES: usize = 4 << 20;
 
 impl NixlFileTier {
     /// Writes a batch (see [`tier_core::StorageTier::put`]).
@@ -119,12 +115,8 @@ impl NixlFileTier {
             };
             settle_writes(shared, &mut results, positions, outcome);
         }
-        // A part per 32 pages or per SPLIT_BYTES, whichever makes more, up to one per lane.
         let bytes: usize = buffered.iter().map(|(_, w)| w.data.len()).sum();
-        let parts = (buffered.len() / 32)
-            .max(bytes / SPLIT_BYTES)
-            .clamp(1, shared.config.staging_buffers)
-            .min(buffered.len().max(1));
+        let parts = split_parts(buffered.len(), bytes, shared.config.staging_buffers);
         let per_part = buffered.len().div_ceil(parts).max(1);
         let mut jobs: Vec<(Vec<usize>, Vec<PlannedWrite<'_>>)> = Vec::new();
         while !buffered.is_empty() {
