@@ -14,6 +14,7 @@
 //! - [`io`]: what an I/O engine moves (a batch of [`io::Xfer`]) and kvtier's own engine,
 //!   the system calls. NIXL's FILE engine, over the same types, is in `tier-nixl`.
 
+pub mod bounded;
 pub mod catalog;
 pub mod checksum;
 pub mod fleet;
@@ -27,6 +28,7 @@ pub mod perms;
 pub mod probe;
 pub mod settings;
 
+pub use bounded::BoundedIo;
 pub use checksum::{PageChecksum, VerifyReads};
 pub use fleet::FleetStats;
 pub use format::TRAILER as PAGE_TRAILER;

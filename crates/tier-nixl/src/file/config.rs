@@ -7,7 +7,7 @@ use std::time::Duration;
 use tier_core::{TierError, TierInfo};
 use tier_policy::PolicyKind;
 
-use super::{FileAccess, FolderMode, PageChecksum, SharedFolder, VerifyReads};
+use super::{BoundedIo, FileAccess, FolderMode, PageChecksum, SharedFolder, VerifyReads};
 use crate::staging::ALIGN;
 
 /// Largest staging buffer (it bounds the largest page).
@@ -96,26 +96,6 @@ pub enum DirectIo {
     /// Direct I/O where possible; unaligned pages, or a filesystem without it, fall back to
     /// buffered I/O.
     Preferred,
-}
-
-/// Whether the tier may give up waiting for its file I/O (in config files: `bounded_io`).
-///
-/// A page read in place lands straight in the caller's memory, so it must be waited out: on a
-/// mount that hangs (a network filesystem whose server is gone, a FUSE daemon that stopped)
-/// the call never returns. Bounded I/O runs on threads of its own over memory of its own:
-/// reads land in staging buffers and are copied out, and the call gives up after
-/// `transfer_timeout` with [`TierError::Timeout`], leaving the stuck thread its memory.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BoundedIo {
-    /// Bounded on filesystems that can hang (network and FUSE: any but ext2/3/4, XFS, Btrfs,
-    /// tmpfs, ZFS, overlayfs, ramfs), in place on local ones.
-    #[default]
-    Auto,
-    /// Always bounded: a copy per page read, and no call outlasts `transfer_timeout`.
-    On,
-    /// Never: reads in place, waited out however long the kernel takes.
-    Off,
 }
 
 /// Configuration of a [`NixlFileTier`](super::NixlFileTier).

@@ -43,8 +43,8 @@ use tier_core::{
 
 pub use io::{probe_path_mode, FileMode};
 pub use tier_folder::{
-    probe_folder, route_hash, FileAccess, FleetStats, FolderMode, FolderProbe, LockReach,
-    PageChecksum, SharedFolder, SharedLocks, VerifyReads, BUCKETS, PAGE_TRAILER,
+    probe_folder, route_hash, BoundedIo, FileAccess, FleetStats, FolderMode, FolderProbe,
+    LockReach, PageChecksum, SharedFolder, SharedLocks, VerifyReads, BUCKETS, PAGE_TRAILER,
 };
 
 use crate::staging::{align_up, StagingPool, ALIGN};
@@ -52,9 +52,7 @@ use catalog::Catalog;
 use io::FileIo;
 
 pub(crate) use config::MAX_LANES;
-pub use config::{
-    BoundedIo, DirectIo, Durability, FileEngine, FilePlugin, NixlFileConfig, PathModeChoice,
-};
+pub use config::{DirectIo, Durability, FileEngine, FilePlugin, NixlFileConfig, PathModeChoice};
 
 /// A persistent page tier on local (or mounted) filesystems through NIXL.
 pub struct NixlFileTier {
@@ -167,21 +165,13 @@ impl Shared {
         }
     }
 
-    /// `work` with the tier's bound where I/O is bounded (see [`BoundedIo`]): given up after
-    /// `transfer_timeout` with a [`TierError::Timeout`] naming `op`. Whatever it runs on
-    /// another thread goes on there, owning all it touches.
+    /// `work` with the tier's bound where I/O is bounded (see [`tier_folder::bounded::bound`]).
     async fn bound<R>(
         &self,
         op: &'static str,
         work: impl Future<Output = Result<R, TierError>>,
     ) -> Result<R, TierError> {
-        if !self.bounded {
-            return work.await;
-        }
-        let after = self.config.transfer_timeout;
-        tokio::time::timeout(after, work)
-            .await
-            .unwrap_or(Err(TierError::Timeout { op, after }))
+        tier_folder::bounded::bound(self.bounded, self.config.transfer_timeout, op, work).await
     }
 
     /// Runs `work` on a blocking thread; this future may be dropped, the work goes on.

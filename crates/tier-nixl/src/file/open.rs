@@ -16,8 +16,8 @@ use super::io::{self, Engine, FileIo, FileMode, NixlEngine, Syscalls};
 use super::layout::Layout;
 use super::perms::{self, FolderMode};
 use super::{
-    BoundedIo, DirectIo, Durability, FileAccess, FileEngine, FilePlugin, NixlFileConfig,
-    PageChecksum, PathModeChoice, Shared, SharedLocks, VerifyReads,
+    DirectIo, Durability, FileAccess, FileEngine, FilePlugin, NixlFileConfig, PageChecksum,
+    PathModeChoice, Shared, SharedLocks, VerifyReads,
 };
 use crate::nixl::Agent;
 use crate::staging::StagingPool;
@@ -124,11 +124,7 @@ impl Shared {
             .dirs()
             .iter()
             .any(|d| super::probe::may_hang(d));
-        let bounded = match config.bounded_io {
-            BoundedIo::On => true,
-            BoundedIo::Off => false,
-            BoundedIo::Auto => remote,
-        };
+        let bounded = config.bounded_io.applies_to(catalog.layout().dirs());
         match &runtime {
             Some(runtime) => tracing::info!(
                 tier = %config.name, %runtime, plugin, %mode, direct, bounded_io = bounded,
