@@ -337,23 +337,7 @@ fn same_pages_storer() {
     let file_len = crate::format::file_len(STORED_LEN) as usize;
     for i in 0..pages {
         let key = key(&format!("page{i}"));
-        let path = catalog.layout().page_path(&key).expect("a page path");
-        let temp = catalog.layout().temp_path(&path);
-        // A page and its trailer, as a write leaves it.
-        fs::write(&temp, vec![i as u8; file_len]).expect("a temp file");
-        let xfer = Xfer {
-            key,
-            path: temp,
-            len: STORED_LEN,
-            direct: false,
-            parts: Vec::new(),
-            checksum: None,
-            created: None,
-        };
-        let mut outcome = BatchOutcome {
-            results: vec![Ok(())],
-            poisoned: false,
-        };
+        let page = written(&catalog, key, &vec![i as u8; file_len], STORED_LEN);
         fs::write(sync.join(format!("{i}.{me}")), b"").expect("a sync file");
         let other = sync.join(format!("{i}.{}", 1 - me));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -364,9 +348,37 @@ fn same_pages_storer() {
             );
             std::thread::yield_now();
         }
-        catalog.commit(&[xfer], &[path], &mut outcome, &[None]);
-        assert!(outcome.results[0].is_ok(), "{:?}", outcome.results[0]);
+        let stored = commit_written(&catalog, page);
+        assert!(stored.is_ok(), "{stored:?}");
     }
+}
+
+/// Writes `file` (a page of `len` bytes and its trailer, as a write leaves its temp file) under
+/// a temp name of `key`'s page: its transfer, and the page's path.
+fn written(catalog: &Catalog, key: PageKey, file: &[u8], len: usize) -> (Xfer, PathBuf) {
+    let path = catalog.layout().page_path(&key).expect("a page path");
+    let temp = catalog.layout().temp_path(&path);
+    fs::write(&temp, file).expect("a temp file");
+    let xfer = Xfer {
+        key,
+        path: temp,
+        len,
+        direct: false,
+        parts: Vec::new(),
+        checksum: None,
+        created: None,
+    };
+    (xfer, path)
+}
+
+/// Commits a page [`written`] wrote; the commit's result.
+fn commit_written(catalog: &Catalog, (xfer, path): (Xfer, PathBuf)) -> Result<(), TierError> {
+    let mut outcome = BatchOutcome {
+        results: vec![Ok(())],
+        poisoned: false,
+    };
+    catalog.commit(&[xfer], &[path], &mut outcome, &[None]);
+    outcome.results.pop().expect("one result")
 }
 
 /// A page file that shows no page bytes (another client's write, as a distributed
@@ -467,24 +479,8 @@ fn on_two_glusterfs_clients_pages_landed_over_names_the_other_removes_land() {
                     let mut failed = Vec::new();
                     for i in 0..LANDINGS {
                         let key = key(&format!("page{}", (i + w) % CONTESTED));
-                        let path = catalog.layout().page_path(&key).expect("a page path");
-                        let temp = catalog.layout().temp_path(&path);
-                        fs::write(&temp, [w as u8; 256]).expect("a temp file");
-                        let xfer = Xfer {
-                            key,
-                            path: temp,
-                            len: 224,
-                            direct: false,
-                            parts: Vec::new(),
-                            checksum: None,
-                            created: None,
-                        };
-                        let mut outcome = BatchOutcome {
-                            results: vec![Ok(())],
-                            poisoned: false,
-                        };
-                        catalog.commit(&[xfer], &[path], &mut outcome, &[None]);
-                        if let Err(e) = &outcome.results[0] {
+                        let page = written(catalog, key, &[w as u8; 256], 224);
+                        if let Err(e) = commit_written(catalog, page) {
                             failed.push(e.to_string());
                         }
                     }

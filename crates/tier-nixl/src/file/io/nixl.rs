@@ -141,6 +141,14 @@ impl PageEngine<Arc<Held>> for NixlEngine {
         )
     }
 
+    /// The batch moves in groups of about
+    /// [`HASH_GROUP`] bytes, and each group's buffered pages are checksummed as soon as it
+    /// lands. While groups land from the page cache, the next is posted only once the last is
+    /// checksummed, so its bytes are still in the cores' caches (with more in flight, or
+    /// checksummed after the whole batch, they come back from DRAM); while they come from the
+    /// disk, [`HASH_DEPTH`] are in flight, keeping it busy. A group's failure is handled as
+    /// [`PageEngine::move_all`] handles a batch's. Direct reads land in staging by DMA and are
+    /// checksummed where they are copied out.
     fn read_hashing(
         &self,
         items: &[Xfer],
@@ -148,11 +156,71 @@ impl PageEngine<Arc<Held>> for NixlEngine {
         skip: &[bool],
         hashed: &mut [Option<u32>],
     ) -> BatchOutcome {
-        // Direct reads land in staging by DMA and are checksummed where they are copied out.
         if items.iter().all(|i| i.direct) {
             return self.move_all(XferOp::Read, items, memory);
         }
-        self.transfer_hashing(items, memory, skip, hashed)
+        let mut outcome = BatchOutcome {
+            results: Vec::with_capacity(items.len()),
+            poisoned: false,
+        };
+        let mut groups = Vec::new();
+        let mut start = 0;
+        while start < items.len() {
+            let mut end = start + 1;
+            let mut bytes = items[start].len;
+            while end < items.len() && bytes + items[end].len <= HASH_GROUP {
+                bytes += items[end].len;
+                end += 1;
+            }
+            groups.push(start..end);
+            start = end;
+        }
+        let mut in_flight = std::collections::VecDeque::with_capacity(HASH_DEPTH);
+        let mut next = groups.into_iter();
+        let mut depth = 1;
+        let mut since = Instant::now();
+        loop {
+            while in_flight.len() < depth {
+                let Some(group) = next.next() else { break };
+                let all: Vec<usize> = (0..group.len()).collect();
+                let posted = self.post(XferOp::Read, &items[group.clone()], &all, memory);
+                in_flight.push_back((group, posted));
+            }
+            let Some((group, posted)) = in_flight.pop_front() else {
+                break;
+            };
+            let part = &items[group.clone()];
+            // The group's transfer is its first attempt: a failure is handled as a batch's.
+            let mut first = Some(posted.and_then(|t| self.settle(XferOp::Read, t)));
+            let landed = move_isolating(
+                part.len(),
+                self.timeout,
+                &mut |which| match first.take() {
+                    Some(outcome) => outcome,
+                    None => self.transfer(XferOp::Read, part, which, memory),
+                },
+                &|i, message| self.item_error(XferOp::Read, &part[i], message),
+            );
+            let bytes: usize = part.iter().map(|i| i.len).sum();
+            let cached = bytes as f64 >= CACHED_RATE * since.elapsed().as_secs_f64();
+            depth = if cached { 1 } else { HASH_DEPTH };
+            if !landed.poisoned {
+                for (((item, r), crc), &skip) in part
+                    .iter()
+                    .zip(&landed.results)
+                    .zip(&mut hashed[group.clone()])
+                    .zip(&skip[group.clone()])
+                {
+                    if r.is_ok() && !item.direct && !skip {
+                        *crc = Some(item.checksum_parts());
+                    }
+                }
+            }
+            outcome.poisoned |= landed.poisoned;
+            outcome.results.extend(landed.results);
+            since = Instant::now();
+        }
+        outcome
     }
 
     /// NIXL opens (path mode) or reads (fd mode) files where kvtier cannot watch.
@@ -350,87 +418,6 @@ impl NixlEngine {
             // I/O may still be running: the transfer keeps what it holds.
             Finished::Unsettled(why) => Err(Failure::Unsettled(why)),
         }
-    }
-}
-
-impl NixlEngine {
-    /// Reads with the NIXL engine and checksums on: the batch moves in groups of about
-    /// [`HASH_GROUP`] bytes, and each group's buffered pages are checksummed as soon as it
-    /// lands. While groups land from the page cache, the next is posted only once the last is
-    /// checksummed, so its bytes are still in the cores' caches (with more in flight, or
-    /// checksummed after the whole batch, they come back from DRAM); while they come from the
-    /// disk, [`HASH_DEPTH`] are in flight, keeping it busy. A group's failure is handled as
-    /// [`PageEngine::move_all`] handles a batch's. Direct reads land in staging by DMA and are
-    /// checksummed where they are copied out.
-    fn transfer_hashing(
-        &self,
-        items: &[Xfer],
-        memory: &Arc<Held>,
-        skip: &[bool],
-        hashed: &mut [Option<u32>],
-    ) -> BatchOutcome {
-        let mut outcome = BatchOutcome {
-            results: Vec::with_capacity(items.len()),
-            poisoned: false,
-        };
-        let mut groups = Vec::new();
-        let mut start = 0;
-        while start < items.len() {
-            let mut end = start + 1;
-            let mut bytes = items[start].len;
-            while end < items.len() && bytes + items[end].len <= HASH_GROUP {
-                bytes += items[end].len;
-                end += 1;
-            }
-            groups.push(start..end);
-            start = end;
-        }
-        let mut in_flight = std::collections::VecDeque::with_capacity(HASH_DEPTH);
-        let mut next = groups.into_iter();
-        let mut depth = 1;
-        let mut since = Instant::now();
-        loop {
-            while in_flight.len() < depth {
-                let Some(group) = next.next() else { break };
-                let all: Vec<usize> = (0..group.len()).collect();
-                let posted = self.post(XferOp::Read, &items[group.clone()], &all, memory);
-                in_flight.push_back((group, posted));
-            }
-            let Some((group, posted)) = in_flight.pop_front() else {
-                break;
-            };
-            let part = &items[group.clone()];
-            // The group's transfer is its first attempt: a failure is handled as a batch's.
-            let mut first = Some(posted.and_then(|t| self.settle(XferOp::Read, t)));
-            let landed = move_isolating(
-                part.len(),
-                self.timeout,
-                &mut |which| match first.take() {
-                    Some(outcome) => outcome,
-                    None => self.transfer(XferOp::Read, part, which, memory),
-                },
-                &|i, message| self.item_error(XferOp::Read, &part[i], message),
-            );
-            let bytes: usize = part.iter().map(|i| i.len).sum();
-            let cached = bytes as f64 >= CACHED_RATE * since.elapsed().as_secs_f64();
-            depth = if cached { 1 } else { HASH_DEPTH };
-            if !landed.poisoned {
-                for (((item, r), crc), &skip) in part
-                    .iter()
-                    .zip(&landed.results)
-                    .zip(&mut hashed[group.clone()])
-                    .zip(&skip[group.clone()])
-                {
-                    if r.is_ok() && !item.direct && !skip {
-                        *crc = Some(item.checksum_parts());
-                    }
-                }
-            }
-            outcome.poisoned |= landed.poisoned;
-            outcome.results.extend(landed.results);
-            since = Instant::now();
-        }
-        outcome
     }
 }
 
