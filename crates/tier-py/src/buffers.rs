@@ -179,19 +179,15 @@ impl Lent {
             })?;
             return raw_region(py, key, addr, len);
         }
-        if is_tensor(obj)? {
-            return self.tensor_region(py, page, key, obj, writable);
-        }
-        let buf = Export::get(obj).or_else(|e| {
-            // A buffer of wider items (float16 pages, say) is viewed as its bytes.
-            let bytes = py
-                .import("builtins")?
-                .getattr("memoryview")?
-                .call1((obj,))?
-                .call_method1("cast", ("B",))
-                .map_err(|_| e)?;
-            Export::get(&bytes)
-        });
+        // The buffer protocol is asked first: a buffer of bytes (what engines pass per page)
+        // then costs no attribute lookup, and a tensor has no buffer protocol.
+        let buf = match Export::get(obj) {
+            Ok(buf) => Ok(buf),
+            Err(_) if is_tensor(obj)? => {
+                return self.tensor_region(py, page, key, obj, writable);
+            }
+            Err(refused) => as_bytes(py, obj, refused),
+        };
         let buf = buf.map_err(|e| {
             buffer_error(
                 py,
@@ -219,6 +215,17 @@ impl Lent {
         self.guards.push(buf);
         Ok(region)
     }
+}
+
+/// A buffer of wider items (float16 pages, say) viewed as its bytes; `refused` (why it is no
+/// buffer of bytes) if it cannot be.
+fn as_bytes(py: Python<'_>, obj: &Bound<'_, PyAny>, refused: PyErr) -> PyResult<Export> {
+    let view = py
+        .import("builtins")?
+        .getattr("memoryview")?
+        .call1((obj,))?;
+    let bytes = view.call_method1("cast", ("B",)).map_err(|_| refused)?;
+    Export::get(&bytes)
 }
 
 /// Whether `obj` is a tensor (has `data_ptr` and `is_contiguous`) rather than a buffer.
