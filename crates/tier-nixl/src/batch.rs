@@ -9,6 +9,7 @@ use tier_core::{PageBuf, ReadSlot, TierError};
 use crate::nixl::{Backend, Held, Owned, Unsettled};
 
 /// Why an attempt at moving some items failed.
+#[derive(Debug)]
 pub enum Failure {
     /// One item failed before the transfer (e.g. its file would not open).
     Item(usize, TierError),

@@ -205,11 +205,7 @@ impl FileIo {
                         // open is a miss, even if a put renamed a new one in since.
                         return match r {
                             Ok(()) => Ok(true),
-                            Err(TierError::Io { ref source, .. })
-                                if source.kind() == std::io::ErrorKind::NotFound =>
-                            {
-                                Ok(false)
-                            }
+                            Err(ref e) if gone(e) => Ok(false),
                             Err(_) if !item.path.exists() => Ok(false),
                             // Replaced by a page of another length since it was planned.
                             Err(_)
@@ -226,6 +222,8 @@ impl FileIo {
                     match (r, after) {
                         (_, None) => Ok(false),
                         (_, Some(after)) if before != Some(after) => Ok(false),
+                        // The client may still show the name's old file for a moment.
+                        (Err(ref e), _) if gone(e) => Ok(false),
                         (_, Some(after)) if after.file_len() != format::file_len(item.len) => {
                             Err(TierError::LengthMismatch {
                                 key: item.key.clone(),
@@ -248,6 +246,15 @@ impl FileIo {
             poisoned: outcome.poisoned,
         }
     }
+}
+
+/// Whether a read failed because its file was not there to open, or was replaced or removed
+/// by another client of a network filesystem (`ESTALE`) before the engine opened it: a miss,
+/// read again if its checksum is not known (see [`FileIo::read_all`]).
+fn gone(e: &TierError) -> bool {
+    matches!(e, TierError::Io { source, .. }
+        if source.kind() == std::io::ErrorKind::NotFound
+            || source.raw_os_error() == Some(libc::ESTALE))
 }
 
 /// What [`FileIo::read_all`] found.

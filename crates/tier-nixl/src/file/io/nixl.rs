@@ -14,7 +14,7 @@ use tier_folder::io::{open_page, PageEngine};
 
 use crate::batch::{move_isolating, BatchOutcome, Failure};
 use crate::nixl::{
-    next_dev_id, Backend, Desc, Finished, Held, MemKind, Transfer, Unsettled, XferOp,
+    next_dev_id, Backend, Desc, Finished, Held, MemKind, Registration, Transfer, Unsettled, XferOp,
 };
 
 use super::super::FolderMode;
@@ -104,6 +104,33 @@ fn keep_created(op: XferOp, item: &Xfer, file: &File) {
             created.keep(own);
         }
     }
+}
+
+/// How many times a read's files are opened again for a registration that failed on a file
+/// another client replaced (see [`NixlEngine::register_files`]).
+const REOPENS: usize = 3;
+
+/// Whether the file open at descriptor `fd` can no longer be opened through it: another
+/// client of a network filesystem replaced or removed it (`ESTALE`), or it is gone.
+fn replaced(fd: i32) -> bool {
+    match File::open(format!("/proc/self/fd/{fd}")) {
+        Ok(_) => false,
+        Err(e) => {
+            e.raw_os_error() == Some(libc::ESTALE) || e.kind() == std::io::ErrorKind::NotFound
+        }
+    }
+}
+
+/// What [`NixlEngine::open_files`] opened for a registration.
+struct Opened {
+    /// The files kvtier opened, held until the transfer settles.
+    files: Vec<File>,
+    /// Per item (path mode): its registration's metaInfo.
+    metas: Vec<Vec<u8>>,
+    /// Per item: its device id.
+    dev_ids: Vec<u64>,
+    /// (Item, descriptor) of each read's file NIXL opens again through `/proc/self/fd`.
+    by_descriptor: Vec<(usize, i32)>,
 }
 
 /// NIXL's FILE engine: a lane's backend (one agent), and how its files are handed to it.
@@ -275,76 +302,13 @@ impl NixlEngine {
         which: &[usize],
         memory: &Arc<Held>,
     ) -> Result<Posted, Failure> {
-        // Fd mode: open every file first; the transfer holds them with their registration.
-        let mut files: Vec<File> = Vec::new();
-        let mut metas: Vec<Vec<u8>> = Vec::new();
-        let mut dev_ids = Vec::with_capacity(which.len());
-        for &i in which {
-            let item = &items[i];
-            let failed = |e| {
-                Failure::Item(
-                    i,
-                    TierError::io(op_name(op), Some(&item.key), Some(item.path.clone()), e),
-                )
-            };
-            match self.mode {
-                FileMode::Fd => {
-                    let file = open_page(&item.path, op, item.direct, self.sync, self.file_mode)
-                        .map_err(failed)?;
-                    dev_ids.push(file.as_raw_fd() as u64);
-                    keep_created(op, item, &file);
-                    files.push(file);
-                }
-                FileMode::Path if op == XferOp::Write => {
-                    // Made here, so it is new, this tier's mode, and not a planted link; NIXL
-                    // is handed it by its descriptor (`/proc/self/fd/N` opens the very file
-                    // that descriptor holds), so a link renamed over its name meanwhile (by
-                    // a member of a group-mode folder's group) is never written through.
-                    let file = self.file_mode.create_new(&item.path, 0).map_err(failed)?;
-                    let held = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-                    metas.push(path_meta(&held, op, item.direct, self.sync));
-                    keep_created(op, item, &file);
-                    files.push(file);
-                    dev_ids.push(next_dev_id());
-                }
-                FileMode::Path if self.file_mode != FolderMode::Owner || self.remote => {
-                    // Where others may write the folder, a read's file is opened here (never
-                    // through a link, never a FIFO) and handed to NIXL by its descriptor: a
-                    // link or FIFO planted under a page's name is never read or waited on.
-                    // So it is where clients cache apart: a name another client replaced
-                    // answers `ESTALE` for a moment, which `open_page` waits out.
-                    let file = open_page(&item.path, op, item.direct, self.sync, self.file_mode)
-                        .map_err(failed)?;
-                    let held = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-                    metas.push(path_meta(&held, op, item.direct, self.sync));
-                    files.push(file);
-                    dev_ids.push(next_dev_id());
-                }
-                FileMode::Path => {
-                    metas.push(path_meta(&item.path, op, item.direct, self.sync));
-                    dev_ids.push(next_dev_id());
-                }
-            }
-        }
-        let files_reg: Vec<Desc<'_>> = which
-            .iter()
-            .enumerate()
-            .map(|(n, &i)| Desc {
-                addr: 0,
-                len: items[i].len,
-                dev_id: dev_ids[n],
-                meta: metas.get(n).map_or(&[][..], Vec::as_slice),
-            })
-            .collect();
+        let (registration, files, dev_ids) = self.register_files(op, items, which)?;
         let (local, remote): (Vec<Desc<'_>>, Vec<Desc<'_>>) = which
             .iter()
             .enumerate()
             .flat_map(|(n, &i)| descs(&items[i], dev_ids[n]))
             .unzip();
         let backend = &self.backend;
-        let registration = backend
-            .register(MemKind::File, &files_reg)
-            .map_err(|e| Failure::Batch(format!("{}: registering files: {e}", op_name(op))))?;
         let mut held = Held::default();
         held.include(memory);
         held.files(registration, files);
@@ -381,6 +345,131 @@ impl NixlEngine {
             }
         }
         Ok(Posted(posted))
+    }
+
+    /// Opens and registers the files of the items `which` of `items`: the registration, the
+    /// files it holds, each item's device id (see [`Self::register_opened`]).
+    fn register_files(
+        &self,
+        op: XferOp,
+        items: &[Xfer],
+        which: &[usize],
+    ) -> Result<(Registration, Vec<File>, Vec<u64>), Failure> {
+        let opened = self.open_files(op, items, which)?;
+        self.register_opened(op, items, which, opened)
+    }
+
+    /// Registers files [`Self::open_files`] opened. A read's file another client replaced
+    /// since kvtier opened it (NIXL opens it again through `/proc/self/fd/N`, which answers
+    /// `ESTALE` on GlusterFS once the server let go of it) is opened again by its name, a few
+    /// times; still replaced, it fails alone as `ESTALE`, which [`super::FileIo::read_all`]
+    /// takes for a page replaced while it was read.
+    fn register_opened(
+        &self,
+        op: XferOp,
+        items: &[Xfer],
+        which: &[usize],
+        mut opened: Opened,
+    ) -> Result<(Registration, Vec<File>, Vec<u64>), Failure> {
+        let mut reopened = 0;
+        loop {
+            let descs: Vec<Desc<'_>> = which
+                .iter()
+                .enumerate()
+                .map(|(n, &i)| Desc {
+                    addr: 0,
+                    len: items[i].len,
+                    dev_id: opened.dev_ids[n],
+                    meta: opened.metas.get(n).map_or(&[][..], Vec::as_slice),
+                })
+                .collect();
+            let e = match self.backend.register(MemKind::File, &descs) {
+                Ok(registration) => return Ok((registration, opened.files, opened.dev_ids)),
+                Err(e) => e,
+            };
+            let Some(&(i, _)) = opened.by_descriptor.iter().find(|(_, fd)| replaced(*fd)) else {
+                return Err(Failure::Batch(format!(
+                    "{}: registering files: {e}",
+                    op_name(op)
+                )));
+            };
+            if reopened == REOPENS {
+                let item = &items[i];
+                let stale = std::io::Error::from_raw_os_error(libc::ESTALE);
+                let e = TierError::io(op_name(op), Some(&item.key), Some(item.path.clone()), stale);
+                return Err(Failure::Item(i, e));
+            }
+            reopened += 1;
+            tracing::debug!(path = %items[i].path.display(), "a page file was replaced before NIXL opened it: opened again");
+            drop(opened);
+            opened = self.open_files(op, items, which)?;
+        }
+    }
+
+    /// Opens the files of the items `which` of `items` that kvtier opens (all in fd mode; in
+    /// path mode, those NIXL is handed by descriptor), and says how each is registered.
+    fn open_files(&self, op: XferOp, items: &[Xfer], which: &[usize]) -> Result<Opened, Failure> {
+        let mut opened = Opened {
+            files: Vec::new(),
+            metas: Vec::new(),
+            dev_ids: Vec::with_capacity(which.len()),
+            by_descriptor: Vec::new(),
+        };
+        for &i in which {
+            let item = &items[i];
+            let failed = |e| {
+                Failure::Item(
+                    i,
+                    TierError::io(op_name(op), Some(&item.key), Some(item.path.clone()), e),
+                )
+            };
+            match self.mode {
+                FileMode::Fd => {
+                    let file = open_page(&item.path, op, item.direct, self.sync, self.file_mode)
+                        .map_err(failed)?;
+                    opened.dev_ids.push(file.as_raw_fd() as u64);
+                    keep_created(op, item, &file);
+                    opened.files.push(file);
+                }
+                FileMode::Path if op == XferOp::Write => {
+                    // Made here, so it is new, this tier's mode, and not a planted link; NIXL
+                    // is handed it by its descriptor (`/proc/self/fd/N` opens the very file
+                    // that descriptor holds), so a link renamed over its name meanwhile (by
+                    // a member of a group-mode folder's group) is never written through.
+                    let file = self.file_mode.create_new(&item.path, 0).map_err(failed)?;
+                    let held = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+                    opened
+                        .metas
+                        .push(path_meta(&held, op, item.direct, self.sync));
+                    keep_created(op, item, &file);
+                    opened.files.push(file);
+                    opened.dev_ids.push(next_dev_id());
+                }
+                FileMode::Path if self.file_mode != FolderMode::Owner || self.remote => {
+                    // Where others may write the folder, a read's file is opened here (never
+                    // through a link, never a FIFO) and handed to NIXL by its descriptor: a
+                    // link or FIFO planted under a page's name is never read or waited on.
+                    // So it is where clients cache apart: a name another client replaced
+                    // answers `ESTALE` for a moment, which `open_page` waits out.
+                    let file = open_page(&item.path, op, item.direct, self.sync, self.file_mode)
+                        .map_err(failed)?;
+                    let held = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+                    opened
+                        .metas
+                        .push(path_meta(&held, op, item.direct, self.sync));
+                    opened.by_descriptor.push((i, file.as_raw_fd()));
+                    opened.files.push(file);
+                    opened.dev_ids.push(next_dev_id());
+                }
+                FileMode::Path => {
+                    opened
+                        .metas
+                        .push(path_meta(&item.path, op, item.direct, self.sync));
+                    opened.dev_ids.push(next_dev_id());
+                }
+            }
+        }
+        Ok(opened)
     }
 
     /// Waits for posted transfers (each bounded by the transfer timeout) and says how they
@@ -540,5 +629,75 @@ mod tests {
                 "{mode} mode: the file under the temp name has the trailer"
             );
         }
+    }
+
+    /// A read's file another GlusterFS client replaced between kvtier's open and NIXL's
+    /// (NIXL's open through `/proc/self/fd/N` answers `ESTALE`) is opened again by its name
+    /// and registered: the new file. One the other client removed fails alone, as a file not
+    /// there (a miss to the reader), never as an error of its batch. (Gets in the GlusterFS
+    /// soak failed with "registering files" on such pages.)
+    #[test]
+    fn a_read_file_another_client_replaced_before_nixl_opened_it_is_opened_again() {
+        crate::runtime::load(None).expect("the NIXL runtime");
+        let (a, b) = tier_tests::gluster::mounts().folder("reopen");
+        let config = NixlFileConfig::new([a.as_path()]);
+        let backend = super::super::super::open::create_backend(&config, 0).expect("a backend");
+        assert_eq!(
+            probe_path_mode(&backend),
+            FileMode::Path,
+            "NIXL has path mode"
+        );
+        let engine = NixlEngine {
+            backend,
+            mode: FileMode::Path,
+            timeout: Duration::from_secs(10),
+            sync: false,
+            checksums: true,
+            file_mode: FolderMode::Owner,
+            remote: true,
+        };
+        let items = [Xfer {
+            key: PageKey::new("k").expect("a key"),
+            path: a.join("page"),
+            len: 4096,
+            direct: false,
+            parts: Vec::new(),
+            checksum: None,
+            created: None,
+        }];
+        let store = |v: u8| {
+            std::fs::write(b.join("page.new"), vec![v; 4096]).expect("written on b");
+            std::fs::rename(b.join("page.new"), b.join("page")).expect("renamed in on b");
+        };
+        store(1);
+        for round in 0..4 {
+            let opened = engine
+                .open_files(XferOp::Read, &items, &[0])
+                .expect("opened");
+            store(2 + round);
+            let (_, fd) = opened.by_descriptor[0];
+            assert!(
+                replaced(fd),
+                "round {round}: the file held is gone for NIXL's open"
+            );
+            let (registration, files, _) = engine
+                .register_opened(XferOp::Read, &items, &[0], opened)
+                .unwrap_or_else(|e| panic!("round {round}: not registered: {e:?}"));
+            let mut bytes = vec![0u8; 4096];
+            use std::os::unix::fs::FileExt;
+            files[0].read_exact_at(&mut bytes, 0).expect("read");
+            assert_eq!(bytes, vec![2 + round; 4096], "round {round}: the new file");
+            drop(registration);
+        }
+        let opened = engine
+            .open_files(XferOp::Read, &items, &[0])
+            .expect("opened");
+        std::fs::remove_file(b.join("page")).expect("removed on b");
+        match engine.register_opened(XferOp::Read, &items, &[0], opened) {
+            Err(Failure::Item(0, e)) => assert!(super::super::gone(&e), "{e}"),
+            Err(e) => panic!("a removed file fails its batch: {e:?}"),
+            Ok(_) => panic!("a removed file is registered"),
+        }
+        let _ = std::fs::remove_dir_all(&a);
     }
 }
