@@ -153,11 +153,16 @@ impl FileIo {
         // Pages verified once per file version: their identity is taken before and after too.
         let verified = self.verified.as_deref().filter(|_| self.checksums);
         let once = |i: &Xfer| verified.is_some() && i.len >= VERIFY_ONCE_MIN;
-        let pinned: Vec<Option<(File, FileId)>> = items
+        // A buffered read goes through the pinned file itself (see `PageEngine::read_hashing`).
+        let (opened, before): (Vec<Option<Arc<File>>>, Vec<Option<FileId>>) = items
             .iter()
-            .map(|i| (watch(i) || once(i)).then(|| pin(&i.path)).flatten())
-            .collect();
-        let before: Vec<Option<FileId>> = pinned.iter().map(|p| p.as_ref().map(|p| p.1)).collect();
+            .map(
+                |i| match (watch(i) || once(i)).then(|| pin(&i.path)).flatten() {
+                    Some((file, id)) => (Some(Arc::new(file)), Some(id)),
+                    None => (None, None),
+                },
+            )
+            .unzip();
         // A version already verified is read without its checksum.
         let skip: Vec<bool> = before
             .iter()
@@ -165,7 +170,7 @@ impl FileIo {
             .collect();
         let mut hashed = vec![None; items.len()];
         let outcome = match self.checksums {
-            true => engine.read_hashing(items, memory, &skip, &mut hashed),
+            true => engine.read_hashing(items, memory, &opened, &skip, &mut hashed),
             false => engine.move_all(XferOp::Read, items, memory),
         };
         let after: Vec<Option<FileId>> = items
@@ -189,15 +194,14 @@ impl FileIo {
             .into_iter()
             .zip(items)
             .zip(before.into_iter().zip(after))
-            .zip(recorded.iter_mut().zip(&trusted).zip(&pinned))
+            .zip(recorded.iter_mut().zip(&trusted).zip(&opened))
             .map(
                 |(((r, item), (before, after)), ((recorded, &trusted), pinned))| {
                     if self.checksums && r.is_ok() && !trusted {
                         // From the file held across the read, which the identity check vouches
                         // for; none is a miss.
                         *recorded = item.checksum.map(format::Recorded::Crc).or_else(|| {
-                            let (file, _) = pinned.as_ref()?;
-                            format::recorded_in(file, &item.key, &item.path)
+                            format::recorded_in(pinned.as_ref()?, &item.key, &item.path)
                         });
                     }
                     if !watch(item) {
