@@ -155,9 +155,8 @@ pub fn file_id(path: &Path) -> Option<FileId> {
 /// read was of this file (a new file created in the same clock tick with a reused inode
 /// number would otherwise look the same). A buffered read goes through this very file.
 pub fn pin(path: &Path) -> Option<(File, FileId)> {
-    let file = syscalls::open_to_read(path, 0).ok()?;
-    let id = id_of(&file.metadata().ok()?);
-    Some((file, id))
+    let (file, meta) = syscalls::open_to_read(path, 0).ok()?;
+    Some((file, id_of(&meta)))
 }
 
 impl FileId {

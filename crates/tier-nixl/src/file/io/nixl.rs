@@ -769,7 +769,8 @@ mod tests {
             file_mode: FolderMode::Owner,
             remote: false,
         };
-        let engines: [(&str, Box<dyn PageEngine<Arc<Held>>>); 3] = [
+        type AnyEngine = Box<dyn PageEngine<Arc<Held>>>;
+        let engines: [(&str, AnyEngine); 3] = [
             ("nixl path mode", Box::new(nixl(FileMode::Path))),
             ("nixl fd mode", Box::new(nixl(FileMode::Fd))),
             (
