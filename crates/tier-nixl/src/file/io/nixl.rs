@@ -595,32 +595,41 @@ mod tests {
     use super::*;
     use crate::file::NixlFileConfig;
 
+    /// A POSIX backend of a tier on `dir` (the NIXL runtime loaded), which has path mode.
+    fn backend(dir: &Path) -> Arc<Backend> {
+        crate::runtime::load(None).expect("the NIXL runtime");
+        let config = NixlFileConfig::new([dir]);
+        let backend = super::super::super::open::create_backend(&config, 0).expect("a backend");
+        assert_eq!(
+            probe_path_mode(&backend),
+            FileMode::Path,
+            "NIXL has path mode"
+        );
+        backend
+    }
+
+    /// An engine of `backend` in `mode`, on an owner's folder (on a filesystem whose clients
+    /// cache apart if `remote`), checksums on.
+    fn engine(backend: &Arc<Backend>, mode: FileMode, remote: bool) -> NixlEngine {
+        NixlEngine {
+            backend: Arc::clone(backend),
+            mode,
+            timeout: Duration::from_secs(10),
+            sync: false,
+            checksums: true,
+            file_mode: FolderMode::Owner,
+            remote,
+        }
+    }
+
     /// A write run twice, as a batch that failed is retried page by page, creates its temp
     /// file twice (the second unlinks the first): the file kept for the seal is the one the
     /// last run created, the one renamed in, so the page lands with its trailer.
     #[test]
     fn a_write_run_again_is_sealed_in_the_file_it_created_last() {
-        crate::runtime::load(None).expect("the NIXL runtime");
         for mode in [FileMode::Path, FileMode::Fd] {
             let dir = tempfile::tempdir().expect("a temp folder");
-            let config = NixlFileConfig::new([dir.path()]);
-            let backend = super::super::super::open::create_backend(&config, 0).expect("a backend");
-            if mode == FileMode::Path {
-                assert_eq!(
-                    probe_path_mode(&backend),
-                    FileMode::Path,
-                    "NIXL has path mode"
-                );
-            }
-            let engine = NixlEngine {
-                backend,
-                mode,
-                timeout: Duration::from_secs(10),
-                sync: false,
-                checksums: true,
-                file_mode: FolderMode::Owner,
-                remote: false,
-            };
+            let engine = engine(&backend(dir.path()), mode, false);
             let page = vec![0x5a_u8; 4096];
             let region = (page.as_ptr() as usize, page.len());
             let mut held = Held::default();
@@ -671,24 +680,8 @@ mod tests {
     /// soak failed with "registering files" on such pages.)
     #[test]
     fn a_read_file_another_client_replaced_before_nixl_opened_it_is_opened_again() {
-        crate::runtime::load(None).expect("the NIXL runtime");
         let (a, b) = tier_tests::gluster::mounts().folder("reopen");
-        let config = NixlFileConfig::new([a.as_path()]);
-        let backend = super::super::super::open::create_backend(&config, 0).expect("a backend");
-        assert_eq!(
-            probe_path_mode(&backend),
-            FileMode::Path,
-            "NIXL has path mode"
-        );
-        let engine = NixlEngine {
-            backend,
-            mode: FileMode::Path,
-            timeout: Duration::from_secs(10),
-            sync: false,
-            checksums: true,
-            file_mode: FolderMode::Owner,
-            remote: true,
-        };
+        let engine = engine(&backend(&a), FileMode::Path, true);
         let items = [Xfer {
             key: PageKey::new("k").expect("a key"),
             path: a.join("page"),
@@ -741,7 +734,6 @@ mod tests {
     #[test]
     fn a_read_handed_its_open_file_reads_that_file_not_its_name() {
         use tier_folder::io::{PageEngine, Syscalls};
-        crate::runtime::load(None).expect("the NIXL runtime");
         let dir = tempfile::tempdir().expect("a temp folder");
         let path = dir.path().join("page");
         let store = |v: u8| {
@@ -753,22 +745,8 @@ mod tests {
         store(1);
         let pinned = Arc::new(File::open(&path).expect("the page file"));
         store(2);
-        let config = NixlFileConfig::new([dir.path()]);
-        let backend = super::super::super::open::create_backend(&config, 0).expect("a backend");
-        assert_eq!(
-            probe_path_mode(&backend),
-            FileMode::Path,
-            "NIXL has path mode"
-        );
-        let nixl = |mode| NixlEngine {
-            backend: Arc::clone(&backend),
-            mode,
-            timeout: Duration::from_secs(10),
-            sync: false,
-            checksums: true,
-            file_mode: FolderMode::Owner,
-            remote: false,
-        };
+        let backend = backend(dir.path());
+        let nixl = |mode| engine(&backend, mode, false);
         type AnyEngine = Box<dyn PageEngine<Arc<Held>>>;
         let engines: [(&str, AnyEngine); 3] = [
             ("nixl path mode", Box::new(nixl(FileMode::Path))),
