@@ -50,6 +50,11 @@ pub struct FileIo {
     pub checksums: bool,
     /// The file versions verified in this process, when reads verify once per version.
     pub verified: Option<Arc<VerifiedFiles>>,
+    /// Buffered reads go through the file the identity check holds open. Not where clients
+    /// cache apart (network, FUSE): there a file another client removed may still open and
+    /// read from this client's caches, and the engine's own open is what finds it gone (a
+    /// GlusterFS test read back pages another client had removed).
+    pub reads_held_files: bool,
 }
 
 /// Staging offsets of consecutive pages, each slot aligned for direct I/O.
@@ -153,7 +158,7 @@ impl FileIo {
         // Pages verified once per file version: their identity is taken before and after too.
         let verified = self.verified.as_deref().filter(|_| self.checksums);
         let once = |i: &Xfer| verified.is_some() && i.len >= VERIFY_ONCE_MIN;
-        // A buffered read goes through the pinned file itself (see `PageEngine::read_hashing`).
+        // A buffered read may go through the pinned file itself (see `reads_held_files`).
         let (opened, before): (Vec<Option<Arc<File>>>, Vec<Option<FileId>>) = items
             .iter()
             .map(
@@ -170,7 +175,10 @@ impl FileIo {
             .collect();
         let mut hashed = vec![None; items.len()];
         let outcome = match self.checksums {
-            true => engine.read_hashing(items, memory, &opened, &skip, &mut hashed),
+            true => {
+                let held: &[Option<Arc<File>>] = if self.reads_held_files { &opened } else { &[] };
+                engine.read_hashing(items, memory, held, &skip, &mut hashed)
+            }
             false => engine.move_all(XferOp::Read, items, memory),
         };
         let after: Vec<Option<FileId>> = items
