@@ -290,28 +290,18 @@ pub fn open_existing(
     path: &Path,
     custom_flags: i32,
 ) -> io::Result<File> {
-    open_regular(options, path, custom_flags).map(|(file, _)| file)
-}
-
-/// [`open_existing`], with the file's metadata as it was opened.
-pub fn open_regular(
-    options: &mut OpenOptions,
-    path: &Path,
-    custom_flags: i32,
-) -> io::Result<(File, fs::Metadata)> {
     let file = options
         .custom_flags(
             custom_flags | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
         )
         .open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
+    if !file.metadata()?.is_file() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "not a regular file",
         ));
     }
-    Ok((file, meta))
+    Ok(file)
 }
 
 /// Runs `attempt` again while its error is `unsettled` (another client's create showing as

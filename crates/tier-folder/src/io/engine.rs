@@ -2,9 +2,6 @@
 //! cache hands an engine whole batches; kvtier's own [`Syscalls`] is one, NIXL's FILE backend
 //! (in `tier-nixl`) another.
 
-use std::fs::File;
-use std::sync::Arc;
-
 use super::{move_by_syscalls, BatchOutcome, Xfer, XferOp};
 use crate::{checksum, FolderMode};
 
@@ -19,14 +16,11 @@ pub trait PageEngine<M: ?Sized>: Send + Sync {
     fn move_all(&self, op: XferOp, items: &[Xfer], memory: &M) -> BatchOutcome;
 
     /// Reads every item as [`move_all`](Self::move_all) does, and puts the CRC-32C of each
-    /// buffered page not `skip`ped in `hashed`, taken as its bytes land. A buffered item
-    /// whose file the caller holds open in `opened` (see [`super::pin`]) is read through it,
-    /// its path not opened again.
+    /// buffered page not `skip`ped in `hashed`, taken as its bytes land.
     fn read_hashing(
         &self,
         items: &[Xfer],
         memory: &M,
-        opened: &[Option<Arc<File>>],
         skip: &[bool],
         hashed: &mut [Option<u32>],
     ) -> BatchOutcome;
@@ -55,7 +49,7 @@ impl<M: ?Sized> PageEngine<M> for Syscalls {
         BatchOutcome {
             results: items
                 .iter()
-                .map(|item| move_by_syscalls(op, item, self.sync, self.mode, None, None))
+                .map(|item| move_by_syscalls(op, item, self.sync, self.mode, None))
                 .collect(),
             poisoned: false,
         }
@@ -68,21 +62,17 @@ impl<M: ?Sized> PageEngine<M> for Syscalls {
         &self,
         items: &[Xfer],
         _memory: &M,
-        opened: &[Option<Arc<File>>],
         skip: &[bool],
         hashed: &mut [Option<u32>],
     ) -> BatchOutcome {
         BatchOutcome {
             results: items
                 .iter()
-                .enumerate()
                 .zip(skip)
                 .zip(hashed.iter_mut())
-                .map(|(((i, item), &skip), crc)| {
+                .map(|((item, &skip), crc)| {
                     let mut running = (!item.direct && !skip).then(checksum::Crc::new);
-                    let file = opened.get(i).and_then(|f| f.as_deref());
-                    let (sync, mode) = (self.sync, self.mode);
-                    move_by_syscalls(XferOp::Read, item, sync, mode, running.as_mut(), file)?;
+                    move_by_syscalls(XferOp::Read, item, self.sync, self.mode, running.as_mut())?;
                     *crc = running.map(|c| c.value());
                     Ok(())
                 })

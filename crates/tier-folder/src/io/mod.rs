@@ -149,14 +149,19 @@ pub fn file_id(path: &Path) -> Option<FileId> {
     fs::metadata(path).ok().map(|m| id_of(&m))
 }
 
-/// Opens the page file at `path` to hold it across a read, as a page is opened to read (see
-/// [`open_page`]): while it is open its inode number cannot be reused by a new file, so the
-/// path naming the same identity after the read as the open file had before it means the
-/// read was of this file (a new file created in the same clock tick with a reused inode
-/// number would otherwise look the same). A buffered read goes through this very file.
+/// Opens the page file at `path` to hold it across a read: while it is open its inode number
+/// cannot be reused by a new file, so the path naming the same identity after the read as
+/// the open file had before it means the read was of this file (a new file created in the
+/// same clock tick with a reused inode number would otherwise look the same).
 pub fn pin(path: &Path) -> Option<(File, FileId)> {
-    let (file, meta) = syscalls::open_to_read(path, 0).ok()?;
-    Some((file, id_of(&meta)))
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)
+        .ok()?;
+    let id = id_of(&file.metadata().ok()?);
+    Some((file, id))
 }
 
 impl FileId {

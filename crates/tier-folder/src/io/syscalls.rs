@@ -20,23 +20,17 @@ const HASH_CHUNK: usize = 256 << 10;
 
 /// Moves one page with `preadv`/`pwritev` on the calling thread. The parts' addresses are
 /// memory the caller keeps valid (and, for reads, exclusively lent) for the call. A read
-/// given `crc` adds each piece's bytes to it as soon as they are read; one given `opened`
-/// (the page's file, open to read buffered) reads through it instead of opening its path.
+/// given `crc` adds each piece's bytes to it as soon as they are read.
 pub fn move_by_syscalls(
     op: XferOp,
     item: &Xfer,
     sync: bool,
     mode: FolderMode,
     mut crc: Option<&mut checksum::Crc>,
-    opened: Option<&File>,
 ) -> Result<(), TierError> {
     let io_err =
         |e: std::io::Error| TierError::io(op_name(op), Some(&item.key), Some(item.path.clone()), e);
-    let mut own = None;
-    let file: &File = match opened.filter(|_| op == XferOp::Read && !item.direct) {
-        Some(file) => file,
-        None => own.insert(open_page(&item.path, op, item.direct, sync, mode).map_err(io_err)?),
-    };
+    let file = open_page(&item.path, op, item.direct, sync, mode).map_err(io_err)?;
     if op == XferOp::Read {
         // The page's file may have been replaced by one of another length since it was
         // planned: never serve a cut or overlong page.
@@ -121,7 +115,7 @@ pub fn move_by_syscalls(
             }
         }
     }
-    if let (XferOp::Write, Some(created), Some(file)) = (op, &item.created, own) {
+    if let (XferOp::Write, Some(created)) = (op, &item.created) {
         created.keep(file);
     }
     Ok(())
@@ -147,24 +141,16 @@ pub fn open_page(
         }
         return mode.create_new(path, flags);
     }
-    open_to_read(path, flags).map(|(file, _)| file)
-}
-
-/// Opens a page file to read, with `flags` (`O_DIRECT`) added (see [`open_page`]); with its
-/// metadata as it was opened.
-pub fn open_to_read(path: &Path, flags: i32) -> std::io::Result<(File, std::fs::Metadata)> {
     // Reading a page must not write its inode: without O_NOATIME the first read after a
     // write updates the access time (relatime). Only the file's owner may ask for it.
-    let open = || match perms::open_regular(
-        OpenOptions::new().read(true),
-        path,
-        flags | libc::O_NOATIME,
-    ) {
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-            perms::open_regular(OpenOptions::new().read(true), path, flags)
-        }
-        other => other,
-    };
+    let open =
+        || match perms::open_existing(OpenOptions::new().read(true), path, flags | libc::O_NOATIME)
+        {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                perms::open_existing(OpenOptions::new().read(true), path, flags)
+            }
+            other => other,
+        };
     // A name another client of a network filesystem replaced answers `ESTALE` while this
     // client's caches still hold the old file (GlusterFS: for about 0.1 s, the kernel's own
     // retry included): tried again a few times, 1.3 s at most, before it is an error.

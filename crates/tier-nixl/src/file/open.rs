@@ -176,7 +176,6 @@ impl Shared {
                 engine,
                 checksums,
                 verified: verified.clone(),
-                reads_held_files: !remote,
             })
             .collect();
         // The capacity is enforced once the index holds the pages found (see `opening`).

@@ -50,11 +50,6 @@ pub struct FileIo {
     pub checksums: bool,
     /// The file versions verified in this process, when reads verify once per version.
     pub verified: Option<Arc<VerifiedFiles>>,
-    /// Buffered reads go through the file the identity check holds open. Not where clients
-    /// cache apart (network, FUSE): there a file another client removed may still open and
-    /// read from this client's caches, and the engine's own open is what finds it gone (a
-    /// GlusterFS test read back pages another client had removed).
-    pub reads_held_files: bool,
 }
 
 /// Staging offsets of consecutive pages, each slot aligned for direct I/O.
@@ -158,16 +153,11 @@ impl FileIo {
         // Pages verified once per file version: their identity is taken before and after too.
         let verified = self.verified.as_deref().filter(|_| self.checksums);
         let once = |i: &Xfer| verified.is_some() && i.len >= VERIFY_ONCE_MIN;
-        // A buffered read may go through the pinned file itself (see `reads_held_files`).
-        let (opened, before): (Vec<Option<Arc<File>>>, Vec<Option<FileId>>) = items
+        let pinned: Vec<Option<(File, FileId)>> = items
             .iter()
-            .map(
-                |i| match (watch(i) || once(i)).then(|| pin(&i.path)).flatten() {
-                    Some((file, id)) => (Some(Arc::new(file)), Some(id)),
-                    None => (None, None),
-                },
-            )
-            .unzip();
+            .map(|i| (watch(i) || once(i)).then(|| pin(&i.path)).flatten())
+            .collect();
+        let before: Vec<Option<FileId>> = pinned.iter().map(|p| p.as_ref().map(|p| p.1)).collect();
         // A version already verified is read without its checksum.
         let skip: Vec<bool> = before
             .iter()
@@ -175,10 +165,7 @@ impl FileIo {
             .collect();
         let mut hashed = vec![None; items.len()];
         let outcome = match self.checksums {
-            true => {
-                let held: &[Option<Arc<File>>] = if self.reads_held_files { &opened } else { &[] };
-                engine.read_hashing(items, memory, held, &skip, &mut hashed)
-            }
+            true => engine.read_hashing(items, memory, &skip, &mut hashed),
             false => engine.move_all(XferOp::Read, items, memory),
         };
         let after: Vec<Option<FileId>> = items
@@ -202,14 +189,15 @@ impl FileIo {
             .into_iter()
             .zip(items)
             .zip(before.into_iter().zip(after))
-            .zip(recorded.iter_mut().zip(&trusted).zip(&opened))
+            .zip(recorded.iter_mut().zip(&trusted).zip(&pinned))
             .map(
                 |(((r, item), (before, after)), ((recorded, &trusted), pinned))| {
                     if self.checksums && r.is_ok() && !trusted {
                         // From the file held across the read, which the identity check vouches
                         // for; none is a miss.
                         *recorded = item.checksum.map(format::Recorded::Crc).or_else(|| {
-                            format::recorded_in(pinned.as_ref()?, &item.key, &item.path)
+                            let (file, _) = pinned.as_ref()?;
+                            format::recorded_in(file, &item.key, &item.path)
                         });
                     }
                     if !watch(item) {

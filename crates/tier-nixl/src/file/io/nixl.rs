@@ -123,8 +123,8 @@ fn replaced(fd: i32) -> bool {
 
 /// What [`NixlEngine::open_files`] opened for a registration.
 struct Opened {
-    /// The files kvtier opened or was handed, held until the transfer settles.
-    files: Vec<Arc<File>>,
+    /// The files kvtier opened, held until the transfer settles.
+    files: Vec<File>,
     /// Per item (path mode): its registration's metaInfo.
     metas: Vec<Vec<u8>>,
     /// Per item: its device id.
@@ -163,7 +163,7 @@ impl PageEngine<Arc<Held>> for NixlEngine {
         move_isolating(
             items.len(),
             self.timeout,
-            &mut |which| self.transfer(op, items, which, memory, &[]),
+            &mut |which| self.transfer(op, items, which, memory),
             &|i, message| self.item_error(op, &items[i], message),
         )
     }
@@ -180,7 +180,6 @@ impl PageEngine<Arc<Held>> for NixlEngine {
         &self,
         items: &[Xfer],
         memory: &Arc<Held>,
-        opened: &[Option<Arc<File>>],
         skip: &[bool],
         hashed: &mut [Option<u32>],
     ) -> BatchOutcome {
@@ -211,15 +210,13 @@ impl PageEngine<Arc<Held>> for NixlEngine {
             while in_flight.len() < depth {
                 let Some(group) = next.next() else { break };
                 let all: Vec<usize> = (0..group.len()).collect();
-                let opened = opened.get(group.clone()).unwrap_or_default();
-                let posted = self.post(XferOp::Read, &items[group.clone()], &all, memory, opened);
+                let posted = self.post(XferOp::Read, &items[group.clone()], &all, memory);
                 in_flight.push_back((group, posted));
             }
             let Some((group, posted)) = in_flight.pop_front() else {
                 break;
             };
             let part = &items[group.clone()];
-            let part_opened = opened.get(group.clone()).unwrap_or_default();
             // The group's transfer is its first attempt: a failure is handled as a batch's.
             let mut first = Some(posted.and_then(|t| self.settle(XferOp::Read, t)));
             let landed = move_isolating(
@@ -227,7 +224,7 @@ impl PageEngine<Arc<Held>> for NixlEngine {
                 self.timeout,
                 &mut |which| match first.take() {
                     Some(outcome) => outcome,
-                    None => self.transfer(XferOp::Read, part, which, memory, part_opened),
+                    None => self.transfer(XferOp::Read, part, which, memory),
                 },
                 &|i, message| self.item_error(XferOp::Read, &part[i], message),
             );
@@ -284,33 +281,28 @@ impl NixlEngine {
         self.backend_error(Some(&item.key), message)
     }
 
-    /// Moves the items `which` of `items` in one registration and one transfer (reading
-    /// through the files of `opened`, see [`Self::open_files`]).
+    /// Moves the items `which` of `items` in one registration and one transfer.
     pub(super) fn transfer(
         &self,
         op: XferOp,
         items: &[Xfer],
         which: &[usize],
         memory: &Arc<Held>,
-        opened: &[Option<Arc<File>>],
     ) -> Result<(), Failure> {
-        let transfer = self.post(op, items, which, memory, opened)?;
+        let transfer = self.post(op, items, which, memory)?;
         self.settle(op, transfer)
     }
 
-    /// Registers the files of the items `which` of `items` (see [`Self::open_files`]) and posts
-    /// their transfer: one for them all, but for a read into memory a caller lent, one per
-    /// region (see [`Posted`]).
+    /// Registers the files of the items `which` of `items` and posts their transfer: one for
+    /// them all, but for a read into memory a caller lent, one per region (see [`Posted`]).
     pub(super) fn post(
         &self,
         op: XferOp,
         items: &[Xfer],
         which: &[usize],
         memory: &Arc<Held>,
-        opened: &[Option<Arc<File>>],
     ) -> Result<Posted, Failure> {
-        let (registration, Opened { files, dev_ids, .. }) =
-            self.register_files(op, items, which, opened)?;
+        let (registration, files, dev_ids) = self.register_files(op, items, which)?;
         let (local, remote): (Vec<Desc<'_>>, Vec<Desc<'_>>) = which
             .iter()
             .enumerate()
@@ -355,17 +347,16 @@ impl NixlEngine {
         Ok(Posted(posted))
     }
 
-    /// Opens and registers the files of the items `which` of `items`: the registration, and
-    /// the files it holds and each item's device id (see [`Self::register_opened`]).
+    /// Opens and registers the files of the items `which` of `items`: the registration, the
+    /// files it holds, each item's device id (see [`Self::register_opened`]).
     fn register_files(
         &self,
         op: XferOp,
         items: &[Xfer],
         which: &[usize],
-        held_open: &[Option<Arc<File>>],
-    ) -> Result<(Registration, Opened), Failure> {
-        let opened = self.open_files(op, items, which, held_open)?;
-        self.register_opened(op, items, which, held_open, opened)
+    ) -> Result<(Registration, Vec<File>, Vec<u64>), Failure> {
+        let opened = self.open_files(op, items, which)?;
+        self.register_opened(op, items, which, opened)
     }
 
     /// Registers files [`Self::open_files`] opened. A read's file another client replaced
@@ -378,9 +369,8 @@ impl NixlEngine {
         op: XferOp,
         items: &[Xfer],
         which: &[usize],
-        held_open: &[Option<Arc<File>>],
         mut opened: Opened,
-    ) -> Result<(Registration, Opened), Failure> {
+    ) -> Result<(Registration, Vec<File>, Vec<u64>), Failure> {
         let mut reopened = 0;
         loop {
             let descs: Vec<Desc<'_>> = which
@@ -394,7 +384,7 @@ impl NixlEngine {
                 })
                 .collect();
             let e = match self.backend.register(MemKind::File, &descs) {
-                Ok(registration) => return Ok((registration, opened)),
+                Ok(registration) => return Ok((registration, opened.files, opened.dev_ids)),
                 Err(e) => e,
             };
             let Some(&(i, _)) = opened.by_descriptor.iter().find(|(_, fd)| replaced(*fd)) else {
@@ -412,22 +402,13 @@ impl NixlEngine {
             reopened += 1;
             tracing::debug!(path = %items[i].path.display(), "a page file was replaced before NIXL opened it: opened again");
             drop(opened);
-            opened = self.open_files(op, items, which, held_open)?;
+            opened = self.open_files(op, items, which)?;
         }
     }
 
     /// Opens the files of the items `which` of `items` that kvtier opens (all in fd mode; in
-    /// path mode, those NIXL is handed by descriptor), and says how each is registered. A
-    /// buffered read's file the caller holds open in `held_open` is registered by its
-    /// descriptor in either mode (NIXL takes an empty metaInfo for a descriptor): nothing is
-    /// opened again, and what is read is that very file.
-    fn open_files(
-        &self,
-        op: XferOp,
-        items: &[Xfer],
-        which: &[usize],
-        held_open: &[Option<Arc<File>>],
-    ) -> Result<Opened, Failure> {
+    /// path mode, those NIXL is handed by descriptor), and says how each is registered.
+    fn open_files(&self, op: XferOp, items: &[Xfer], which: &[usize]) -> Result<Opened, Failure> {
         let mut opened = Opened {
             files: Vec::new(),
             metas: Vec::new(),
@@ -436,15 +417,6 @@ impl NixlEngine {
         };
         for &i in which {
             let item = &items[i];
-            let held = held_open.get(i).and_then(Option::as_ref);
-            if let Some(file) = held.filter(|_| op == XferOp::Read && !item.direct) {
-                opened.dev_ids.push(file.as_raw_fd() as u64);
-                if self.mode == FileMode::Path {
-                    opened.metas.push(Vec::new());
-                }
-                opened.files.push(Arc::clone(file));
-                continue;
-            }
             let failed = |e| {
                 Failure::Item(
                     i,
@@ -457,7 +429,7 @@ impl NixlEngine {
                         .map_err(failed)?;
                     opened.dev_ids.push(file.as_raw_fd() as u64);
                     keep_created(op, item, &file);
-                    opened.files.push(Arc::new(file));
+                    opened.files.push(file);
                 }
                 FileMode::Path if op == XferOp::Write => {
                     // Made here, so it is new, this tier's mode, and not a planted link; NIXL
@@ -470,7 +442,7 @@ impl NixlEngine {
                         .metas
                         .push(path_meta(&held, op, item.direct, self.sync));
                     keep_created(op, item, &file);
-                    opened.files.push(Arc::new(file));
+                    opened.files.push(file);
                     opened.dev_ids.push(next_dev_id());
                 }
                 FileMode::Path if self.file_mode != FolderMode::Owner || self.remote => {
@@ -486,7 +458,7 @@ impl NixlEngine {
                         .metas
                         .push(path_meta(&held, op, item.direct, self.sync));
                     opened.by_descriptor.push((i, file.as_raw_fd()));
-                    opened.files.push(Arc::new(file));
+                    opened.files.push(file);
                     opened.dev_ids.push(next_dev_id());
                 }
                 FileMode::Path => {
@@ -652,13 +624,8 @@ mod tests {
                 created: Some(Created::default()),
             };
             for _ in 0..2 {
-                let moved = engine.transfer(
-                    XferOp::Write,
-                    std::slice::from_ref(&xfer),
-                    &[0],
-                    &memory,
-                    &[],
-                );
+                let moved =
+                    engine.transfer(XferOp::Write, std::slice::from_ref(&xfer), &[0], &memory);
                 assert!(moved.is_ok(), "{mode} mode: the write ran");
             }
             let created = xfer.created.as_mut().and_then(Created::take);
@@ -698,7 +665,7 @@ mod tests {
         store(1);
         for round in 0..4 {
             let opened = engine
-                .open_files(XferOp::Read, &items, &[0], &[])
+                .open_files(XferOp::Read, &items, &[0])
                 .expect("opened");
             store(2 + round);
             let (_, fd) = opened.by_descriptor[0];
@@ -706,81 +673,24 @@ mod tests {
                 replaced(fd),
                 "round {round}: the file held is gone for NIXL's open"
             );
-            let (registration, opened) = engine
-                .register_opened(XferOp::Read, &items, &[0], &[], opened)
+            let (registration, files, _) = engine
+                .register_opened(XferOp::Read, &items, &[0], opened)
                 .unwrap_or_else(|e| panic!("round {round}: not registered: {e:?}"));
             let mut bytes = vec![0u8; 4096];
             use std::os::unix::fs::FileExt;
-            opened.files[0].read_exact_at(&mut bytes, 0).expect("read");
+            files[0].read_exact_at(&mut bytes, 0).expect("read");
             assert_eq!(bytes, vec![2 + round; 4096], "round {round}: the new file");
             drop(registration);
         }
         let opened = engine
-            .open_files(XferOp::Read, &items, &[0], &[])
+            .open_files(XferOp::Read, &items, &[0])
             .expect("opened");
         std::fs::remove_file(b.join("page")).expect("removed on b");
-        match engine.register_opened(XferOp::Read, &items, &[0], &[], opened) {
+        match engine.register_opened(XferOp::Read, &items, &[0], opened) {
             Err(Failure::Item(0, e)) => assert!(super::super::gone(&e), "{e}"),
             Err(e) => panic!("a removed file fails its batch: {e:?}"),
             Ok(_) => panic!("a removed file is registered"),
         }
         let _ = std::fs::remove_dir_all(&a);
-    }
-
-    /// A buffered read handed its page's file already open (the identity check's pin) reads
-    /// through that very file on each engine, NIXL's in both modes and kvtier's system calls:
-    /// nothing opens the name again, so a file renamed over the name since is not what is
-    /// read.
-    #[test]
-    fn a_read_handed_its_open_file_reads_that_file_not_its_name() {
-        use tier_folder::io::{PageEngine, Syscalls};
-        let dir = tempfile::tempdir().expect("a temp folder");
-        let path = dir.path().join("page");
-        let store = |v: u8| {
-            let mut bytes = vec![v; 4096];
-            bytes.resize(format::file_len(4096) as usize, 0);
-            std::fs::write(dir.path().join("new"), bytes).expect("written");
-            std::fs::rename(dir.path().join("new"), &path).expect("renamed in");
-        };
-        store(1);
-        let pinned = Arc::new(File::open(&path).expect("the page file"));
-        store(2);
-        let backend = backend(dir.path());
-        let nixl = |mode| engine(&backend, mode, false);
-        type AnyEngine = Box<dyn PageEngine<Arc<Held>>>;
-        let engines: [(&str, AnyEngine); 3] = [
-            ("nixl path mode", Box::new(nixl(FileMode::Path))),
-            ("nixl fd mode", Box::new(nixl(FileMode::Fd))),
-            (
-                "syscalls",
-                Box::new(Syscalls {
-                    sync: false,
-                    mode: FolderMode::Owner,
-                }),
-            ),
-        ];
-        for (name, engine) in engines {
-            let mut buf = vec![0u8; 4096];
-            let region = (buf.as_mut_ptr() as usize, buf.len());
-            let mut held = Held::default();
-            held.lend(backend.register_dram(&[region]).expect("registered"));
-            let memory = held.seal();
-            let item = Xfer {
-                key: PageKey::new("k").expect("a key"),
-                path: path.clone(),
-                len: 4096,
-                direct: false,
-                parts: vec![region],
-                checksum: None,
-                created: None,
-            };
-            let mut hashed = [None];
-            let opened = [Some(Arc::clone(&pinned))];
-            let read = engine.read_hashing(&[item], &memory, &opened, &[false], &mut hashed);
-            assert!(read.results[0].is_ok(), "{name}: {:?}", read.results[0]);
-            drop(memory);
-            assert_eq!(buf, vec![1; 4096], "{name}: the file held open was read");
-            assert!(hashed[0].is_some(), "{name}: checksummed as it landed");
-        }
     }
 }
