@@ -520,11 +520,26 @@ impl Shared {
         let Some(key) = mismatch.key() else {
             return Err(mismatch);
         };
+        let stored = match &mismatch {
+            TierError::LengthMismatch { stored, .. } => Some(*stored as u64),
+            _ => None,
+        };
         let whole = perms::open_existing(std::fs::OpenOptions::new().read(true), path, 0)
-            .and_then(|f| format::read_from(&f, key));
+            .and_then(|f| Ok((format::read_from(&f, key)?, f.metadata()?.len())));
         match whole {
-            Ok(format::Trailer::Page(_)) => Err(mismatch),
-            Ok(format::Trailer::Not(why)) => {
+            // Whole, and still of the length the lookup saw: a page of another length.
+            Ok((format::Trailer::Page(_), len))
+                if stored.is_some_and(|s| format::page_len(len) == Some(s as u32)) =>
+            {
+                Err(mismatch)
+            }
+            Ok((format::Trailer::Page(_), _)) => {
+                // Whole now, at another length than the lookup saw: the lookup saw another
+                // client's write short (GlusterFS writes behind), or a put replaced it since.
+                tracing::debug!(key = %key, path = %path.display(), "a shared page file changed length since its lookup: a miss");
+                Ok(Lookup::Miss)
+            }
+            Ok((format::Trailer::Not(why), _)) => {
                 tracing::debug!(key = %key, path = %path.display(), why, "a shared page file shows no whole page of another length: a miss");
                 self.stats.errors(1);
                 Ok(Lookup::Miss)
