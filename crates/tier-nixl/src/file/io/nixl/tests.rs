@@ -1,0 +1,134 @@
+use std::time::Duration;
+
+use tier_core::PageKey;
+use tier_folder::format::{self, Trailer};
+
+use super::super::Created;
+use super::*;
+use crate::file::NixlFileConfig;
+
+/// A POSIX backend of a tier on `dir` (the NIXL runtime loaded), which has path mode.
+fn backend(dir: &Path) -> Arc<Backend> {
+    crate::runtime::load(None).expect("the NIXL runtime");
+    let config = NixlFileConfig::new([dir]);
+    let backend = super::super::super::open::create_backend(&config, 0).expect("a backend");
+    assert_eq!(
+        probe_path_mode(&backend),
+        FileMode::Path,
+        "NIXL has path mode"
+    );
+    backend
+}
+
+/// An engine of `backend` in `mode`, on an owner's folder (on a filesystem whose clients
+/// cache apart if `remote`), checksums on.
+fn engine(backend: &Arc<Backend>, mode: FileMode, remote: bool) -> NixlEngine {
+    NixlEngine {
+        backend: Arc::clone(backend),
+        mode,
+        timeout: Duration::from_secs(10),
+        sync: false,
+        checksums: true,
+        file_mode: FolderMode::Owner,
+        remote,
+    }
+}
+
+/// A write run twice, as a batch that failed is retried page by page, creates its temp
+/// file twice (the second unlinks the first): the file kept for the seal is the one the
+/// last run created, the one renamed in, so the page lands with its trailer.
+#[test]
+fn a_write_run_again_is_sealed_in_the_file_it_created_last() {
+    for mode in [FileMode::Path, FileMode::Fd] {
+        let dir = tempfile::tempdir().expect("a temp folder");
+        let engine = engine(&backend(dir.path()), mode, false);
+        let page = vec![0x5a_u8; 4096];
+        let region = (page.as_ptr() as usize, page.len());
+        let mut held = Held::default();
+        held.lend(
+            engine
+                .backend
+                .register_dram(&[region])
+                .expect("the page's memory registered"),
+        );
+        let memory = held.seal();
+        let key = PageKey::new("k").expect("a key");
+        let path = dir.path().join("temp");
+        let mut xfer = Xfer {
+            key: key.clone(),
+            path: path.clone(),
+            len: page.len(),
+            direct: false,
+            parts: vec![region],
+            checksum: None,
+            created: Some(Created::default()),
+        };
+        for _ in 0..2 {
+            let moved = engine.transfer(XferOp::Write, std::slice::from_ref(&xfer), &[0], &memory);
+            assert!(moved.is_ok(), "{mode} mode: the write ran");
+        }
+        let created = xfer.created.as_mut().and_then(Created::take);
+        assert!(created.is_some(), "{mode} mode: the created file was kept");
+        format::seal(created, &path, &key, page.len(), Some(7), false).expect("sealed");
+        let file = File::open(&path).expect("the temp file");
+        assert_eq!(
+            format::read_from(&file, &key).expect("its trailer read"),
+            Trailer::Page(Some(7)),
+            "{mode} mode: the file under the temp name has the trailer"
+        );
+    }
+}
+
+/// A read's file another GlusterFS client replaced between kvtier's open and NIXL's
+/// (NIXL's open through `/proc/self/fd/N` answers `ESTALE`) is opened again by its name
+/// and registered: the new file. One the other client removed fails alone, as a file not
+/// there (a miss to the reader), never as an error of its batch. (Gets in the GlusterFS
+/// soak failed with "registering files" on such pages.)
+#[test]
+fn a_read_file_another_client_replaced_before_nixl_opened_it_is_opened_again() {
+    let (a, b) = tier_tests::gluster::mounts().folder("reopen");
+    let engine = engine(&backend(&a), FileMode::Path, true);
+    let items = [Xfer {
+        key: PageKey::new("k").expect("a key"),
+        path: a.join("page"),
+        len: 4096,
+        direct: false,
+        parts: Vec::new(),
+        checksum: None,
+        created: None,
+    }];
+    let store = |v: u8| {
+        std::fs::write(b.join("page.new"), vec![v; 4096]).expect("written on b");
+        std::fs::rename(b.join("page.new"), b.join("page")).expect("renamed in on b");
+    };
+    store(1);
+    for round in 0..4 {
+        let opened = engine
+            .open_files(XferOp::Read, &items, &[0])
+            .expect("opened");
+        store(2 + round);
+        let (_, fd) = opened.by_descriptor[0];
+        assert!(
+            replaced(fd),
+            "round {round}: the file held is gone for NIXL's open"
+        );
+        let (registration, files, _) = engine
+            .register_opened(XferOp::Read, &items, &[0], opened)
+            .unwrap_or_else(|e| panic!("round {round}: not registered: {e:?}"));
+        let mut bytes = vec![0u8; 4096];
+        use std::os::unix::fs::FileExt;
+        files[0].read_exact_at(&mut bytes, 0).expect("read");
+        assert_eq!(bytes, vec![2 + round; 4096], "round {round}: the new file");
+        drop(registration);
+    }
+    let opened = engine
+        .open_files(XferOp::Read, &items, &[0])
+        .expect("opened");
+    std::fs::remove_file(b.join("page")).expect("removed on b");
+    match engine.register_opened(XferOp::Read, &items, &[0], opened) {
+        Err(Failure::Item(0, e)) => assert!(super::super::gone(&e), "{e}"),
+        Err(e) => panic!("a removed file fails its batch: {e:?}"),
+        Ok(_) => panic!("a removed file is registered"),
+    }
+    let _ = std::fs::remove_dir_all(&a);
+}
