@@ -4,10 +4,13 @@
 //! request and everything its I/O may touch, its [`Held`]: released once it settles, leaked if
 //! it never does). Callers must load the runtime ([`crate::runtime::load`]) first.
 
+mod ios;
 mod lists;
 pub(crate) mod sys;
 mod transfer;
 
+use ios::IoPool;
+pub use ios::IoRoom;
 use lists::{Params, QueryResp, RegList, StringList, XferList};
 pub use transfer::{Finished, Held, Owned, Registered, Transfer, Unsettled};
 
@@ -229,12 +232,19 @@ impl Agent {
         Ok(params)
     }
 
-    /// Creates a backend of `plugin`, its default parameters overridden by `overrides`.
+    /// Creates a backend of `plugin`, its default parameters overridden by `overrides`. A
+    /// POSIX backend's transfers are kept within its pool of I/O requests (see [`IoRoom`]).
     pub fn create_backend(
         self: &Arc<Self>,
         plugin: &str,
         overrides: &BTreeMap<String, String>,
     ) -> Result<Arc<Backend>, NixlError> {
+        let ios = match plugin {
+            "POSIX" => Some(IoPool::new(ios::pool_size(
+                overrides.get("ios_pool_size").map(String::as_str),
+            )?)),
+            _ => None,
+        };
         let params = self.plugin_param_handle(plugin)?;
         for (k, v) in overrides {
             let (ck, cv) = (
@@ -269,6 +279,7 @@ impl Agent {
             plugin: plugin.to_string(),
             abandoned: AtomicUsize::new(0),
             abandon_limit: AtomicUsize::new(DEFAULT_ABANDON_LIMIT),
+            ios,
         };
         check("nixl_capi_create_opt_args", status)?;
         // SAFETY: both handles live.
@@ -297,6 +308,8 @@ pub struct Backend {
     abandoned: AtomicUsize,
     /// Past this many abandoned bytes, new transfers are refused.
     abandon_limit: AtomicUsize,
+    /// The plugin's pool of I/O requests, where it has one (POSIX).
+    ios: Option<Arc<IoPool>>,
 }
 
 // SAFETY: the handles are only used through the thread-synchronised agent.
@@ -336,6 +349,31 @@ impl Backend {
     /// Bytes held for good by transfers that never settled.
     pub fn abandoned_bytes(&self) -> usize {
         self.abandoned.load(Relaxed)
+    }
+
+    /// Room for `n` descriptors in flight, waiting up to `wait` for other transfers to give
+    /// theirs back (nothing to take where the plugin has no pool). Transfers posted with it
+    /// take theirs from it (see [`Backend::post`]); a caller holding transfers it has not
+    /// settled should not wait for room only they give back.
+    pub fn io_room(&self, n: usize, wait: std::time::Duration) -> Result<IoRoom, NixlError> {
+        match &self.ios {
+            Some(pool) => pool.take(n, wait),
+            None => Ok(IoRoom::default()),
+        }
+    }
+
+    /// The size of the plugin's pool of I/O requests, where it has one.
+    #[cfg(test)]
+    pub fn io_pool_size(&self) -> Option<usize> {
+        self.ios.as_ref().map(|pool| pool.size())
+    }
+
+    /// The most descriptors one posting should take: a quarter of the plugin's pool of I/O
+    /// requests, so that a few callers at once each find room (unbounded without a pool).
+    pub fn descs_per_posting(&self) -> usize {
+        self.ios
+            .as_ref()
+            .map_or(usize::MAX, |pool| (pool.size() / 4).max(1))
     }
 
     /// Registers descriptors of one kind with this backend. They are deregistered when the

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    check, sys, Backend, Desc, MemKind, NixlError, Registration, XferList, XferOp, LIVE_TRANSFERS,
+    check, sys, Backend, Desc, IoRoom, MemKind, NixlError, Registration, XferList, XferOp,
+    LIVE_TRANSFERS,
 };
 
 /// Memory of the tier's own, registered with a backend: a staging buffer, a copy, pages.
@@ -183,9 +184,10 @@ const MAX_RELEASING: usize = 64;
 
 impl Backend {
     /// Creates and posts a transfer between local DRAM and `remote` descriptors, all
-    /// registered by `held`, which the transfer keeps (see [`Held`]). Refused while
+    /// registered by `held`, which the transfer keeps (see [`Held`]), as it keeps room for
+    /// its descriptors taken from `room` (see [`Backend::io_room`]). Refused while
     /// transfers that never settled hold more than the backend's bound (see
-    /// [`Backend::limit_abandoned`]).
+    /// [`Backend::limit_abandoned`]), and where `room` is short.
     pub fn post(
         self: &Arc<Self>,
         op: XferOp,
@@ -193,8 +195,20 @@ impl Backend {
         remote_kind: MemKind,
         remote: &[Desc<'_>],
         held: &Arc<Held>,
+        room: &mut IoRoom,
     ) -> Result<Transfer, NixlError> {
         held.covers(local, remote_kind, remote)?;
+        if self.ios.is_some() && room.len() < local.len() {
+            return Err(NixlError {
+                call: "post",
+                status: 0,
+                detail: format!(
+                    "{} descriptors posted with room for {} in the backend's pool of I/O requests",
+                    local.len(),
+                    room.len()
+                ),
+            });
+        }
         let (abandoned, limit) = (
             self.abandoned.load(Relaxed),
             self.abandon_limit.load(Relaxed),
@@ -238,11 +252,14 @@ impl Backend {
             descs: local_len,
             op,
             held: Some(Arc::clone(held)),
+            room: room.split(local_len),
         };
         // SAFETY: live request.
         let status = unsafe { sys::nixl_capi_post_xfer_req(self.agent.raw, req, self.opt) };
         if status != sys::SUCCESS && status != sys::IN_PROG {
             // Nothing was started: released (or, if NIXL refuses, kept with what it holds).
+            // Requests it queued before failing stay taken in its pool: so does their room.
+            std::mem::take(&mut transfer.room).keep();
             if transfer.release() {
                 transfer.held = None;
             }
@@ -261,6 +278,9 @@ pub struct Transfer {
     op: XferOp,
     /// `None` once released, or once given up for good.
     held: Option<Arc<Held>>,
+    /// Its descriptors' room in the backend's pool of I/O requests: given back once NIXL has
+    /// released it (its requests are back in the pool then), kept for good if it never is.
+    room: IoRoom,
 }
 
 // SAFETY: used only through the thread-synchronised agent.
@@ -417,6 +437,7 @@ impl Transfer {
             descs: self.descs,
             op: self.op,
             held: self.held.take(),
+            room: std::mem::take(&mut self.room),
         };
         let slot = Arc::new(std::sync::Mutex::new(Some(later)));
         let theirs = Arc::clone(&slot);
@@ -446,6 +467,7 @@ impl Transfer {
     /// Keeps the request, what it holds and its backend for good, counting the tier's memory
     /// against the backend's bound.
     fn abandon(&mut self) {
+        std::mem::take(&mut self.room).keep();
         if let Some(held) = self.held.take() {
             held.abandon(&self.backend);
             std::mem::forget(held);
@@ -470,6 +492,7 @@ impl Transfer {
         unsafe { sys::nixl_capi_destroy_xfer_req(self.req) };
         self.req = ptr::null_mut();
         LIVE_TRANSFERS.fetch_sub(1, Relaxed);
+        drop(std::mem::take(&mut self.room));
         true
     }
 }
@@ -483,6 +506,10 @@ impl Drop for Transfer {
             self.settle(completion, Duration::from_secs(30));
         } else {
             self.release();
+        }
+        if !self.req.is_null() {
+            // Not released: NIXL may still hold its requests.
+            std::mem::take(&mut self.room).keep();
         }
     }
 }

@@ -5,7 +5,8 @@ use tier_object::S3Settings;
 
 use super::*;
 use crate::nixl::{
-    next_dev_id, Backend, Desc, Finished, Held, MemKind, Owned, Registered, Unsettled, XferOp,
+    next_dev_id, Backend, Desc, Finished, Held, IoRoom, MemKind, Owned, Registered, Unsettled,
+    XferOp,
 };
 use tier_tests::s3::S3Server;
 
@@ -45,7 +46,14 @@ fn move_one(backend: &Arc<Backend>, op: XferOp, name: &str, buf: &[u8]) -> Finis
     );
     let local = [Desc::dram(buf.as_ptr() as usize, buf.len())];
     let transfer = backend
-        .post(op, &local, MemKind::Object, &remote, &held.seal())
+        .post(
+            op,
+            &local,
+            MemKind::Object,
+            &remote,
+            &held.seal(),
+            &mut IoRoom::default(),
+        )
         .unwrap();
     transfer.finish(Duration::from_secs(30))
 }
@@ -85,6 +93,7 @@ fn a_transfer_that_never_settles_keeps_its_memory_and_bounds_its_backend() {
             MemKind::Object,
             &remote,
             &held.seal(),
+            &mut IoRoom::default(),
         );
         (memory, posted)
     };
@@ -167,7 +176,14 @@ fn a_failure_among_several_objects_leaves_the_transfer_unsettled() {
         Desc::dram(regions[1].0, 4096),
     ];
     let transfer = backend
-        .post(XferOp::Read, &local, MemKind::Object, &remote, &held.seal())
+        .post(
+            XferOp::Read,
+            &local,
+            MemKind::Object,
+            &remote,
+            &held.seal(),
+            &mut IoRoom::default(),
+        )
         .unwrap();
     match transfer.finish(Duration::from_secs(30)) {
         Finished::Unsettled(Unsettled::Failed(_)) => {}

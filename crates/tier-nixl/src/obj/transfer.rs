@@ -9,7 +9,9 @@ use tier_core::{Bytes, PageBuf, PageKey, TierError};
 
 use super::Shared;
 use crate::batch::{send_pages, BatchOutcome};
-use crate::nixl::{next_dev_id, Backend, Desc, Finished, Held, MemKind, Owned, Registered, XferOp};
+use crate::nixl::{
+    next_dev_id, Backend, Desc, Finished, Held, IoRoom, MemKind, Owned, Registered, XferOp,
+};
 /// The largest object one S3 PUT may write.
 pub(super) const MAX_OBJECT: usize = 5 << 30;
 
@@ -92,6 +94,8 @@ impl Shared {
                     MemKind::Object,
                     std::slice::from_ref(remote),
                     &held,
+                    // The OBJ plugin keeps no pool of I/O requests.
+                    &mut IoRoom::default(),
                 )
             })
             .collect();

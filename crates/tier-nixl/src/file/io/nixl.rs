@@ -14,7 +14,8 @@ use tier_folder::io::{open_page, PageEngine};
 
 use crate::batch::{move_isolating, BatchOutcome, Failure};
 use crate::nixl::{
-    next_dev_id, Backend, Desc, Finished, Held, MemKind, Registration, Transfer, Unsettled, XferOp,
+    next_dev_id, Backend, Desc, Finished, Held, IoRoom, MemKind, Registration, Transfer, Unsettled,
+    XferOp,
 };
 
 use super::super::FolderMode;
@@ -190,27 +191,47 @@ impl PageEngine<Arc<Held>> for NixlEngine {
             results: Vec::with_capacity(items.len()),
             poisoned: false,
         };
+        let cap = self.backend.descs_per_posting();
         let mut groups = Vec::new();
         let mut start = 0;
         while start < items.len() {
             let mut end = start + 1;
             let mut bytes = items[start].len;
-            while end < items.len() && bytes + items[end].len <= HASH_GROUP {
+            let mut descs = items[start].parts.len();
+            while end < items.len()
+                && bytes + items[end].len <= HASH_GROUP
+                && descs + items[end].parts.len() <= cap
+            {
                 bytes += items[end].len;
+                descs += items[end].parts.len();
                 end += 1;
             }
             groups.push(start..end);
             start = end;
         }
         let mut in_flight = std::collections::VecDeque::with_capacity(HASH_DEPTH);
-        let mut next = groups.into_iter();
+        let mut next = groups.into_iter().peekable();
         let mut depth = 1;
         let mut since = Instant::now();
         loop {
             while in_flight.len() < depth {
-                let Some(group) = next.next() else { break };
+                let Some(group) = next.peek().cloned() else {
+                    break;
+                };
+                let part = &items[group.clone()];
                 let all: Vec<usize> = (0..group.len()).collect();
-                let posted = self.post(XferOp::Read, &items[group.clone()], &all, memory);
+                // Room is waited for only with nothing in flight: what is in flight may be
+                // the very room wanted, given back only once settled below.
+                let wait = match in_flight.is_empty() {
+                    true => self.timeout,
+                    false => Duration::ZERO,
+                };
+                let posted = match self.room_for(XferOp::Read, part, &all, wait) {
+                    Ok(room) => self.post(XferOp::Read, part, &all, memory, room),
+                    Err(_) if !in_flight.is_empty() => break,
+                    Err(e) => Err(e),
+                };
+                next.next();
                 in_flight.push_back((group, posted));
             }
             let Some((group, posted)) = in_flight.pop_front() else {
@@ -281,7 +302,9 @@ impl NixlEngine {
         self.backend_error(Some(&item.key), message)
     }
 
-    /// Moves the items `which` of `items` in one registration and one transfer.
+    /// Moves the items `which` of `items`: in one registration and one transfer, or, where
+    /// their descriptors are more than one posting may take ([`Backend::descs_per_posting`]),
+    /// in such postings one after another.
     pub(super) fn transfer(
         &self,
         op: XferOp,
@@ -289,18 +312,49 @@ impl NixlEngine {
         which: &[usize],
         memory: &Arc<Held>,
     ) -> Result<(), Failure> {
-        let transfer = self.post(op, items, which, memory)?;
-        self.settle(op, transfer)
+        let cap = self.backend.descs_per_posting();
+        let mut start = 0;
+        while start < which.len() {
+            let mut end = start + 1;
+            let mut descs = items[which[start]].parts.len();
+            while end < which.len() && descs + items[which[end]].parts.len() <= cap {
+                descs += items[which[end]].parts.len();
+                end += 1;
+            }
+            let window = &which[start..end];
+            let room = self.room_for(op, items, window, self.timeout)?;
+            let posted = self.post(op, items, window, memory, room)?;
+            self.settle(op, posted)?;
+            start = end;
+        }
+        Ok(())
     }
 
-    /// Registers the files of the items `which` of `items` and posts their transfer: one for
-    /// them all, but for a read into memory a caller lent, one per region (see [`Posted`]).
+    /// Room in the backend's pool of I/O requests for the descriptors of the items `which`
+    /// of `items`, waiting up to `wait` for it.
+    fn room_for(
+        &self,
+        op: XferOp,
+        items: &[Xfer],
+        which: &[usize],
+        wait: Duration,
+    ) -> Result<IoRoom, Failure> {
+        let descs = which.iter().map(|&i| items[i].parts.len()).sum();
+        self.backend
+            .io_room(descs, wait)
+            .map_err(|e| Failure::Batch(format!("{}: {e}", op_name(op))))
+    }
+
+    /// Registers the files of the items `which` of `items` and posts their transfer, with
+    /// `room` for their descriptors: one for them all, but for a read into memory a caller
+    /// lent, one per region (see [`Posted`]).
     pub(super) fn post(
         &self,
         op: XferOp,
         items: &[Xfer],
         which: &[usize],
         memory: &Arc<Held>,
+        mut room: IoRoom,
     ) -> Result<Posted, Failure> {
         let (registration, files, dev_ids) = self.register_files(op, items, which)?;
         let (local, remote): (Vec<Desc<'_>>, Vec<Desc<'_>>) = which
@@ -313,9 +367,9 @@ impl NixlEngine {
         held.include(memory);
         held.files(registration, files);
         let held = held.seal();
-        let posting = |local: &[Desc<'_>], remote: &[Desc<'_>]| {
+        let mut posting = |local: &[Desc<'_>], remote: &[Desc<'_>]| {
             backend
-                .post(op, local, MemKind::File, remote, &held)
+                .post(op, local, MemKind::File, remote, &held, &mut room)
                 .map_err(|e| Failure::Batch(format!("{}: posting the transfer: {e}", op_name(op))))
         };
         if !(op == XferOp::Read && held.lent()) || local.len() <= 1 {

@@ -132,3 +132,53 @@ fn a_read_file_another_client_replaced_before_nixl_opened_it_is_opened_again() {
     }
     let _ = std::fs::remove_dir_all(&a);
 }
+
+/// A transfer is posted only within room in its backend's pool of I/O requests: while every
+/// request's room is held elsewhere it waits (NIXL's pool itself free, so it is kvtier that
+/// waits), and it goes ahead as soon as room is given back.
+#[test]
+fn a_transfer_waits_for_room_in_the_backends_pool_of_io_requests() {
+    let dir = tempfile::tempdir().expect("a temp folder");
+    let engine = engine(&backend(dir.path()), FileMode::Path, false);
+    let page = vec![0x5a_u8; 4096];
+    let region = (page.as_ptr() as usize, page.len());
+    let mut held = Held::default();
+    held.lend(
+        engine
+            .backend
+            .register_dram(&[region])
+            .expect("the page's memory registered"),
+    );
+    let memory = held.seal();
+    let xfer = Xfer {
+        key: PageKey::new("k").expect("a key"),
+        path: dir.path().join("temp"),
+        len: page.len(),
+        direct: false,
+        parts: vec![region],
+        checksum: None,
+        created: None,
+    };
+    let pool = engine.backend.io_pool_size().expect("POSIX has a pool");
+    let taken = engine
+        .backend
+        .io_room(pool, Duration::ZERO)
+        .expect("all of the pool's room");
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let moved = engine.transfer(XferOp::Write, std::slice::from_ref(&xfer), &[0], &memory);
+            let _ = done.send(moved.is_ok());
+        });
+        assert!(
+            finished.recv_timeout(Duration::from_millis(300)).is_err(),
+            "the write waits while the pool has no room"
+        );
+        drop(taken);
+        assert_eq!(
+            finished.recv_timeout(Duration::from_secs(10)),
+            Ok(true),
+            "the write goes ahead once room is given back"
+        );
+    });
+}
