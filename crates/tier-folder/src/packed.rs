@@ -1,7 +1,8 @@
 //! Page keys as a sampled index holds them: a key that ends in 64 lower-case hex digits (a
 //! SHA-256 hex digest, as SGLang and vLLM name blocks, behind the adapters' namespace
 //! prefixes) as those digits' 32 bytes and the number of its prefix, the prefix itself kept
-//! once for all its keys; any other key as itself.
+//! once for all its keys; any other key by a number, the key itself kept beside. Either way
+//! 36 bytes aligned to 4, so that a sampled index's slot is 56 bytes.
 
 use std::collections::HashMap;
 
@@ -11,20 +12,44 @@ use tier_core::PageKey;
 const PREFIXES: usize = 1 << 16;
 /// Hex digits of a digest.
 const DIGITS: usize = 64;
+/// The prefix number of a key kept whole: its number is in the digest's first 4 bytes.
+const WHOLE: u32 = u32::MAX;
 
-/// A key, packed by a [`Packer`].
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub enum Packed {
-    /// The key's prefix by number, then its digest's bytes.
-    Digest { prefix: u32, digest: [u8; 32] },
-    /// The key whole.
-    Key(PageKey),
+/// A key, packed by a [`Packer`]: its prefix's number and its digest's bytes, or [`WHOLE`]
+/// and the number of the key kept whole.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Packed {
+    prefix: u32,
+    digest: [u8; 32],
 }
 
-/// Packs keys and unpacks them, holding the prefixes seen (never forgotten: ids stay valid).
+impl Packed {
+    fn whole(id: u32) -> Self {
+        let mut digest = [0u8; 32];
+        digest[..4].copy_from_slice(&id.to_le_bytes());
+        Packed {
+            prefix: WHOLE,
+            digest,
+        }
+    }
+
+    /// The number of the key kept whole it stands for, if it stands for one.
+    fn whole_id(&self) -> Option<u32> {
+        let mut id = [0u8; 4];
+        id.copy_from_slice(&self.digest[..4]);
+        (self.prefix == WHOLE).then(|| u32::from_le_bytes(id))
+    }
+}
+
+/// Packs keys and unpacks them, holding the prefixes seen (never forgotten: ids stay valid)
+/// and the keys kept whole (each until its entry is forgotten, see [`Packer::forget`]).
 pub struct Packer {
     ids: HashMap<Box<str>, u32>,
     prefixes: Vec<Box<str>>,
+    /// Keys kept whole, by number; `None` for a number free again.
+    wholes: Vec<Option<PageKey>>,
+    whole_ids: HashMap<PageKey, u32>,
+    free: Vec<u32>,
 }
 
 impl Default for Packer {
@@ -32,6 +57,9 @@ impl Default for Packer {
         Packer {
             ids: HashMap::from([("".into(), 0)]),
             prefixes: vec!["".into()],
+            wholes: Vec::new(),
+            whole_ids: HashMap::new(),
+            free: Vec::new(),
         }
     }
 }
@@ -53,7 +81,8 @@ fn split(key: &str) -> Option<(&str, [u8; 32])> {
 }
 
 impl Packer {
-    /// `key` packed for storing: its prefix numbered (kept if new, while there is room).
+    /// `key` packed for storing: its prefix numbered (kept if new, while there is room), or
+    /// the key kept whole under a number of its own.
     pub fn pack(&mut self, key: &PageKey) -> Packed {
         if let Some((prefix, digest)) = split(key.as_str()) {
             let known = self.ids.get(prefix).copied();
@@ -66,39 +95,81 @@ impl Packer {
                 })
             });
             if let Some(prefix) = id {
-                return Packed::Digest { prefix, digest };
+                return Packed { prefix, digest };
             }
         }
-        Packed::Key(key.clone())
+        if let Some(&id) = self.whole_ids.get(key) {
+            return Packed::whole(id);
+        }
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.wholes[id as usize] = Some(key.clone());
+                id
+            }
+            None => {
+                // Past 2^32 - 1 keys kept whole the last number is shared: never reached.
+                let id = u32::try_from(self.wholes.len()).map_or(WHOLE - 1, |n| n.min(WHOLE - 1));
+                self.wholes.push(Some(key.clone()));
+                id
+            }
+        };
+        self.whole_ids.insert(key.clone(), id);
+        Packed::whole(id)
     }
 
     /// What `key` is stored under, if it is: the prefixes are never forgotten, so a key whose
-    /// prefix is numbered was packed with it, and any other was kept whole.
+    /// prefix is numbered was packed with it, and any other was kept whole (or is not held:
+    /// then a number no key has).
     pub fn find(&self, key: &PageKey) -> Packed {
         if let Some((prefix, digest)) = split(key.as_str()) {
             if let Some(&prefix) = self.ids.get(prefix) {
-                return Packed::Digest { prefix, digest };
+                return Packed { prefix, digest };
             }
         }
-        Packed::Key(key.clone())
+        Packed::whole(self.whole_ids.get(key).copied().unwrap_or(WHOLE))
     }
 
     /// The key `packed` stands for.
     pub fn key(&self, packed: &Packed) -> PageKey {
-        match packed {
-            Packed::Digest { prefix, digest } => {
-                const HEX: &[u8; 16] = b"0123456789abcdef";
-                let prefix = &self.prefixes[*prefix as usize];
-                let mut text = String::with_capacity(prefix.len() + DIGITS);
-                text.push_str(prefix);
-                for b in digest {
-                    text.push(HEX[usize::from(b >> 4)] as char);
-                    text.push(HEX[usize::from(b & 0xf)] as char);
-                }
-                PageKey::new(text).unwrap_or_else(|_| unreachable!("it was a key"))
+        if let Some(id) = packed.whole_id() {
+            if let Some(Some(key)) = self.wholes.get(id as usize) {
+                return key.clone();
             }
-            Packed::Key(key) => key.clone(),
+            unreachable!("a key kept whole is kept until it is forgotten");
         }
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let prefix = &self.prefixes[packed.prefix as usize];
+        let mut text = String::with_capacity(prefix.len() + DIGITS);
+        text.push_str(prefix);
+        for b in packed.digest {
+            text.push(HEX[usize::from(b >> 4)] as char);
+            text.push(HEX[usize::from(b & 0xf)] as char);
+        }
+        PageKey::new(text).unwrap_or_else(|_| unreachable!("it was a key"))
+    }
+
+    /// Lets go of the key `packed` stands for, if it was kept whole: its entry is gone.
+    pub fn forget(&mut self, packed: &Packed) {
+        let Some(id) = packed.whole_id() else {
+            return;
+        };
+        if let Some(key) = self.wholes.get_mut(id as usize).and_then(Option::take) {
+            self.whole_ids.remove(&key);
+            self.free.push(id);
+        }
+    }
+
+    /// Lets go of every key kept whole: every entry is gone.
+    pub fn forget_all(&mut self) {
+        self.wholes.clear();
+        self.whole_ids.clear();
+        self.free.clear();
+    }
+
+    /// Keys kept whole now.
+    #[cfg(test)]
+    pub fn kept_whole(&self) -> usize {
+        self.whole_ids.len()
     }
 }
 
@@ -123,7 +194,7 @@ mod tests {
         ] {
             let key = k(&key);
             let packed = packer.pack(&key);
-            assert!(matches!(packed, Packed::Digest { .. }), "{key}");
+            assert!(packed.whole_id().is_none(), "{key}");
             assert!(packer.find(&key) == packed, "{key} is found as packed");
             assert_eq!(packer.key(&packed), key);
         }
@@ -139,7 +210,7 @@ mod tests {
             format!("{hex}-suffix"),
         ] {
             let key = k(&other);
-            assert!(matches!(packer.pack(&key), Packed::Key(_)), "{other}");
+            assert!(packer.pack(&key).whole_id().is_some(), "{other}");
             assert_eq!(packer.key(&packer.find(&key)), key);
         }
     }
@@ -153,11 +224,27 @@ mod tests {
             packer.pack(&k(&format!("{i}-{hex}")));
         }
         let late = k(&format!("late-{hex}"));
-        assert!(matches!(packer.pack(&late), Packed::Key(_)));
-        assert!(matches!(packer.find(&late), Packed::Key(_)));
-        assert!(matches!(
-            packer.find(&k(&format!("7-{hex}"))),
-            Packed::Digest { prefix: 7, .. }
-        ));
+        assert!(packer.pack(&late).whole_id().is_some());
+        assert!(packer.find(&late) == packer.pack(&late));
+        assert_eq!(packer.find(&k(&format!("7-{hex}"))).prefix, 7);
+    }
+
+    /// A key kept whole is held until its entry is forgotten, its number then free for
+    /// another; a key not held is found under a number no key has.
+    #[test]
+    fn keys_kept_whole_are_let_go_when_forgotten() {
+        let mut packer = Packer::default();
+        let (a, b) = (k("page-a"), k("page-b"));
+        let pa = packer.pack(&a);
+        assert!(packer.pack(&a) == pa, "packed twice, kept once");
+        assert_eq!(packer.kept_whole(), 1);
+        assert!(packer.find(&b) != pa, "a key not held matches none held");
+        packer.forget(&pa);
+        assert_eq!(packer.kept_whole(), 0);
+        let pb = packer.pack(&b);
+        assert!(pb == pa, "the number is used again");
+        assert_eq!(packer.key(&pb), b);
+        packer.forget_all();
+        assert_eq!(packer.kept_whole(), 0);
     }
 }

@@ -127,6 +127,25 @@ fn sampled_evicts_keys_not_used_for_long() {
     assert_eq!(distinct.len(), 2_000, "each victim goes once");
 }
 
+/// The 32-bit clock running out keeps the order of uses: keys used before it ran out are
+/// still older than keys used after (a clock that wrapped to 0 made the newest use the oldest).
+#[test]
+fn sampled_keeps_the_order_of_uses_when_its_clock_runs_out() {
+    let mut table = crate::SampledTable::<u32, ()>::default();
+    for k in 0..8u32 {
+        table.insert(k, ());
+    }
+    table.set_clock(u32::MAX - 4);
+    for k in 0..8u32 {
+        // Uses 0 to 3 before the clock runs out, 4 to 7 after.
+        table.touch(&k);
+    }
+    let order: Vec<u32> = std::iter::from_fn(|| table.victim(&mut |_, _| false))
+        .map(|(k, ())| k)
+        .collect();
+    assert_eq!(order, (0..8).collect::<Vec<u32>>(), "oldest use first");
+}
+
 /// With every key but one protected, that one is found (after the samples found none).
 #[test]
 fn sampled_finds_the_one_unprotected_key() {

@@ -15,9 +15,10 @@
 //! to sampled LRU ([`SampledTable`]) for good. Cost per page, for 64-character keys, in heap
 //! bytes (the `footprint` test, 500,000 pages): in exact order about 670 under `auto` (which
 //! keeps an LRU, a prefix, an ARC and an LFU order) and 200 under `lru` (a hash-map slot with
-//! the page's 16-byte entry, the key's shared string, and the policy's entries); sampled, 78
-//! (one dense 64-byte slot with the key packed (see [`Packer`]), the entry and its clock, and
-//! 32-bit slot numbers in a hash table). Nothing else in the tier grows with the pages stored.
+//! the page's 16-byte entry, the key's shared string, and the policy's entries); sampled, 69
+//! (one dense 56-byte slot with the key packed in 36 bytes (see [`Packer`]), the entry and its
+//! 32-bit clock, and 32-bit slot numbers in a hash table; 78 with 64-byte slots). Nothing else
+//! in the tier grows with the pages stored.
 
 use std::collections::{HashMap, HashSet};
 
@@ -27,7 +28,7 @@ use tier_policy::{Policy, PolicyKind, SampledTable};
 use super::packed::{Packed, Packer};
 
 /// A page's entry: 16 bytes, so that a sampled index's slot (the packed key, the entry and its
-/// clock) is 64.
+/// clock) is 56.
 #[derive(Debug)]
 struct Entry {
     /// The page's length: a FILE tier's pages are at most [`MAX_PAGE`](super::format::MAX_PAGE).
@@ -40,7 +41,7 @@ struct Entry {
     checksummed: bool,
 }
 
-const _: () = assert!(SampledTable::<Packed, Entry>::SLOT_BYTES == 64);
+const _: () = assert!(SampledTable::<Packed, Entry>::SLOT_BYTES == 56);
 
 /// An entry's generation, new with every insert; the default is none (a catalog without an
 /// index). It wraps after 2^32 inserts: a read compares the generation it planned with within
@@ -66,7 +67,7 @@ enum Store {
     /// keys packed where they end in a hex digest (see [`Packer`]).
     Sampled {
         table: SampledTable<Packed, Entry>,
-        packer: Packer,
+        packer: Box<Packer>,
     },
 }
 
@@ -119,7 +120,7 @@ impl PageIndex {
         let store = match policy {
             PolicyKind::Sampled => Store::Sampled {
                 table: SampledTable::default(),
-                packer: Packer::default(),
+                packer: Box::default(),
             },
             other => Store::Ordered {
                 entries: HashMap::new(),
@@ -164,7 +165,7 @@ impl PageIndex {
         let Store::Ordered { entries, policy } = &mut self.store else {
             return;
         };
-        let (mut table, mut packer) = (SampledTable::default(), Packer::default());
+        let (mut table, mut packer) = (SampledTable::default(), Box::<Packer>::default());
         while let Some(key) = policy.victim(&mut |_| false) {
             if let Some(e) = entries.remove(&key) {
                 table.insert(packer.pack(&key), e);
@@ -363,7 +364,14 @@ impl PageIndex {
                 }
                 e
             }
-            Store::Sampled { table, packer } => table.remove(&packer.find(key)),
+            Store::Sampled { table, packer } => {
+                let packed = packer.find(key);
+                let e = table.remove(&packed);
+                if e.is_some() {
+                    packer.forget(&packed);
+                }
+                e
+            }
         };
         match removed {
             Some(e) => {
@@ -387,7 +395,9 @@ impl PageIndex {
                 entries.drain().map(|(k, _)| k).collect()
             }
             Store::Sampled { table, packer } => {
-                table.drain().map(|(k, _)| packer.key(&k)).collect()
+                let keys = table.drain().map(|(k, _)| packer.key(&k)).collect();
+                packer.forget_all();
+                keys
             }
         }
     }
@@ -418,9 +428,13 @@ impl PageIndex {
                         .victim(&mut pinned)
                         .map(|key| (entries.remove(&key).map_or(0, |e| e.len), key))
                 }
-                Store::Sampled { table, packer } => table
-                    .victim(&mut |_, e| e.pins > 0)
-                    .map(|(packed, e)| (e.len, packer.key(&packed))),
+                Store::Sampled { table, packer } => {
+                    table.victim(&mut |_, e| e.pins > 0).map(|(packed, e)| {
+                        let key = packer.key(&packed);
+                        packer.forget(&packed);
+                        (e.len, key)
+                    })
+                }
             };
             let Some((len, key)) = victim else {
                 break;

@@ -90,3 +90,32 @@ fn replacing_a_page_updates_bytes() {
     assert!(idx.remove(&k("a")));
     assert_eq!(idx.bytes(), 0);
 }
+
+/// A sampled index keeps a key that is no digest whole only while it holds its page: removed,
+/// evicted or cleared, the key is let go (an index that kept them grew without bound under
+/// such keys), and the keys it still holds come back as they were.
+#[test]
+fn a_sampled_index_lets_go_of_keys_kept_whole_with_their_pages() {
+    let mut idx = PageIndex::new(PolicyKind::Sampled).unwrap();
+    let kept = |idx: &PageIndex| match &idx.store {
+        Store::Sampled { packer, .. } => packer.kept_whole(),
+        Store::Ordered { .. } => unreachable!("sampled from the start"),
+    };
+    for round in 0..3 {
+        for i in 0..1_000 {
+            idx.insert(k(&format!("page-{round}-{i}")), 10, None, None);
+        }
+        for i in 0..300 {
+            assert!(idx.remove(&k(&format!("page-{round}-{i}"))));
+        }
+        let evicted = idx.evict_to(10 * 200);
+        assert_eq!(evicted.len(), 500);
+        assert!(evicted.iter().all(|key| key.as_str().starts_with("page-")));
+        assert_eq!(kept(&idx), 200, "round {round}: only the pages held");
+        let held = idx.drain();
+        assert_eq!(held.len(), 200);
+        let prefix = format!("page-{round}-");
+        assert!(held.iter().all(|key| key.as_str().starts_with(&prefix)));
+        assert_eq!(kept(&idx), 0, "round {round}: none once cleared");
+    }
+}
