@@ -1,6 +1,6 @@
 //! What the catalog does to a page's file alone: renaming a written page into shared folders
-//! (counting exactly what it replaced), recognising what someone planted under a name, and
-//! setting a file's use time.
+//! (counting exactly what it replaced), discarding a failed write's temp file, recognising what
+//! someone planted under a name, and setting a file's use time.
 
 use std::fs;
 use std::io::ErrorKind;
@@ -9,6 +9,19 @@ use std::path::Path;
 /// Whether what is at `path` is not a regular file (a link or a FIFO planted there).
 pub(super) fn planted(path: &Path) -> bool {
     fs::symlink_metadata(path).is_ok_and(|m| !m.is_file())
+}
+
+/// Removes the temp file of a write that failed, its bytes given back to the filesystem at
+/// once: a NIXL transfer that failed keeps its files open until its other I/O has ended (a
+/// transfer timeout later, or for good), and a removed file's blocks stay taken while it is
+/// open, so a full filesystem stayed full that long. Truncated only as a regular file opened
+/// by its name, never through a link, never waiting on a FIFO.
+pub(super) fn discard_temp(path: &Path) {
+    let opened = crate::perms::open_existing(fs::OpenOptions::new().write(true), path, 0);
+    if let Ok(file) = opened {
+        let _ = file.set_len(0);
+    }
+    let _ = fs::remove_file(path);
 }
 
 pub(super) fn planted_error() -> std::io::Error {

@@ -26,7 +26,7 @@ use super::fleet::{Fleet, FleetStats, Room};
 use super::index::{Generation, Loaded, PageIndex};
 use super::layout::{FileStamp, Layout};
 use crate::io::{BatchOutcome, Xfer};
-use files::{land_shared, planted, planted_error, touch};
+use files::{discard_temp, land_shared, planted, planted_error, touch};
 
 /// The pages of one FILE tier: its folders' layout and what knows which pages they hold.
 pub struct Catalog {
@@ -450,7 +450,7 @@ impl Catalog {
                 }
             }
             if result.is_err() && !outcome.poisoned {
-                let _ = fs::remove_file(&xfer.path);
+                discard_temp(&xfer.path);
             }
         }
         if let Some(fleet) = self.fleet() {
