@@ -34,6 +34,20 @@ fn engine(backend: &Arc<Backend>, mode: FileMode, remote: bool) -> NixlEngine {
     }
 }
 
+/// `page`'s memory, registered with `engine`'s backend as a caller's lent for a batch: its
+/// region and what holds the registration.
+fn lent(engine: &NixlEngine, page: &[u8]) -> ((usize, usize), Arc<Held>) {
+    let region = (page.as_ptr() as usize, page.len());
+    let mut held = Held::default();
+    held.lend(
+        engine
+            .backend
+            .register_dram(&[region])
+            .expect("the page's memory registered"),
+    );
+    (region, held.seal())
+}
+
 /// A write run twice, as a batch that failed is retried page by page, creates its temp
 /// file twice (the second unlinks the first): the file kept for the seal is the one the
 /// last run created, the one renamed in, so the page lands with its trailer.
@@ -43,15 +57,7 @@ fn a_write_run_again_is_sealed_in_the_file_it_created_last() {
         let dir = tempfile::tempdir().expect("a temp folder");
         let engine = engine(&backend(dir.path()), mode, false);
         let page = vec![0x5a_u8; 4096];
-        let region = (page.as_ptr() as usize, page.len());
-        let mut held = Held::default();
-        held.lend(
-            engine
-                .backend
-                .register_dram(&[region])
-                .expect("the page's memory registered"),
-        );
-        let memory = held.seal();
+        let (region, memory) = lent(&engine, &page);
         let key = PageKey::new("k").expect("a key");
         let path = dir.path().join("temp");
         let mut xfer = Xfer {
@@ -141,15 +147,7 @@ fn a_transfer_waits_for_room_in_the_backends_pool_of_io_requests() {
     let dir = tempfile::tempdir().expect("a temp folder");
     let engine = engine(&backend(dir.path()), FileMode::Path, false);
     let page = vec![0x5a_u8; 4096];
-    let region = (page.as_ptr() as usize, page.len());
-    let mut held = Held::default();
-    held.lend(
-        engine
-            .backend
-            .register_dram(&[region])
-            .expect("the page's memory registered"),
-    );
-    let memory = held.seal();
+    let (region, memory) = lent(&engine, &page);
     let xfer = Xfer {
         key: PageKey::new("k").expect("a key"),
         path: dir.path().join("temp"),
