@@ -1,21 +1,15 @@
 //! The NIXL engine: a batch's files registered with a NIXL FILE backend (by path, or by fd
 //! where NIXL has no path mode) and moved in one transfer.
 
-use std::ffi::OsStr;
-use std::fs::File;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::io::AsRawFd;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tier_core::{PageKey, TierError};
-use tier_folder::io::{open_page, PageEngine};
+use tier_folder::io::PageEngine;
 
 use crate::batch::{move_isolating, BatchOutcome, Failure};
 use crate::nixl::{
-    next_dev_id, Backend, Desc, Finished, Held, IoRoom, MemKind, Registration, Transfer, Unsettled,
-    XferOp,
+    next_dev_id, Backend, Desc, Finished, Held, IoRoom, MemKind, Transfer, Unsettled, XferOp,
 };
 
 use super::super::FolderMode;
@@ -95,43 +89,6 @@ fn descs(item: &Xfer, dev_id: u64) -> impl Iterator<Item = (Desc<'static>, Desc<
         offset += len;
         (Desc::dram(addr, len), file)
     })
-}
-
-/// Keeps a descriptor of the temp file a write created in its item (see [`Xfer::created`]), so
-/// the trailer is appended through it; the transfer holds the file itself until it settles.
-fn keep_created(op: XferOp, item: &Xfer, file: &File) {
-    if let (XferOp::Write, Some(created)) = (op, &item.created) {
-        if let Ok(own) = file.try_clone() {
-            created.keep(own);
-        }
-    }
-}
-
-/// How many times a read's files are opened again for a registration that failed on a file
-/// another client replaced (see [`NixlEngine::register_files`]).
-const REOPENS: usize = 3;
-
-/// Whether the file open at descriptor `fd` can no longer be opened through it: another
-/// client of a network filesystem replaced or removed it (`ESTALE`), or it is gone.
-fn replaced(fd: i32) -> bool {
-    match File::open(format!("/proc/self/fd/{fd}")) {
-        Ok(_) => false,
-        Err(e) => {
-            e.raw_os_error() == Some(libc::ESTALE) || e.kind() == std::io::ErrorKind::NotFound
-        }
-    }
-}
-
-/// What [`NixlEngine::open_files`] opened for a registration.
-struct Opened {
-    /// The files kvtier opened, held until the transfer settles.
-    files: Vec<File>,
-    /// Per item (path mode): its registration's metaInfo.
-    metas: Vec<Vec<u8>>,
-    /// Per item: its device id.
-    dev_ids: Vec<u64>,
-    /// (Item, descriptor) of each read's file NIXL opens again through `/proc/self/fd`.
-    by_descriptor: Vec<(usize, i32)>,
 }
 
 /// NIXL's FILE engine: a lane's backend (one agent), and how its files are handed to it.
@@ -401,131 +358,6 @@ impl NixlEngine {
         Ok(Posted(posted))
     }
 
-    /// Opens and registers the files of the items `which` of `items`: the registration, the
-    /// files it holds, each item's device id (see [`Self::register_opened`]).
-    fn register_files(
-        &self,
-        op: XferOp,
-        items: &[Xfer],
-        which: &[usize],
-    ) -> Result<(Registration, Vec<File>, Vec<u64>), Failure> {
-        let opened = self.open_files(op, items, which)?;
-        self.register_opened(op, items, which, opened)
-    }
-
-    /// Registers files [`Self::open_files`] opened. A read's file another client replaced
-    /// since kvtier opened it (NIXL opens it again through `/proc/self/fd/N`, which answers
-    /// `ESTALE` on GlusterFS once the server let go of it) is opened again by its name, a few
-    /// times; still replaced, it fails alone as `ESTALE`, which [`super::FileIo::read_all`]
-    /// takes for a page replaced while it was read.
-    fn register_opened(
-        &self,
-        op: XferOp,
-        items: &[Xfer],
-        which: &[usize],
-        mut opened: Opened,
-    ) -> Result<(Registration, Vec<File>, Vec<u64>), Failure> {
-        let mut reopened = 0;
-        loop {
-            let descs: Vec<Desc<'_>> = which
-                .iter()
-                .enumerate()
-                .map(|(n, &i)| Desc {
-                    addr: 0,
-                    len: items[i].len,
-                    dev_id: opened.dev_ids[n],
-                    meta: opened.metas.get(n).map_or(&[][..], Vec::as_slice),
-                })
-                .collect();
-            let e = match self.backend.register(MemKind::File, &descs) {
-                Ok(registration) => return Ok((registration, opened.files, opened.dev_ids)),
-                Err(e) => e,
-            };
-            let Some(&(i, _)) = opened.by_descriptor.iter().find(|(_, fd)| replaced(*fd)) else {
-                return Err(Failure::Batch(format!(
-                    "{}: registering files: {e}",
-                    op_name(op)
-                )));
-            };
-            if reopened == REOPENS {
-                let item = &items[i];
-                let stale = std::io::Error::from_raw_os_error(libc::ESTALE);
-                let e = TierError::io(op_name(op), Some(&item.key), Some(item.path.clone()), stale);
-                return Err(Failure::Item(i, e));
-            }
-            reopened += 1;
-            tracing::debug!(path = %items[i].path.display(), "a page file was replaced before NIXL opened it: opened again");
-            drop(opened);
-            opened = self.open_files(op, items, which)?;
-        }
-    }
-
-    /// Opens the files of the items `which` of `items` that kvtier opens (all in fd mode; in
-    /// path mode, those NIXL is handed by descriptor), and says how each is registered.
-    fn open_files(&self, op: XferOp, items: &[Xfer], which: &[usize]) -> Result<Opened, Failure> {
-        let mut opened = Opened {
-            files: Vec::new(),
-            metas: Vec::new(),
-            dev_ids: Vec::with_capacity(which.len()),
-            by_descriptor: Vec::new(),
-        };
-        for &i in which {
-            let item = &items[i];
-            let failed = |e| {
-                Failure::Item(
-                    i,
-                    TierError::io(op_name(op), Some(&item.key), Some(item.path.clone()), e),
-                )
-            };
-            match self.mode {
-                FileMode::Fd => {
-                    let file = open_page(&item.path, op, item.direct, self.sync, self.file_mode)
-                        .map_err(failed)?;
-                    opened.dev_ids.push(file.as_raw_fd() as u64);
-                    keep_created(op, item, &file);
-                    opened.files.push(file);
-                }
-                FileMode::Path if op == XferOp::Write => {
-                    // Made here, so it is new, this tier's mode, and not a planted link; NIXL
-                    // is handed it by its descriptor (`/proc/self/fd/N` opens the very file
-                    // that descriptor holds), so a link renamed over its name meanwhile (by
-                    // a member of a group-mode folder's group) is never written through.
-                    let file = self.file_mode.create_new(&item.path, 0).map_err(failed)?;
-                    let held = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-                    opened
-                        .metas
-                        .push(path_meta(&held, op, item.direct, self.sync));
-                    keep_created(op, item, &file);
-                    opened.files.push(file);
-                    opened.dev_ids.push(next_dev_id());
-                }
-                FileMode::Path if self.file_mode != FolderMode::Owner || self.remote => {
-                    // Where others may write the folder, a read's file is opened here (never
-                    // through a link, never a FIFO) and handed to NIXL by its descriptor: a
-                    // link or FIFO planted under a page's name is never read or waited on.
-                    // So it is where clients cache apart: a name another client replaced
-                    // answers `ESTALE` for a moment, which `open_page` waits out.
-                    let file = open_page(&item.path, op, item.direct, self.sync, self.file_mode)
-                        .map_err(failed)?;
-                    let held = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-                    opened
-                        .metas
-                        .push(path_meta(&held, op, item.direct, self.sync));
-                    opened.by_descriptor.push((i, file.as_raw_fd()));
-                    opened.files.push(file);
-                    opened.dev_ids.push(next_dev_id());
-                }
-                FileMode::Path => {
-                    opened
-                        .metas
-                        .push(path_meta(&item.path, op, item.direct, self.sync));
-                    opened.dev_ids.push(next_dev_id());
-                }
-            }
-        }
-        Ok(opened)
-    }
-
     /// Waits for posted transfers (each bounded by the transfer timeout) and says how they
     /// ended: every one of them is waited for, whatever the first says.
     pub(super) fn settle(&self, op: XferOp, posted: Posted) -> Result<(), Failure> {
@@ -593,22 +425,6 @@ pub(super) struct Posted(Vec<Transfer>);
 /// pages are two: K and V).
 const SPLIT_REGIONS: usize = 4;
 
-/// Path-mode metaInfo: `<ro|rw>[,create][,direct][,sync]:<path>`.
-fn path_meta(path: &Path, op: XferOp, direct: bool, sync: bool) -> Vec<u8> {
-    let mut meta = match op {
-        XferOp::Read => b"ro".to_vec(),
-        XferOp::Write => b"rw,create".to_vec(),
-    };
-    if direct {
-        meta.extend_from_slice(b",direct");
-    }
-    if sync && op == XferOp::Write {
-        meta.extend_from_slice(b",sync");
-    }
-    meta.push(b':');
-    meta.extend_from_slice(OsStr::as_bytes(path.as_os_str()));
-    meta
-}
-
+mod files;
 #[cfg(test)]
 mod tests;

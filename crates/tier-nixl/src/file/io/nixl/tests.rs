@@ -1,9 +1,12 @@
+use std::fs::File;
+use std::path::Path;
 use std::time::Duration;
 
 use tier_core::PageKey;
 use tier_folder::format::{self, Trailer};
 
 use super::super::Created;
+use super::files::replaced;
 use super::*;
 use crate::file::NixlFileConfig;
 
