@@ -35,8 +35,15 @@ pub fn pool_size(value: Option<&str>) -> Result<usize, NixlError> {
 #[derive(Debug)]
 pub struct IoPool {
     size: usize,
-    free: Mutex<usize>,
+    state: Mutex<Room>,
     room: Condvar,
+}
+
+/// Requests free now, and kept for good by transfers that never settled.
+#[derive(Debug)]
+struct Room {
+    free: usize,
+    kept: usize,
 }
 
 impl IoPool {
@@ -44,7 +51,10 @@ impl IoPool {
     pub fn new(size: usize) -> Arc<Self> {
         Arc::new(Self {
             size,
-            free: Mutex::new(size),
+            state: Mutex::new(Room {
+                free: size,
+                kept: 0,
+            }),
             room: Condvar::new(),
         })
     }
@@ -54,7 +64,9 @@ impl IoPool {
         self.size
     }
 
-    /// Takes room for `n` requests, waiting up to `wait` for transfers to give theirs back.
+    /// Takes room for `n` requests, waiting up to `wait` for transfers to give theirs back;
+    /// refused at once where no wait could give it (more than the pool, or more than what
+    /// transfers that never settled left of it).
     pub fn take(self: &Arc<Self>, n: usize, wait: Duration) -> Result<IoRoom, NixlError> {
         let refused = |detail: String| NixlError {
             call: "post",
@@ -69,14 +81,21 @@ impl IoPool {
             )));
         }
         let deadline = Instant::now() + wait;
-        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
-        while *free < n {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        while state.free < n {
+            if self.size - state.kept < n {
+                return Err(refused(format!(
+                    "transfers that never finished keep {} of the backend's pool of {} I/O \
+                     requests for good: no room for {n}",
+                    state.kept, self.size
+                )));
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(refused(format!(
                     "no room for {n} I/O requests in the backend's pool of {} ({} free) {}",
                     self.size,
-                    *free,
+                    state.free,
                     if wait.is_zero() {
                         "now".to_string()
                     } else {
@@ -84,13 +103,13 @@ impl IoPool {
                     }
                 )));
             }
-            free = self
+            state = self
                 .room
-                .wait_timeout(free, left)
+                .wait_timeout(state, left)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
-        *free -= n;
+        state.free -= n;
         Ok(IoRoom {
             pool: Some(Arc::clone(self)),
             n,
@@ -98,15 +117,25 @@ impl IoPool {
     }
 
     fn give_back(&self, n: usize) {
-        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
-        *free = (*free + n).min(self.size);
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.free = (state.free + n).min(self.size - state.kept);
+        self.room.notify_all();
+    }
+
+    fn keep(&self, n: usize) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.kept = (state.kept + n).min(self.size);
+        // Waiters for room that can no longer come are refused now.
         self.room.notify_all();
     }
 
     /// Requests free now.
     #[cfg(test)]
     pub fn free(&self) -> usize {
-        *self.free.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .free
     }
 }
 
@@ -141,6 +170,9 @@ impl IoRoom {
 
     /// Never gives its room back: NIXL may still hold the requests.
     pub fn keep(mut self) {
+        if let Some(pool) = &self.pool {
+            pool.keep(self.n);
+        }
         self.n = 0;
     }
 }
@@ -181,6 +213,12 @@ mod tests {
         assert_eq!(pool.free(), 34);
         room.keep();
         assert_eq!(pool.free(), 34, "kept room is never given back");
+        // Room that no wait could give is refused at once.
+        let start = Instant::now();
+        let e = pool.take(40, Duration::from_secs(60)).unwrap_err();
+        assert!(start.elapsed() < Duration::from_secs(5), "refused at once");
+        assert!(e.detail.contains("never finished"), "{e}");
+        assert_eq!(pool.take(34, Duration::ZERO).unwrap().len(), 34);
     }
 
     #[test]
