@@ -2,24 +2,27 @@
 //! SHA-256 hex digest, as SGLang and vLLM name blocks, behind the adapters' namespace
 //! prefixes) as those digits' 32 bytes and the number of its prefix, the prefix itself kept
 //! once for all its keys; any other key by a number, the key itself kept beside. Either way
-//! 36 bytes aligned to 4, so that a sampled index's slot is 56 bytes.
+//! 34 bytes aligned to 2, so that a sampled index's slot is 52 bytes.
 
 use std::collections::HashMap;
 
 use tier_core::PageKey;
 
-/// Distinct prefixes a [`Packer`] keeps at most; keys of later prefixes are kept whole.
-const PREFIXES: usize = 1 << 16;
+/// Distinct prefixes a [`Packer`] keeps at most (numbered below [`WHOLE`]); keys of later
+/// prefixes are kept whole.
+const PREFIXES: usize = u16::MAX as usize;
 /// Hex digits of a digest.
 const DIGITS: usize = 64;
 /// The prefix number of a key kept whole: its number is in the digest's first 4 bytes.
-const WHOLE: u32 = u32::MAX;
+const WHOLE: u16 = u16::MAX;
+/// The number of a key kept whole that no key has (what a key not held is found under).
+const NO_KEY: u32 = u32::MAX;
 
 /// A key, packed by a [`Packer`]: its prefix's number and its digest's bytes, or [`WHOLE`]
 /// and the number of the key kept whole.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Packed {
-    prefix: u32,
+    prefix: u16,
     digest: [u8; 32],
 }
 
@@ -44,7 +47,7 @@ impl Packed {
 /// Packs keys and unpacks them, holding the prefixes seen (never forgotten: ids stay valid)
 /// and the keys kept whole (each until its entry is forgotten, see [`Packer::forget`]).
 pub struct Packer {
-    ids: HashMap<Box<str>, u32>,
+    ids: HashMap<Box<str>, u16>,
     prefixes: Vec<Box<str>>,
     /// Keys kept whole, by number; `None` for a number free again.
     wholes: Vec<Option<PageKey>>,
@@ -87,7 +90,7 @@ impl Packer {
         if let Some((prefix, digest)) = split(key.as_str()) {
             let known = self.ids.get(prefix).copied();
             let id = known.or_else(|| {
-                let id = u32::try_from(self.prefixes.len()).ok()?;
+                let id = u16::try_from(self.prefixes.len()).ok()?;
                 (self.prefixes.len() < PREFIXES).then(|| {
                     self.prefixes.push(prefix.into());
                     self.ids.insert(prefix.into(), id);
@@ -108,7 +111,7 @@ impl Packer {
             }
             None => {
                 // Past 2^32 - 1 keys kept whole the last number is shared: never reached.
-                let id = u32::try_from(self.wholes.len()).map_or(WHOLE - 1, |n| n.min(WHOLE - 1));
+                let id = u32::try_from(self.wholes.len()).map_or(NO_KEY - 1, |n| n.min(NO_KEY - 1));
                 self.wholes.push(Some(key.clone()));
                 id
             }
@@ -126,7 +129,7 @@ impl Packer {
                 return Packed { prefix, digest };
             }
         }
-        Packed::whole(self.whole_ids.get(key).copied().unwrap_or(WHOLE))
+        Packed::whole(self.whole_ids.get(key).copied().unwrap_or(NO_KEY))
     }
 
     /// The key `packed` stands for.
@@ -138,7 +141,7 @@ impl Packer {
             unreachable!("a key kept whole is kept until it is forgotten");
         }
         const HEX: &[u8; 16] = b"0123456789abcdef";
-        let prefix = &self.prefixes[packed.prefix as usize];
+        let prefix = &self.prefixes[usize::from(packed.prefix)];
         let mut text = String::with_capacity(prefix.len() + DIGITS);
         text.push_str(prefix);
         for b in packed.digest {

@@ -15,6 +15,7 @@ mod lru;
 mod prefix;
 mod s3fifo;
 mod sampled;
+mod segments;
 mod sieve;
 
 use std::hash::Hash;

@@ -10,6 +10,7 @@ use std::hash::{BuildHasher, Hash};
 
 use hashbrown::HashTable;
 
+use crate::segments::Segments;
 use crate::Policy;
 
 /// Random slots looked at per eviction.
@@ -26,10 +27,10 @@ struct Slot<K, V> {
     used: u32,
 }
 
-/// Keys with a value each, in a dense array (a removal moves the last slot into the hole) and a
-/// table of 32-bit slot numbers, evicted by sampled last use (see the module documentation).
+/// Keys with a value each, in a dense array of [`Segments`] (a removal moves the last slot into
+/// the hole) and a table of 32-bit slot numbers, evicted by sampled last use (see the module documentation).
 pub struct SampledTable<K, V> {
-    slots: Vec<Slot<K, V>>,
+    slots: Segments<Slot<K, V>>,
     table: HashTable<u32>,
     hasher: foldhash::fast::RandomState,
     clock: u32,
@@ -41,7 +42,7 @@ pub struct SampledTable<K, V> {
 impl<K, V> Default for SampledTable<K, V> {
     fn default() -> Self {
         SampledTable {
-            slots: Vec::new(),
+            slots: Segments::default(),
             table: HashTable::new(),
             hasher: foldhash::fast::RandomState::default(),
             clock: 0,
@@ -72,20 +73,20 @@ impl<K: Clone + Eq + Hash, V> SampledTable<K, V> {
 
     /// Whether no key is held.
     pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
+        self.slots.len() == 0
     }
 
-    /// Heap bytes its dense array and its table are allocated: each grows by doubling, so a
-    /// change means a larger allocation replaced one now freed.
+    /// Heap bytes its dense array and its table are allocated: the table grows by doubling, so
+    /// a change there means a larger allocation replaced one now freed.
     pub fn allocated_bytes(&self) -> usize {
-        self.slots.capacity() * Self::SLOT_BYTES + self.table.allocation_size()
+        self.slots.allocated_bytes() + self.table.allocation_size()
     }
 
     /// The clock, moved on by one use. Where it would run out, every last use (and the clock)
     /// is halved first: the order of uses stays, uses that close together may tie.
     fn tick(&mut self) -> u32 {
         if self.clock == u32::MAX {
-            for slot in &mut self.slots {
+            for slot in self.slots.iter_mut() {
                 slot.used /= 2;
             }
             for (_, used) in &mut self.pool {
@@ -155,10 +156,10 @@ impl<K: Clone + Eq + Hash, V> SampledTable<K, V> {
     /// Forgets `key`; returns its value.
     pub fn remove(&mut self, key: &K) -> Option<V> {
         let i = self.find(key)?;
-        Some(self.remove_slot(i).1)
+        self.remove_slot(i).map(|(_, value)| value)
     }
 
-    fn remove_slot(&mut self, i: usize) -> (K, V) {
+    fn remove_slot(&mut self, i: usize) -> Option<(K, V)> {
         let hash = self.hasher.hash_one(&self.slots[i].key);
         if let Ok(entry) = self.table.find_entry(hash, |&j| j as usize == i) {
             entry.remove();
@@ -171,15 +172,15 @@ impl<K: Clone + Eq + Hash, V> SampledTable<K, V> {
                 *j = i as u32;
             }
         }
-        let slot = self.slots.swap_remove(i);
-        (slot.key, slot.value)
+        let slot = self.slots.swap_remove(i)?;
+        Some((slot.key, slot.value))
     }
 
     /// Forgets every key; returns them with their values.
     pub fn drain(&mut self) -> impl Iterator<Item = (K, V)> + '_ {
         self.table.clear();
         self.pool.clear();
-        self.slots.drain(..).map(|s| (s.key, s.value))
+        self.slots.drain().map(|s| (s.key, s.value))
     }
 
     fn random_slot(&mut self) -> usize {
@@ -193,7 +194,7 @@ impl<K: Clone + Eq + Hash, V> SampledTable<K, V> {
     /// samples) that `keep` does not protect, forgets it and returns it with its value; `None`
     /// when every key is protected (or none is held).
     pub fn victim(&mut self, keep: &mut dyn FnMut(&K, &V) -> bool) -> Option<(K, V)> {
-        if self.slots.is_empty() {
+        if self.is_empty() {
             return None;
         }
         for _ in 0..ROUNDS {
@@ -230,12 +231,12 @@ impl<K: Clone + Eq + Hash, V> SampledTable<K, V> {
             pool.truncate(POOL);
             self.pool = pool;
             if let Some(i) = chosen {
-                return Some(self.remove_slot(i));
+                return self.remove_slot(i);
             }
         }
         // Every candidate protected: the first unprotected key will do.
         let i = (0..self.slots.len()).find(|&i| !keep(&self.slots[i].key, &self.slots[i].value))?;
-        Some(self.remove_slot(i))
+        self.remove_slot(i)
     }
 }
 

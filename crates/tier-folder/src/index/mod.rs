@@ -15,10 +15,10 @@
 //! to sampled LRU ([`SampledTable`]) for good. Cost per page, for 64-character keys, in heap
 //! bytes (the `footprint` test, 500,000 pages): in exact order about 670 under `auto` (which
 //! keeps an LRU, a prefix, an ARC and an LFU order) and 200 under `lru` (a hash-map slot with
-//! the page's 16-byte entry, the key's shared string, and the policy's entries); sampled, 69
-//! (one dense 56-byte slot with the key packed in 36 bytes (see [`Packer`]), the entry and its
-//! 32-bit clock, and 32-bit slot numbers in a hash table; 78 with 64-byte slots). Nothing else
-//! in the tier grows with the pages stored.
+//! the page's 14-byte entry, the key's shared string, and the policy's entries); sampled, 63
+//! (a 52-byte slot in segments of 16,384: the key packed in 34 bytes (see [`Packer`]), the
+//! entry and its 32-bit clock; and 32-bit slot numbers in a hash table; 69 with 56-byte slots in
+//! one array grown by doubling). Nothing else in the tier grows with the pages stored.
 
 use std::collections::{HashMap, HashSet};
 
@@ -27,21 +27,65 @@ use tier_policy::{Policy, PolicyKind, SampledTable};
 
 use super::packed::{Packed, Packer};
 
-/// A page's entry: 16 bytes, so that a sampled index's slot (the packed key, the entry and its
-/// clock) is 56.
+/// A page's entry: 14 bytes aligned to 2, so that a sampled index's slot (the packed key, the
+/// entry and its clock) is 52.
 #[derive(Debug)]
+#[repr(C, packed(2))]
 struct Entry {
     /// The page's length: a FILE tier's pages are at most [`MAX_PAGE`](super::format::MAX_PAGE).
     len: u32,
     generation: Generation,
     /// The checksum of the file it describes, once known (written or verified by this
-    /// process): valid where `checksummed`.
+    /// process): valid where its marks say it is checksummed.
     checksum: u32,
-    pins: u16,
-    checksummed: bool,
+    marks: Marks,
 }
 
-const _: () = assert!(SampledTable::<Packed, Entry>::SLOT_BYTES == 56);
+const _: () = assert!(SampledTable::<Packed, Entry>::SLOT_BYTES == 52);
+
+/// An entry's pins (reads in progress: 15 bits, saturating) and, in the top bit, whether its
+/// checksum is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Marks(u16);
+
+impl Marks {
+    const CHECKSUMMED: u16 = 1 << 15;
+    const PINS: u16 = Self::CHECKSUMMED - 1;
+
+    /// No pins; checksummed or not.
+    fn new(checksummed: bool) -> Self {
+        Marks(if checksummed { Self::CHECKSUMMED } else { 0 })
+    }
+
+    /// These marks with the pins of `old` (an entry replaced while it was read).
+    fn with_pins_of(self, old: Marks) -> Self {
+        Marks(self.0 & Self::CHECKSUMMED | old.0 & Self::PINS)
+    }
+
+    fn checksummed(self) -> bool {
+        self.0 & Self::CHECKSUMMED != 0
+    }
+
+    fn set_checksummed(&mut self) {
+        self.0 |= Self::CHECKSUMMED;
+    }
+
+    fn pinned(self) -> bool {
+        self.0 & Self::PINS != 0
+    }
+
+    fn pin(&mut self) {
+        if self.0 & Self::PINS != Self::PINS {
+            self.0 += 1;
+        }
+    }
+
+    fn unpin(&mut self) {
+        if self.pinned() {
+            self.0 -= 1;
+        }
+    }
+}
 
 /// An entry's generation, new with every insert; the default is none (a catalog without an
 /// index). It wraps after 2^32 inserts: a read compares the generation it planned with within
@@ -249,16 +293,16 @@ impl PageIndex {
     /// The checksum recorded for `key`'s file, if this process knows it.
     pub fn checksum(&self, key: &PageKey) -> Option<u32> {
         self.entry(key)
-            .and_then(|e| e.checksummed.then_some(e.checksum))
+            .and_then(|e| e.marks.checksummed().then_some(e.checksum))
     }
 
     /// Records the checksum of `key`'s file, verified against its recorded one, if its entry is
     /// still of `generation`.
     pub fn learn_checksum(&mut self, key: &PageKey, generation: Generation, checksum: u32) {
         if let Some(e) = self.entry_mut(key) {
-            if e.generation == generation {
+            if { e.generation } == generation {
                 e.checksum = checksum;
-                e.checksummed = true;
+                e.marks.set_checksummed();
             }
         }
     }
@@ -303,8 +347,7 @@ impl PageIndex {
             len,
             generation: self.last_generation,
             checksum: checksum.unwrap_or(0),
-            checksummed: checksum.is_some(),
-            pins: 0,
+            marks: Marks::new(checksum.is_some()),
         };
         let replaced = match &mut self.store {
             Store::Ordered { entries, policy } => {
@@ -313,7 +356,7 @@ impl PageIndex {
                     Some(e) => Some(std::mem::replace(
                         e,
                         Entry {
-                            pins: e.pins,
+                            marks: entry.marks.with_pins_of(e.marks),
                             ..entry
                         },
                     )),
@@ -326,9 +369,12 @@ impl PageIndex {
             }
             Store::Sampled { table, packer } => {
                 let packed = packer.pack(&key);
-                let pins = table.get(&packed).map_or(0, |e| e.pins);
+                let marks = match table.get(&packed) {
+                    Some(old) => entry.marks.with_pins_of(old.marks),
+                    None => entry.marks,
+                };
                 let allocated = table.allocated_bytes();
-                let replaced = table.insert(packed, Entry { pins, ..entry });
+                let replaced = table.insert(packed, Entry { marks, ..entry });
                 if table.allocated_bytes() != allocated {
                     // The smaller array or table it outgrew: glibc would keep it resident.
                     release_freed_memory();
@@ -405,14 +451,14 @@ impl PageIndex {
     /// Protects `key` from eviction while it is read.
     pub fn pin(&mut self, key: &PageKey) {
         if let Some(e) = self.entry_mut(key) {
-            e.pins = e.pins.saturating_add(1);
+            e.marks.pin();
         }
     }
 
     /// Ends one [`PageIndex::pin`].
     pub fn unpin(&mut self, key: &PageKey) {
         if let Some(e) = self.entry_mut(key) {
-            e.pins = e.pins.saturating_sub(1);
+            e.marks.unpin();
         }
     }
 
@@ -423,17 +469,19 @@ impl PageIndex {
         while self.bytes > capacity {
             let victim = match &mut self.store {
                 Store::Ordered { entries, policy } => {
-                    let mut pinned = |k: &PageKey| entries.get(k).is_some_and(|e| e.pins > 0);
+                    let mut pinned = |k: &PageKey| entries.get(k).is_some_and(|e| e.marks.pinned());
                     policy
                         .victim(&mut pinned)
                         .map(|key| (entries.remove(&key).map_or(0, |e| e.len), key))
                 }
                 Store::Sampled { table, packer } => {
-                    table.victim(&mut |_, e| e.pins > 0).map(|(packed, e)| {
-                        let key = packer.key(&packed);
-                        packer.forget(&packed);
-                        (e.len, key)
-                    })
+                    table
+                        .victim(&mut |_, e| e.marks.pinned())
+                        .map(|(packed, e)| {
+                            let key = packer.key(&packed);
+                            packer.forget(&packed);
+                            (e.len, key)
+                        })
                 }
             };
             let Some((len, key)) = victim else {

@@ -119,3 +119,30 @@ fn a_sampled_index_lets_go_of_keys_kept_whole_with_their_pages() {
         assert_eq!(kept(&idx), 0, "round {round}: none once cleared");
     }
 }
+
+/// Pins and the checksum's mark share 16 bits: pins past their 15 bits saturate rather than
+/// reach the mark, a replaced entry keeps its pins and takes the new checksum's mark.
+#[test]
+fn an_entrys_pins_and_checksum_mark_keep_apart() {
+    for policy in [PolicyKind::Lru, PolicyKind::Sampled] {
+        let mut idx = PageIndex::new(policy).unwrap();
+        let a = k("a");
+        idx.insert(a.clone(), 10, None, None);
+        for _ in 0..40_000 {
+            idx.pin(&a);
+        }
+        assert_eq!(idx.checksum(&a), None, "{policy}: pins reached the mark");
+        idx.insert(a.clone(), 10, Some(7), None);
+        assert_eq!(idx.checksum(&a), Some(7), "{policy}");
+        idx.insert(a.clone(), 10, None, None);
+        assert_eq!(idx.checksum(&a), None, "{policy}: the old mark was kept");
+        assert!(idx.evict_to(0).is_empty(), "{policy}: a pinned page went");
+        let generation = idx.generation(&a).unwrap();
+        idx.learn_checksum(&a, generation, 9);
+        for _ in 0..40_000 {
+            idx.unpin(&a);
+        }
+        assert_eq!(idx.checksum(&a), Some(9), "{policy}: unpins took the mark");
+        assert_eq!(idx.evict_to(0), vec![a], "{policy}");
+    }
+}
