@@ -6,7 +6,7 @@
 //! dirs = ["/mnt/nvme0/kv", "/mnt/nvme1/kv"]   # required; one per disk
 //! capacity = "1TiB"             # optional; eviction beyond it, by `policy`
 //! policy = "auto"               # auto (default), lru, sieve, s3fifo, arc, prefix, radix, lfu, sampled
-//! ordered_pages = 262144        # owner: pages kept in the policy's exact order; past them
+//! ordered_pages = 65536         # owner: pages kept in the policy's exact order; past them
 //!                               # eviction is sampled LRU (about 63 B a page, not up to 670)
 //! plugin = "POSIX"              # POSIX, GDS, GDS_MT or HF3FS
 //! plugin_params = { use_uring = "true" }

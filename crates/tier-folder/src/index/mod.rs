@@ -116,7 +116,7 @@ enum Store {
 }
 
 /// Pages an index keeps in its policy's exact order by default; past them it turns sampled.
-pub const ORDERED_PAGES: usize = 1 << 18;
+pub const ORDERED_PAGES: usize = 1 << 16;
 
 /// Pages known to be complete on disk, ordered for eviction by a [`Policy`] up to
 /// `ordered_pages`, by sampled last use past them (and from the start under `sampled`).

@@ -128,8 +128,8 @@ pub struct NixlFileConfig {
     /// Shared folders evict the pages least recently used by any process instead.
     pub policy: PolicyKind,
     /// Pages the owner's index keeps in the policy's exact order: past them it carries that
-    /// order over to sampled last use (as `policy = "sampled"` keeps from the start), about 78
-    /// heap bytes per page instead of up to 670 (`auto`). Default 262,144.
+    /// order over to sampled last use (as `policy = "sampled"` keeps from the start), about 63
+    /// heap bytes per page instead of up to 670 (`auto`). Default 65,536.
     pub ordered_pages: usize,
     /// Bytes per staging buffer; also the largest page. Batches larger than this are split.
     pub staging_bytes: usize,
