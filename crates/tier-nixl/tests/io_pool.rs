@@ -73,3 +73,23 @@ async fn reads_without_checksums_stay_within_the_pool() {
     round_trip(&tier, 0, 500, 4096).await;
     round_trip(&tier, 1_000, 1, 4096).await;
 }
+
+/// A pool size that is no count is the config's error, naming the setting, before any backend
+/// is made (it was an unavailable runtime, after a warning that io_uring was unavailable).
+#[tokio::test]
+async fn a_pool_size_that_is_no_count_is_a_config_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    for bad in ["many", "-5", ""] {
+        let mut config = NixlFileConfig::new([tmp.path().join("d")]);
+        config
+            .plugin_params
+            .insert("ios_pool_size".into(), bad.into());
+        match NixlFileTier::open(config).await {
+            Err(tier_core::TierError::Config { field, message }) => {
+                assert_eq!(field, "plugin_params", "{bad:?}");
+                assert!(message.contains("ios_pool_size"), "{bad:?}: {message}");
+            }
+            other => panic!("{bad:?}: {:?}", other.map(|_| ())),
+        }
+    }
+}

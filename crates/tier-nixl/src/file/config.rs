@@ -255,6 +255,15 @@ impl NixlFileConfig {
         if self.transfer_timeout.is_zero() {
             return Err(TierError::config("transfer_timeout", "must be positive"));
         }
+        if self.plugin == FilePlugin::Posix {
+            let asked = self.plugin_params.get("ios_pool_size");
+            if let (Some(_), Err(e)) = (asked, crate::nixl::pool_size(asked.map(String::as_str))) {
+                return Err(TierError::config(
+                    "plugin_params",
+                    format!("{} (0 for NIXL's default, else 64 to 65,536)", e.detail),
+                ));
+            }
+        }
         Ok(())
     }
 }

@@ -9,6 +9,7 @@ mod lists;
 pub(crate) mod sys;
 mod transfer;
 
+pub(crate) use ios::pool_size;
 use ios::IoPool;
 pub use ios::IoRoom;
 use lists::{Params, QueryResp, RegList, StringList, XferList};
