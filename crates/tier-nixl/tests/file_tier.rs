@@ -814,7 +814,10 @@ impl Mount {
 
 impl Drop for Mount {
     fn drop(&mut self) {
+        // Lazily: a failed transfer may hold its files open for a transfer timeout, and a plain
+        // unmount would then fail (busy) and leave the mount behind.
         let _ = std::process::Command::new("umount")
+            .arg("-l")
             .arg(self.0.path())
             .status();
     }

@@ -19,6 +19,9 @@ const VOLUME: &str = "kvtier-test";
 const BRICK: &str = "/srv/kvtier-gluster/brick";
 const MOUNTS: [&str; 2] = ["/mnt/kvtier-gluster-a", "/mnt/kvtier-gluster-b"];
 const LOCK: &str = "/run/kvtier-gluster.lock";
+/// How long a test waits for the setup lock: the setup from nothing (glusterd, the volume, the
+/// mounts) takes well under a minute.
+const LOCK_WAIT: Duration = Duration::from_secs(300);
 
 /// The two mounts of the test volume.
 #[derive(Debug, Clone)]
@@ -52,8 +55,18 @@ pub fn mounts() -> &'static Mounts {
     static MOUNTS_UP: OnceLock<Mounts> = OnceLock::new();
     MOUNTS_UP.get_or_init(|| {
         let lock = fs::File::create(LOCK).expect("the GlusterFS setup lock (tests run as root)");
+        // Polled, so that a holder that never lets go (a setup stuck on a hung mount) fails the
+        // tests waiting rather than hanging them.
+        let deadline = Instant::now() + LOCK_WAIT;
         // SAFETY: a valid open fd; the lock is dropped with the file.
-        assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+        while unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the GlusterFS setup lock {LOCK} was held for over {LOCK_WAIT:?}: a setup stuck \
+                 on a hung mount? (`fuser -v {LOCK}` names its holder)"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
         start();
         Mounts {
             a: PathBuf::from(MOUNTS[0]),
