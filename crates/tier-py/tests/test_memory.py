@@ -38,7 +38,7 @@ print(json.dumps({"per_page": grown / (total - first), "kept": kept}))
 """
 
 
-def test_a_fill_grows_rss_by_at_most_96_bytes_a_page_and_keeps_nothing_it_freed(tmp_path):
+def test_a_fill_grows_rss_by_at_most_71_bytes_a_page_and_keeps_nothing_it_freed(tmp_path):
     # The index turns sampled at 50,000 pages, in the first part; the second holds what every
     # page past it costs: its slot and its share of the table. Memory the index freed as it
     # grew (its array and table outgrown) is handed back, not kept resident: at 1,000,000
@@ -56,6 +56,8 @@ def test_a_fill_grows_rss_by_at_most_96_bytes_a_page_and_keeps_nothing_it_freed(
         )
     assert out.returncode == 0, out.stderr[-2000:]
     measured = json.loads(out.stdout.strip().splitlines()[-1])
-    assert measured["per_page"] <= 96, f"RSS grew by {measured['per_page']:.1f} bytes a page"
+    # 96 bytes a page at 1,000,000 pages, everything included, leaves about 71 for what grows
+    # with the pages once NIXL's fixed cost (about 24 MiB) is paid.
+    assert measured["per_page"] <= 71, f"RSS grew by {measured['per_page']:.1f} bytes a page"
     kept = measured["kept"] / 2**20
     assert kept <= 4, f"{kept:.1f} MiB freed during the fill was still resident"
