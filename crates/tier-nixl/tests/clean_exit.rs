@@ -2,11 +2,13 @@
 //! teardown. Each child (this test binary, running the ignored `exit_child`) opens a tier,
 //! uses it, drops it and returns at once, so anything the tier left running races the
 //! process's exit. A closer thread left destroying NIXL OBJ agents once did: the AWS SDK's
-//! static teardown then met it and aborted the process (about one exit in sixty).
+//! static teardown then met it and aborted the process (about one exit in sixty). A tier
+//! whose last clone is dropped while the process exits (a thread late to let go of it, an
+//! `atexit` handler, a static's destructor) must not call NIXL after its statics are gone.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier};
@@ -51,9 +53,24 @@ async fn round_trip(tier: &dyn StorageTier) {
     }
 }
 
+/// A tier the exit drops: after NIXL's statics are destroyed, by a handler registered before
+/// the tier opened (before NIXL made them).
+static PARKED: Mutex<Option<Arc<dyn StorageTier>>> = Mutex::new(None);
+
+extern "C" fn drop_parked() {
+    let parked = PARKED.lock().unwrap_or_else(|e| e.into_inner()).take();
+    drop(parked);
+}
+
+/// Parks `tier` for the exit to drop (see [`PARKED`]).
+fn park(tier: Arc<dyn StorageTier>) {
+    *PARKED.lock().unwrap() = Some(tier);
+}
+
 /// The child: `file:<dir>` and `nixl-obj:<endpoint>` round-trip pages; `nixl-obj-down:<endpoint>`
 /// puts to an endpoint nobody listens on until the transfer times out. Then the tier is
-/// dropped and the process exits. Does nothing unless the parent set `KVTIER_EXIT_CASE`.
+/// dropped and the process exits. `parked-file:<dir>` and `parked-nixl-obj:<endpoint>`
+/// round-trip pages and leave the tier to the exit to drop, after NIXL's statics. Does nothing unless the parent set `KVTIER_EXIT_CASE`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "run by the clean-exit tests as their child process"]
 async fn exit_child() {
@@ -61,6 +78,10 @@ async fn exit_child() {
         return;
     };
     let (kind, place) = case.split_once(':').unwrap();
+    if kind.starts_with("parked-") {
+        // SAFETY: registers a plain function taking nothing, run once the process exits.
+        assert_eq!(unsafe { libc::atexit(drop_parked) }, 0);
+    }
     match kind {
         "file" => {
             let config = NixlFileConfig::new([PathBuf::from(place)]);
@@ -80,6 +101,19 @@ async fn exit_child() {
             );
             let page = [Page::new(key(0), content::page(&key(0), 1, PAGE))];
             assert!(tier.put(&page).await[0].is_err());
+        }
+        "parked-file" => {
+            let config = NixlFileConfig::new([PathBuf::from(place)]);
+            let tier = NixlFileTier::open(config).await.unwrap();
+            round_trip(&tier).await;
+            park(Arc::new(tier));
+        }
+        "parked-nixl-obj" => {
+            let tier = NixlObjTier::open(obj_config(place, Duration::from_secs(10)))
+                .await
+                .unwrap();
+            round_trip(&tier).await;
+            park(Arc::new(tier));
         }
         other => panic!("unknown case {other}"),
     }
@@ -143,4 +177,19 @@ fn processes_exit_cleanly_after_a_timed_out_nixl_obj_transfer() {
         .unwrap()
         .port();
     children_exit_cleanly(&format!("nixl-obj-down:http://127.0.0.1:{port}"));
+}
+
+/// A NIXL FILE tier dropped after the exit destroyed NIXL's statics: the teardown is skipped,
+/// the exit clean (it died of SIGSEGV, in a shared pointer's release inside libnixl).
+#[test]
+fn a_nixl_file_tier_dropped_after_nixls_statics_leaves_the_exit_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    children_exit_cleanly(&format!("parked-file:{}", dir.path().display()));
+}
+
+/// The same for a NIXL OBJ tier (the OBJ plugin and the AWS SDK's statics).
+#[test]
+fn a_nixl_obj_tier_dropped_after_nixls_statics_leaves_the_exit_clean() {
+    let server = S3Server::start();
+    children_exit_cleanly(&format!("parked-nixl-obj:{}", server.endpoint()));
 }

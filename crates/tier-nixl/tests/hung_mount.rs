@@ -178,7 +178,7 @@ async fn a_scrape_of_a_shared_folder_on_a_hung_mount_answers_at_once() {
     mount.freeze();
     let (done, answered) = std::sync::mpsc::channel();
     let scraped = Arc::clone(&tier);
-    std::thread::spawn(move || {
+    let scraper = std::thread::spawn(move || {
         let _ = done.send(scraped.stats().resident_bytes.expect("the usage"));
     });
     let during = answered.recv_timeout(Duration::from_secs(1));
@@ -188,4 +188,8 @@ async fn a_scrape_of_a_shared_folder_on_a_hung_mount_answers_at_once() {
         before,
         "the usage as last known"
     );
+    // The scraper's clone of the tier let go before the test ends: left to it, the last clone
+    // could tear the NIXL agent down while the process exits (its C++ statics destroyed
+    // under it: a SIGSEGV after the test passed, seen once under load).
+    scraper.join().expect("the scraper ends once it answered");
 }

@@ -2,8 +2,10 @@
 //! [`Agent`] (the agent), [`Backend`] (a plugin instance and the opt-args naming it),
 //! [`Registration`] (registered descriptors, deregistered on drop), [`Transfer`] (a transfer
 //! request and everything its I/O may touch, its [`Held`]: released once it settles, leaked if
-//! it never does). Callers must load the runtime ([`crate::runtime::load`]) first.
+//! it never does). Callers must load the runtime ([`crate::runtime::load`]) first. No call
+//! reaches NIXL once the process exits (see [`exit`]).
 
+mod exit;
 mod ios;
 mod lists;
 pub(crate) mod sys;
@@ -161,6 +163,7 @@ impl Agent {
     /// Creates an agent without progress or listener threads (local storage needs neither).
     pub fn new(name: &str) -> Result<Arc<Self>, NixlError> {
         let cname = cstring("nixl_capi_create_configured_agent", name)?;
+        let _call = exit::enter_or("nixl_capi_create_configured_agent")?;
         let cfg = sys::agent_config_t {
             enable_prog_thread: false,
             enable_listen_thread: false,
@@ -176,6 +179,7 @@ impl Agent {
         let status =
             unsafe { sys::nixl_capi_create_configured_agent(cname.as_ptr(), &cfg, &mut raw) };
         check("nixl_capi_create_configured_agent", status)?;
+        exit::watch(exit::Made::Agent);
         Ok(Arc::new(Self { raw, name: cname }))
     }
 
@@ -190,6 +194,7 @@ impl Agent {
 
     /// Names of the plugins this runtime can load.
     pub fn plugins(&self) -> Result<Vec<String>, NixlError> {
+        let _call = exit::enter_or("nixl_capi_get_available_plugins")?;
         let mut list = ptr::null_mut();
         // SAFETY: live agent; `list` receives an owned string list destroyed below.
         check("nixl_capi_get_available_plugins", unsafe {
@@ -246,6 +251,7 @@ impl Agent {
             )?)),
             _ => None,
         };
+        let _call = exit::enter_or("nixl_capi_create_backend")?;
         let params = self.plugin_param_handle(plugin)?;
         for (k, v) in overrides {
             let (ck, cv) = (
@@ -287,12 +293,15 @@ impl Agent {
         check("nixl_capi_opt_args_add_backend", unsafe {
             sys::nixl_capi_opt_args_add_backend(backend.opt, backend.raw)
         })?;
+        exit::watch(exit::Made::Backend);
         Ok(Arc::new(backend))
     }
 }
 
 impl Drop for Agent {
     fn drop(&mut self) {
+        // Not once the process exits: its statics are gone, and so is the process soon.
+        let Some(_call) = exit::enter() else { return };
         // SAFETY: every Backend, Registration and Transfer holds an Arc to this agent, so none
         // is alive here.
         unsafe { sys::nixl_capi_destroy_agent(self.raw) };
@@ -320,6 +329,7 @@ unsafe impl Sync for Backend {}
 
 impl Drop for Backend {
     fn drop(&mut self) {
+        let Some(_call) = exit::enter() else { return };
         // SAFETY: owned handles; destroying the backend handle frees only kvtier's wrapper, the
         // engine itself lives until the agent is destroyed.
         unsafe {
@@ -384,6 +394,7 @@ impl Backend {
         kind: MemKind,
         descs: &[Desc<'_>],
     ) -> Result<Registration, NixlError> {
+        let _call = exit::enter_or("nixl_capi_register_mem")?;
         let list = RegList::new(kind, descs)?;
         // SAFETY: live agent, list and opt-args.
         let status = unsafe { sys::nixl_capi_register_mem(self.agent.raw, list.0, self.opt) };
@@ -420,6 +431,7 @@ impl Backend {
 
     /// Which of `descs` the backend reports as present (NIXL queryMem).
     pub fn query(&self, kind: MemKind, descs: &[Desc<'_>]) -> Result<Vec<bool>, NixlError> {
+        let _call = exit::enter_or("nixl_capi_query_mem")?;
         let list = RegList::new(kind, descs)?;
         let mut resp = ptr::null_mut();
         // SAFETY: `resp` receives an owned list destroyed by the guard.
@@ -466,6 +478,8 @@ unsafe impl Sync for Registration {}
 
 impl Drop for Registration {
     fn drop(&mut self) {
+        LIVE_REGISTRATIONS.fetch_sub(1, Relaxed);
+        let Some(_call) = exit::enter() else { return };
         // SAFETY: live agent, list and opt-args. A failure leaves nothing kvtier can do; NIXL
         // logs it, and path-mode files are closed with the agent at the latest.
         let status = unsafe {
@@ -474,7 +488,6 @@ impl Drop for Registration {
         if status != sys::SUCCESS {
             tracing::warn!(status, plugin = %self.backend.plugin, "NIXL deregistration failed");
         }
-        LIVE_REGISTRATIONS.fetch_sub(1, Relaxed);
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    check, sys, Backend, Desc, IoRoom, MemKind, NixlError, Registration, XferList, XferOp,
+    check, exit, sys, Backend, Desc, IoRoom, MemKind, NixlError, Registration, XferList, XferOp,
     LIVE_TRANSFERS,
 };
 
@@ -224,6 +224,7 @@ impl Backend {
                 ),
             });
         }
+        let _call = exit::enter_or("nixl_capi_create_xfer_req")?;
         let local_len = local.len();
         let local = XferList::new(MemKind::Dram, local)?;
         let remote = XferList::new(remote_kind, remote)?;
@@ -265,6 +266,7 @@ impl Backend {
             }
             check("nixl_capi_post_xfer_req", status)?;
         }
+        exit::watch(exit::Made::Transfer);
         Ok(transfer)
     }
 }
@@ -329,9 +331,14 @@ impl Transfer {
         let mut pause = Duration::from_micros(5);
         let mut spins = 0u32;
         loop {
+            let Some(call) = exit::enter() else {
+                exit::stay();
+                return Completion::TimedOut;
+            };
             // SAFETY: live agent and request.
             let status =
                 unsafe { sys::nixl_capi_get_xfer_status(self.backend.agent.raw, self.req) };
+            drop(call);
             match status {
                 sys::SUCCESS => return Completion::Done,
                 sys::IN_PROG => {}
@@ -481,6 +488,10 @@ impl Transfer {
         if self.req.is_null() {
             return true;
         }
+        let Some(_call) = exit::enter() else {
+            exit::stay();
+            return false;
+        };
         // SAFETY: live agent and request. On success NIXL nulls its inner handle, so destroy
         // only frees the wrapper.
         let status = unsafe { sys::nixl_capi_release_xfer_req(self.backend.agent.raw, self.req) };
