@@ -69,8 +69,9 @@ fn park(tier: Arc<dyn StorageTier>) {
 
 /// The child: `file:<dir>` and `nixl-obj:<endpoint>` round-trip pages; `nixl-obj-down:<endpoint>`
 /// puts to an endpoint nobody listens on until the transfer times out. Then the tier is
-/// dropped and the process exits. `parked-file:<dir>` and `parked-nixl-obj:<endpoint>`
-/// round-trip pages and leave the tier to the exit to drop, after NIXL's statics. Does nothing unless the parent set `KVTIER_EXIT_CASE`.
+/// dropped and the process exits; with `parked-` before the case (`parked-file:<dir>`), the
+/// tier is left to the exit to drop, after NIXL's statics. Does nothing unless the parent set
+/// `KVTIER_EXIT_CASE`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "run by the clean-exit tests as their child process"]
 async fn exit_child() {
@@ -78,20 +79,22 @@ async fn exit_child() {
         return;
     };
     let (kind, place) = case.split_once(':').unwrap();
-    if kind.starts_with("parked-") {
-        // SAFETY: registers a plain function taking nothing, run once the process exits.
-        assert_eq!(unsafe { libc::atexit(drop_parked) }, 0);
-    }
-    match kind {
+    let (kind, parked) = match kind.strip_prefix("parked-") {
+        Some(kind) => {
+            // SAFETY: registers a plain function taking nothing, run once the process exits.
+            assert_eq!(unsafe { libc::atexit(drop_parked) }, 0);
+            (kind, true)
+        }
+        None => (kind, false),
+    };
+    let tier: Arc<dyn StorageTier> = match kind {
         "file" => {
             let config = NixlFileConfig::new([PathBuf::from(place)]);
-            let tier = NixlFileTier::open(config).await.unwrap();
-            round_trip(&tier).await;
+            Arc::new(NixlFileTier::open(config).await.unwrap())
         }
         "nixl-obj" => {
             let config = obj_config(place, Duration::from_secs(10));
-            let tier = NixlObjTier::open(config).await.unwrap();
-            round_trip(&tier).await;
+            Arc::new(NixlObjTier::open(config).await.unwrap())
         }
         "nixl-obj-down" => {
             let tier = Arc::new(
@@ -101,21 +104,13 @@ async fn exit_child() {
             );
             let page = [Page::new(key(0), content::page(&key(0), 1, PAGE))];
             assert!(tier.put(&page).await[0].is_err());
-        }
-        "parked-file" => {
-            let config = NixlFileConfig::new([PathBuf::from(place)]);
-            let tier = NixlFileTier::open(config).await.unwrap();
-            round_trip(&tier).await;
-            park(Arc::new(tier));
-        }
-        "parked-nixl-obj" => {
-            let tier = NixlObjTier::open(obj_config(place, Duration::from_secs(10)))
-                .await
-                .unwrap();
-            round_trip(&tier).await;
-            park(Arc::new(tier));
+            return;
         }
         other => panic!("unknown case {other}"),
+    };
+    round_trip(tier.as_ref()).await;
+    if parked {
+        park(tier);
     }
 }
 
