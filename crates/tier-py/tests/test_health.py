@@ -25,6 +25,26 @@ def key(i: int) -> str:
     return f"{i:064x}"
 
 
+def all_stopped(pid: int) -> bool:
+    tasks = os.listdir(f"/proc/{pid}/task")
+    for task in tasks:
+        with open(f"/proc/{pid}/task/{task}/stat") as f:
+            # `pid (comm) S ...`: the state follows the last `)`.
+            if f.read().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+                return False
+    return True
+
+
+def freeze(server) -> None:
+    """SIGSTOP, returning once every thread of the server is stopped: `kill` returns when the
+    signal is queued, and a thread running on another core may answer a request or two first."""
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while not all_stopped(server.proc.pid):
+        assert time.monotonic() < deadline, "the S3 server did not stop within 10 s"
+        time.sleep(0.001)
+
+
 @pytest.fixture
 def own_s3(tmp_path):
     server = S3Server(tmp_path)
@@ -72,7 +92,7 @@ def test_a_frozen_store_is_skipped_once_down_and_found_back_up(own_s3):
         stock(store)
         # Pages 0..63 left the 4 MiB of DRAM: only S3 holds them.
         assert get(store, 0)[0] is True
-        os.kill(own_s3.proc.pid, signal.SIGSTOP)
+        freeze(own_s3)
         took = []
         for i in range(1, 7):
             r, _, t = get(store, i)
@@ -98,7 +118,7 @@ def test_a_frozen_store_is_skipped_once_down_and_found_back_up(own_s3):
 def test_a_timeout_returns_what_arrived_by_then(own_s3):
     with dram_over_s3(own_s3, op_timeout="10s") as store:
         stock(store)
-        os.kill(own_s3.proc.pid, signal.SIGSTOP)
+        freeze(own_s3)
         top, below = bytearray(PAGE), bytearray(PAGE)
         started = time.monotonic()
         results = store.get_into([key(255), key(0)], [top, below], timeout=0.3)
@@ -157,7 +177,7 @@ def test_sglang_reads_stop_at_its_prefetch_timeout(own_s3):
     idx = fill_pages(pool, 0, 4, seed=3)
     keys = [f"{i:064x}" for i in range(4)]
     assert b.batch_set_v1(keys, idx) == [True] * 4
-    os.kill(own_s3.proc.pid, signal.SIGSTOP)
+    freeze(own_s3)
     started = time.monotonic()
     assert b.batch_get_v1(keys, idx) == [False] * 4
     assert time.monotonic() - started < 0.3 + FAST
@@ -171,7 +191,7 @@ def test_queued_calls_carry_deadlines_too(own_s3):
     with dram_over_s3(own_s3, op_timeout="10s") as store:
         stock(store)
         q = store.completion_queue()
-        os.kill(own_s3.proc.pid, signal.SIGSTOP)
+        freeze(own_s3)
         started = time.monotonic()
         ids = {q.submit_get_into([key(255), key(0)], [bytearray(PAGE), bytearray(PAGE)], timeout=0.3): "get",
                q.submit_exists([key(0)], timeout=0.3): "exists"}

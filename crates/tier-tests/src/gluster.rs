@@ -181,28 +181,14 @@ impl ClientMount {
     }
 
     /// Stops the client: every access to the mount not answered from the kernel's caches
-    /// waits until [`thaw`](Self::thaw).
-    /// Returns once every thread of the client is stopped: `kill` returns when the signal is
-    /// queued, and a thread running on another core may answer a request or two before it
-    /// stops.
+    /// waits until [`thaw`](Self::thaw). Returns once every thread of the client is stopped.
     pub fn freeze(&self) {
-        // SAFETY: sends a signal to the client process this mount started.
-        assert_eq!(unsafe { libc::kill(self.client, libc::SIGSTOP) }, 0);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !all_stopped(self.client) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the GlusterFS client {} did not stop",
-                self.client
-            );
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
+        crate::freeze::freeze(self.client);
     }
 
     /// Lets the client go on.
     pub fn thaw(&self) {
-        // SAFETY: as in `freeze`.
-        unsafe { libc::kill(self.client, libc::SIGCONT) };
+        crate::freeze::thaw(self.client);
     }
 }
 
@@ -215,21 +201,6 @@ impl Drop for ClientMount {
 }
 
 /// The GlusterFS client process whose command line names the mount point `path`.
-/// Whether every thread of process `pid` is stopped (state `T` in its `stat`).
-fn all_stopped(pid: libc::pid_t) -> bool {
-    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
-        return false;
-    };
-    tasks.flatten().all(|task| {
-        fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
-            // `pid (comm) S ...`: the state follows the last `)`.
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next())
-                .is_some_and(|state| state == 'T' || state == 't')
-        })
-    })
-}
-
 fn client_of(path: &Path) -> Option<libc::pid_t> {
     let wanted = path.as_os_str().as_encoded_bytes();
     fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {

@@ -26,6 +26,7 @@ pub mod explore;
 pub mod factory;
 pub mod faulty;
 pub mod fd;
+pub mod freeze;
 pub mod gluster;
 pub mod history;
 pub mod model;

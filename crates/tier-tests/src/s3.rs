@@ -162,23 +162,20 @@ impl S3Server {
     }
 
     /// Freezes the server (SIGSTOP): connections are accepted by the kernel and never
-    /// answered, as a blackholed or overloaded store behaves. Only for a server of the test's
-    /// own.
+    /// answered, as a blackholed or overloaded store behaves. Returns once every thread of it
+    /// is stopped. Only for a server of the test's own.
     pub fn freeze(&self) {
-        self.signal(libc::SIGSTOP);
+        crate::freeze::freeze(self.own_pid());
     }
 
     /// Lets a frozen server run again (SIGCONT).
     pub fn thaw(&self) {
-        self.signal(libc::SIGCONT);
+        crate::freeze::thaw(self.own_pid());
     }
 
-    fn signal(&self, signal: libc::c_int) {
+    fn own_pid(&self) -> libc::pid_t {
         let pid = self.pid().expect("a server of the test's own, running");
-        let pid = libc::pid_t::try_from(pid).expect("a pid");
-        // SAFETY: kill(2) on our own child's pid; no memory is involved.
-        let rc = unsafe { libc::kill(pid, signal) };
-        assert_eq!(rc, 0, "kill({pid}, {signal}) failed");
+        libc::pid_t::try_from(pid).expect("a pid")
     }
 
     /// Starts it again on the same port and data. Only for a server of the test's own.

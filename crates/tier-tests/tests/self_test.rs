@@ -232,3 +232,27 @@ impl TierFactory for SlowModelFactory {
 fn histories_over_a_slow_tier() {
     suite::run_case("histories", &SlowModelFactory);
 }
+
+/// `kill` returns before a thread running on another core has stopped; `freeze` returns only
+/// once every thread has (a plain SIGSTOP left a busy shell running in about one round of seven).
+#[test]
+fn freeze_returns_once_the_process_is_stopped() {
+    let mut busy = std::process::Command::new("sh")
+        .args(["-c", "while :; do :; done"])
+        .spawn()
+        .expect("a busy shell");
+    let pid = libc::pid_t::try_from(busy.id()).expect("a pid");
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let running_on = (0..200)
+        .filter(|_| {
+            tier_tests::freeze::freeze(pid);
+            let stopped = tier_tests::freeze::all_stopped(pid);
+            tier_tests::freeze::thaw(pid);
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            !stopped
+        })
+        .count();
+    let _ = busy.kill();
+    let _ = busy.wait();
+    assert_eq!(running_on, 0, "the process ran on after freeze() returned");
+}
