@@ -290,18 +290,28 @@ pub fn open_existing(
     path: &Path,
     custom_flags: i32,
 ) -> io::Result<File> {
+    open_existing_with_metadata(options, path, custom_flags).map(|(file, _)| file)
+}
+
+/// [`open_existing`], with the metadata of the file it opened.
+pub fn open_existing_with_metadata(
+    options: &mut OpenOptions,
+    path: &Path,
+    custom_flags: i32,
+) -> io::Result<(File, fs::Metadata)> {
     let file = options
         .custom_flags(
             custom_flags | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
         )
         .open(path)?;
-    if !file.metadata()?.is_file() {
+    let metadata = file.metadata()?;
+    if !metadata.is_file() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "not a regular file",
         ));
     }
-    Ok(file)
+    Ok((file, metadata))
 }
 
 /// Runs `attempt` again while its error is `unsettled` (another client's create showing as

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use rstest::rstest;
 use tier_core::{Lookup, Page, PageKey, ReadSlot, StorageTier, TierError};
+use tier_folder::io::VERIFY_ONCE_MIN;
 use tier_nixl::{
     DirectIo, FileAccess, FileEngine, FolderMode, NixlFileConfig, NixlFileTier, PathModeChoice,
 };
@@ -425,27 +426,31 @@ enum Planted {
 }
 
 /// A link or a FIFO planted under a page's name in a group-mode folder is never read through
-/// or waited on, in path mode (NIXL is handed the file kvtier opened) and in fd mode: the get
-/// fails at once, naming the file. (A FIFO held the get without bound in both modes, past its
-/// 5 s transfer timeout: the open waited for a writer. The link was refused before too, in
-/// path mode only once NIXL had read through it; it stays as a guard.)
+/// or waited on, in path mode (NIXL is handed the file kvtier opened) and in fd mode, for a
+/// page checksummed at every read and one verified once per file version (whose file kvtier
+/// opens to hold across the read): the get fails at once, naming the file. (A FIFO held the
+/// get without bound in both modes, past its 5 s transfer timeout: the open waited for a
+/// writer; for a page verified once, the open that holds the file did. The link was refused
+/// before too, in path mode only once NIXL had read through it; it stays as a guard.)
 #[rstest]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_link_or_fifo_planted_under_a_page_name_is_never_read_or_waited_on(
     #[values(PathModeChoice::On, PathModeChoice::Off)] path_mode: PathModeChoice,
     #[values(Planted::LinkToAnotherPage, Planted::Fifo)] planted: Planted,
+    #[values(4096, VERIFY_ONCE_MIN)] len: usize,
 ) {
     let tmp = tempfile::tempdir().unwrap();
     let mut c = config(&tmp.path().join("kv"), path_mode);
     c.mode = FolderMode::Group;
     c.transfer_timeout = std::time::Duration::from_secs(5);
     let tier = NixlFileTier::open(c).await.unwrap();
-    put_one(&tier, 0).await;
+    let k = key(0);
+    let page = Page::new(k.clone(), content::page(&k, 1, len));
+    tier.put(&[page]).await.pop().unwrap().unwrap();
     let elsewhere = NixlFileTier::open(config(&tmp.path().join("other"), path_mode))
         .await
         .unwrap();
-    let k = key(0);
-    let other = Page::new(k.clone(), content::page(&k, 2, 4096));
+    let other = Page::new(k.clone(), content::page(&k, 2, len));
     elsewhere.put(&[other]).await.pop().unwrap().unwrap();
     let path = tier.page_path(&k).unwrap();
     fs::remove_file(&path).unwrap();
@@ -458,14 +463,14 @@ async fn a_link_or_fifo_planted_under_a_page_name_is_never_read_or_waited_on(
         }
     }
     let started = std::time::Instant::now();
-    let mut buf = vec![0u8; 4096];
+    let mut buf = vec![0u8; len];
     let got = tier
         .get(&mut [ReadSlot::new(k.clone(), &mut buf)])
         .await
         .pop()
         .unwrap();
     let took = started.elapsed();
-    println!("{path_mode:?} {planted:?}: {got:?} in {took:?}");
+    println!("{path_mode:?} {planted:?} of {len} bytes: {got:?} in {took:?}");
     assert!(
         !matches!(got, Ok(Lookup::Hit)),
         "a planted {planted:?} was served: {:?}",

@@ -141,16 +141,25 @@ pub fn open_page(
         }
         return mode.create_new(path, flags);
     }
+    open_to_read(path, flags).map(|(file, _)| file)
+}
+
+/// Opens an existing page file to read, with `flags` added: never through a link, never
+/// waiting on a FIFO, only a regular file (see [`perms::open_existing`]), without touching its
+/// access time where the file is the caller's own. Returns it with its metadata.
+pub fn open_to_read(path: &Path, flags: i32) -> std::io::Result<(File, std::fs::Metadata)> {
     // Reading a page must not write its inode: without O_NOATIME the first read after a
     // write updates the access time (relatime). Only the file's owner may ask for it.
-    let open =
-        || match perms::open_existing(OpenOptions::new().read(true), path, flags | libc::O_NOATIME)
-        {
+    let open = || {
+        let mut read = OpenOptions::new();
+        read.read(true);
+        match perms::open_existing_with_metadata(&mut read, path, flags | libc::O_NOATIME) {
             Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-                perms::open_existing(OpenOptions::new().read(true), path, flags)
+                perms::open_existing_with_metadata(&mut read, path, flags)
             }
             other => other,
-        };
+        }
+    };
     // A name another client of a network filesystem replaced answers `ESTALE` while this
     // client's caches still hold the old file (GlusterFS: for about 0.1 s, the kernel's own
     // retry included): tried again a few times, 1.3 s at most, before it is an error.
