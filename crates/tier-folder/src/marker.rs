@@ -1,6 +1,7 @@
 //! Each storage folder holds [`MARKER`], naming the format of its pages. A folder with pages
 //! but no marker holds pages of format 1 (checksums in `user.kvtier.crc32c`): opening it is
-//! refused with an error saying so, never misread.
+//! refused with an error saying so, never misread; unless a page's trailer shows it is of this
+//! format (its marker not yet shown through a network filesystem's caches, or removed).
 
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
@@ -73,10 +74,14 @@ pub fn check_folder(dir: &Path, mark: bool, mode: FolderMode) -> Result<FolderFo
             }
             // Pages but no marker: another client's marker may not show through this one's
             // caches yet (GlusterFS: seen opening a folder its owner had just marked and
-            // filled, through another mount). A folder of format 1 stays so: it waits.
+            // filled, through another mount). A page of this format proves the folder's; for
+            // other files it waits, as a folder of format 1 stays so.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                if !holds_files(dir) {
-                    break;
+                match unmarked_files(dir) {
+                    Unmarked::None => break,
+                    Unmarked::OfThisFormat if !mark => return Ok(FolderFormat::Current),
+                    Unmarked::OfThisFormat => break,
+                    Unmarked::Other => {}
                 }
                 if Instant::now() >= unmarked_deadline {
                     return Err(refuse(format!(
@@ -161,14 +166,52 @@ fn marked_version(text: &str) -> Option<u32> {
         .ok()
 }
 
-/// Whether any bucket of `dir` holds a file other than kvtier's dot files (one listing entry
-/// per bucket at most, so it costs about 256 directory reads however full the folder is).
-fn holds_files(dir: &Path) -> bool {
-    (0..BUCKETS).any(|b| {
-        fs::read_dir(dir.join(bucket_name(b))).is_ok_and(|mut entries| {
-            entries.any(|e| e.is_ok_and(|e| !e.file_name().to_string_lossy().starts_with('.')))
-        })
-    })
+/// What the buckets of a folder without a marker hold, besides kvtier's dot files.
+#[derive(Debug, PartialEq, Eq)]
+enum Unmarked {
+    /// Nothing.
+    None,
+    /// A page of this format (its trailer says so), with or without other files.
+    OfThisFormat,
+    /// Files, none of them seen to be a page of this format.
+    Other,
+}
+
+/// Looks at the first file of each bucket of `dir` (one listing entry per bucket at most, so
+/// it costs about 256 directory reads however full the folder is), and at its trailer: a
+/// regular file only, never through a link or waiting on a FIFO.
+fn unmarked_files(dir: &Path) -> Unmarked {
+    let mut found = Unmarked::None;
+    for b in 0..BUCKETS {
+        let Ok(mut entries) = fs::read_dir(dir.join(bucket_name(b))) else {
+            continue;
+        };
+        let Some(entry) = entries.find_map(|e| {
+            e.ok()
+                .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        }) else {
+            continue;
+        };
+        if of_this_format(&entry.path()) {
+            return Unmarked::OfThisFormat;
+        }
+        found = Unmarked::Other;
+    }
+    found
+}
+
+/// Whether the file at `path` ends with a trailer of this format.
+fn of_this_format(path: &Path) -> bool {
+    use std::os::unix::fs::FileExt;
+    let Ok(file) = crate::perms::open_existing(OpenOptions::new().read(true), path, 0) else {
+        return false;
+    };
+    let mut t = [0u8; tier_format::TRAILER as usize];
+    file.metadata()
+        .ok()
+        .and_then(|m| m.len().checked_sub(tier_format::TRAILER))
+        .is_some_and(|at| file.read_exact_at(&mut t, at).is_ok())
+        && tier_format::is_of_this_format(&t)
 }
 
 #[cfg(test)]
@@ -223,6 +266,50 @@ mod tests {
             format!("{secret}\n"),
             "the link's target is untouched"
         );
+    }
+
+    /// A folder of pages of this format whose marker has not shown through this client (or
+    /// was removed) is of this format at once: its pages' trailers say so. (It waited 3 s for
+    /// the marker and then was refused as format 1, which two clients of one GlusterFS volume
+    /// under load outlasted.) A folder of other files still waits and is refused.
+    #[test]
+    fn pages_of_this_format_prove_a_folder_without_its_marker() {
+        let dir = tempfile::tempdir().unwrap();
+        let bucket = dir.path().join(crate::layout::bucket_name(7));
+        fs::create_dir_all(&bucket).unwrap();
+        let key = tier_core::PageKey::new("k").unwrap();
+        let mut page = vec![7u8; 4096];
+        page.extend_from_slice(&tier_format::encode(&key, 4096, None));
+        fs::write(bucket.join("page"), &page).unwrap();
+        let started = Instant::now();
+        assert_eq!(
+            check_folder(dir.path(), false, FolderMode::Owner).ok(),
+            Some(FolderFormat::Current)
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(!dir.path().join(MARKER).exists(), "a reader marks nothing");
+        assert_eq!(
+            check_folder(dir.path(), true, FolderMode::Owner).ok(),
+            Some(FolderFormat::Current)
+        );
+        assert_eq!(
+            fs::read_to_string(dir.path().join(MARKER)).unwrap(),
+            marker_text()
+        );
+
+        let old = tempfile::tempdir().unwrap();
+        let bucket = old.path().join(crate::layout::bucket_name(7));
+        fs::create_dir_all(&bucket).unwrap();
+        fs::write(bucket.join("page"), &page[..4096]).unwrap();
+        let refused = check_folder(old.path(), true, FolderMode::Owner)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(refused.contains("format 1"), "{refused}");
     }
 
     /// A marker of another kvtier format is named by its version.

@@ -65,6 +65,12 @@ pub enum Trailer {
     Not(&'static str),
 }
 
+/// Whether `t` is a trailer this format writes (its magic, version and own checksum), whatever
+/// key and length it names: stored bytes ending so are of this format.
+pub fn is_of_this_format(t: &[u8; TRAILER as usize]) -> bool {
+    t[0..4] == MAGIC && t[4] == VERSION && t[28..32] == checksum::of([&t[..28]]).to_le_bytes()
+}
+
 /// Reads trailer `t` of stored bytes of `sealed_len` as `key`'s page.
 pub fn decode(t: &[u8; TRAILER as usize], key: &PageKey, sealed_len: u64) -> Trailer {
     let word = |at: usize| u32::from_le_bytes(t[at..at + 4].try_into().expect("4 bytes"));
