@@ -72,13 +72,26 @@ fn buffered(file: &File) -> io::Result<()> {
 
 /// Reads the trailer of an open page file, as `key`'s.
 pub fn read_from(file: &File, key: &PageKey) -> io::Result<Trailer> {
+    Ok(match last_bytes(file)? {
+        Some((t, len)) => decode(&t, key, len),
+        None => Trailer::Not("shorter than a trailer"),
+    })
+}
+
+/// Whether an open file ends in a trailer of this format, whatever page it names.
+pub fn ends_in_this_format(file: &File) -> bool {
+    last_bytes(file).is_ok_and(|last| last.is_some_and(|(t, _)| tier_format::is_of_this_format(&t)))
+}
+
+/// An open file's last [`TRAILER`] bytes and its length, if it is that long.
+fn last_bytes(file: &File) -> io::Result<Option<([u8; TRAILER as usize], u64)>> {
     let len = file.metadata()?.len();
     if len < TRAILER {
-        return Ok(Trailer::Not("shorter than a trailer"));
+        return Ok(None);
     }
     let mut t = [0u8; TRAILER as usize];
     file.read_exact_at(&mut t, len - TRAILER)?;
-    Ok(decode(&t, key, len))
+    Ok(Some((t, len)))
 }
 
 /// What a page file's trailer records of the page's bytes.

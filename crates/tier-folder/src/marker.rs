@@ -202,16 +202,8 @@ fn unmarked_files(dir: &Path) -> Unmarked {
 
 /// Whether the file at `path` ends with a trailer of this format.
 fn of_this_format(path: &Path) -> bool {
-    use std::os::unix::fs::FileExt;
-    let Ok(file) = crate::perms::open_existing(OpenOptions::new().read(true), path, 0) else {
-        return false;
-    };
-    let mut t = [0u8; tier_format::TRAILER as usize];
-    file.metadata()
-        .ok()
-        .and_then(|m| m.len().checked_sub(tier_format::TRAILER))
-        .is_some_and(|at| file.read_exact_at(&mut t, at).is_ok())
-        && tier_format::is_of_this_format(&t)
+    crate::perms::open_existing(OpenOptions::new().read(true), path, 0)
+        .is_ok_and(|file| crate::format::ends_in_this_format(&file))
 }
 
 #[cfg(test)]

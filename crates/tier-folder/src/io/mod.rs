@@ -17,7 +17,7 @@ mod engine;
 mod syscalls;
 
 pub use engine::{PageEngine, Syscalls};
-pub use syscalls::{move_by_syscalls, open_page, open_to_read};
+pub use syscalls::{move_by_syscalls, open_page};
 
 /// Transfer direction, seen from memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,11 +152,11 @@ pub fn file_id(path: &Path) -> Option<FileId> {
 /// Opens the page file at `path` to hold it across a read: while it is open its inode number
 /// cannot be reused by a new file, so the path naming the same identity after the read as
 /// the open file had before it means the read was of this file (a new file created in the
-/// same clock tick with a reused inode number would otherwise look the same). Opened as any
-/// read's file is ([`open_to_read`]): a link or FIFO planted under the name is never opened
+/// same clock tick with a reused inode number would otherwise look the same). Opened as
+/// [`open_page`] opens a read's file: a link or FIFO planted under the name is never opened
 /// or waited on (`None`, as for a name that holds no file).
 pub fn pin(path: &Path) -> Option<(File, FileId)> {
-    let (file, metadata) = open_to_read(path, 0).ok()?;
+    let (file, metadata) = syscalls::open_to_read(path, 0).ok()?;
     Some((file, id_of(&metadata)))
 }
 
