@@ -100,20 +100,53 @@ fn start() {
         assert!(ok, "gluster volume start: {out}");
     }
     for mount in MOUNTS {
-        if mounted(mount) {
-            if fs::read_dir(mount).is_ok() {
-                continue;
-            }
-            // A mount whose client died (the machine's processes were stopped, the mount
-            // stayed): it answers "Transport endpoint is not connected" until replaced.
-            run(
-                "umount",
-                &["-l", mount],
-                &format!("unmounting the dead mount {mount}"),
-            );
-        }
-        mount_volume(Path::new(mount));
+        ensure_mounted(Path::new(mount), MOUNT_ANSWER);
     }
+}
+
+/// How long a shared mount has to list its root before it counts as hung and is replaced
+/// (under other tests' processes using it: long enough for a loaded client to answer).
+const MOUNT_ANSWER: Duration = Duration::from_secs(30);
+
+/// How long a command of the setup (the gluster CLI, `mount`, `umount`) may run.
+const COMMAND_WAIT: Duration = Duration::from_secs(120);
+
+/// Leaves a mount of the volume at `point` that answers: one already there is kept if it lists
+/// its root within `within`; one that does not is replaced. A dead one (its client
+/// died, the mount stayed) answers "Transport endpoint is not connected"; a hung one (its
+/// client stopped or stuck) does not answer at all: its client is killed first, which ends
+/// every wait on the mount, then it is unmounted.
+fn ensure_mounted(point: &Path, within: Duration) {
+    let shown = point.to_str().expect("a UTF-8 mount point");
+    if mounted(shown) {
+        if answers(point, within) {
+            return;
+        }
+        if let Some(client) = client_of(point) {
+            // SAFETY: kill(2) on the mount's FUSE client; no memory is involved.
+            unsafe { libc::kill(client, libc::SIGKILL) };
+        }
+        run(
+            "umount",
+            &["-l", shown],
+            &format!("unmounting the dead or hung mount {shown}"),
+        );
+    }
+    mount_volume(point);
+}
+
+/// Whether listing `path` ends, in success, within `within`. The listing runs on a thread of
+/// its own, left behind if the mount never answers (its wait ends when the mount's client is
+/// killed or the mount goes).
+fn answers(path: &Path, within: Duration) -> bool {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = path.to_path_buf();
+    let spawned = std::thread::Builder::new()
+        .name("gluster-mount-check".into())
+        .spawn(move || {
+            let _ = tx.send(fs::read_dir(&path).is_ok());
+        });
+    spawned.is_ok() && rx.recv_timeout(within).unwrap_or(false)
 }
 
 /// Mounts the volume at `point` (created if missing).
@@ -125,17 +158,67 @@ fn mount_volume(point: &Path) {
     run("mount", &["-t", "glusterfs", &source, point], &what);
 }
 
-/// Runs `program`, panicking with its error output, saying `what` failed, if it fails.
+/// Runs `program`, panicking with its error output, saying `what` failed, if it fails or
+/// runs longer than [`COMMAND_WAIT`].
 fn run(program: &str, args: &[&str], what: &str) {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: {program} does not run: {e}"));
+    let out = output(Command::new(program).args(args))
+        .unwrap_or_else(|e| panic!("{what}: {program}: {e}"));
     assert!(
         out.status.success(),
         "{what}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// What `command` printed and how it ended; an error if it does not start, or if it runs
+/// longer than [`COMMAND_WAIT`] (it is killed then).
+fn output(command: &mut Command) -> Result<std::process::Output, String> {
+    use std::io::Read;
+    let mut child = command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("does not run: {e}"))?;
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let deadline = Instant::now() + COMMAND_WAIT;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("ran over {COMMAND_WAIT:?} and was killed"));
+            }
+            Err(e) => return Err(format!("could not be waited for: {e}")),
+        }
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    })
 }
 
 /// A mount of the test volume for one test alone, whose client (its FUSE daemon) the test
@@ -195,7 +278,7 @@ impl ClientMount {
 impl Drop for ClientMount {
     fn drop(&mut self) {
         self.thaw();
-        let _ = Command::new("umount").arg("-l").arg(&self.path).output();
+        let _ = output(Command::new("umount").arg("-l").arg(&self.path));
         let _ = fs::remove_dir(&self.path);
     }
 }
@@ -214,11 +297,7 @@ fn client_of(path: &Path) -> Option<libc::pid_t> {
 
 /// Runs the gluster CLI: whether it succeeded, and what it printed.
 fn gluster(args: &[&str]) -> (bool, String) {
-    match Command::new("gluster")
-        .arg("--mode=script")
-        .args(args)
-        .output()
-    {
+    match output(Command::new("gluster").arg("--mode=script").args(args)) {
         Ok(out) => (
             out.status.success(),
             format!(
@@ -227,7 +306,7 @@ fn gluster(args: &[&str]) -> (bool, String) {
                 String::from_utf8_lossy(&out.stderr)
             ),
         ),
-        Err(e) => (false, e.to_string()),
+        Err(e) => (false, e),
     }
 }
 
@@ -254,5 +333,43 @@ fn wait_for(what: &str, ready: impl Fn() -> bool) {
     while !ready() {
         assert!(Instant::now() < deadline, "waited over a minute for {what}");
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A mount whose client is stopped (a hung mount) is told from a live one within the
+    /// bound, and the setup replaces it with one that answers instead of waiting on it.
+    #[test]
+    fn a_hung_mount_is_replaced_not_waited_on() {
+        let mount = ClientMount::new("hung-setup");
+        let bound = Duration::from_secs(2);
+        assert!(
+            answers(mount.path(), MOUNT_ANSWER),
+            "a fresh mount lists its root"
+        );
+        mount.freeze();
+        let started = Instant::now();
+        assert!(
+            !answers(mount.path(), bound),
+            "a mount whose client is stopped listed its root"
+        );
+        ensure_mounted(mount.path(), bound);
+        let took = started.elapsed();
+        assert!(
+            answers(mount.path(), MOUNT_ANSWER),
+            "the replaced mount does not list its root"
+        );
+        let client = client_of(mount.path()).expect("a client serves the replaced mount");
+        assert_ne!(
+            client, mount.client,
+            "the stopped client still serves the mount"
+        );
+        assert!(
+            took < bound * 2 + COMMAND_WAIT,
+            "replacing the hung mount took {took:?}"
+        );
     }
 }
