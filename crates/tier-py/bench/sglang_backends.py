@@ -54,8 +54,10 @@ def sglang_nixl(pool, folder):
     return b
 
 
-def kvtier_backend(pool, folder, engine, access=None):
+def kvtier_backend(pool, folder, engine, access=None, lanes=None):
     tier = {"kind": "nixl-file", "dirs": [str(folder)], "engine": engine}
+    if lanes:
+        tier["staging_buffers"] = lanes
     if access:
         tier["access"] = access
     extra = {"backend_name": "kvtier", "module_path": "kvtier.sglang", "class_name": "KvtierStorage",
@@ -221,6 +223,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--mib", type=int, default=256, help="MiB each backend writes and reads per round")
     ap.add_argument("--only", default=None, help="one page size label, e.g. '512 KiB'")
+    ap.add_argument("--lanes", type=int, default=None,
+                    help="kvtier's NIXL FILE lanes (staging_buffers; default: the tier's default, 2)")
     ap.add_argument("--dir", default=None, help="folder for both backends' files (default: a temp folder)")
     ap.add_argument("--second-instance", action="store_true",
                     help="two instances of each backend on one folder at once: the second's hits and reads")
@@ -251,8 +255,9 @@ def main():
             f.mkdir(parents=True)
         backends = {
             "sglang": sglang_nixl(pool, folders["sglang"]),
-            "kvtier-nixl": kvtier_backend(pool, folders["kvtier-nixl"], "nixl"),
-            "kvtier-syscalls": kvtier_backend(pool, folders["kvtier-syscalls"], "syscalls"),
+            "kvtier-nixl": kvtier_backend(pool, folders["kvtier-nixl"], "nixl", lanes=args.lanes),
+            "kvtier-syscalls": kvtier_backend(pool, folders["kvtier-syscalls"], "syscalls",
+                                              lanes=args.lanes),
             "plain-files": PlainFiles(pool, folders["plain-files"]),
         }
         times = {name: ([], []) for name in backends}

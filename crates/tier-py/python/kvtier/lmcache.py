@@ -15,7 +15,9 @@ LMCache's own L2 adapters take (LMCache gives its adapters no deadline of its ow
 process holds is a ``ConfigError`` unless ``metrics_port_fallback`` is true, which serves
 any free port instead), and ``kv_events`` (a KV events publisher config, as vLLM's or
 SGLang's: the chunks stored are published for routers, LMCache's own events being its CPU
-tier's only; ``kv_events_medium``, ``kv_events_block_size``: see :mod:`kvtier.events`). A read
+tier's only; ``kv_events_medium``, ``kv_events_block_size``: see :mod:`kvtier.events`). A NIXL
+FILE tier whose config names no ``staging_buffers`` opens with 4 lanes here (a load runs on 4
+threads beside LMCache's torch threads; see :data:`LMCACHE_LANES`), 2 elsewhere. A read
 past its bound completes with what arrived, the rest misses; kvtier stops working on it.
 Submits never block: each starts a call in kvtier's runtime and returns its id; its
 completion makes :meth:`KvtierL2Connector.event_fd` readable. Page bytes move straight
@@ -57,6 +59,23 @@ _PLAIN_KEY = re.compile(r"[!-~]{1,200}")
 
 Completion = tuple[int, bool, str, list[bool] | None]
 
+# Lanes of a NIXL FILE tier under LMCache whose config names none (``staging_buffers``): a
+# load runs on as many threads. LMCache's process is full of torch threads (OpenMP workers
+# spin after each CPU op), and a load from the page cache on 4 threads keeps its share of
+# the cores beside them, as LMCache's own ``fs_native`` adapter does with its 4 workers.
+LMCACHE_LANES = 4
+
+
+def lanes_by_default(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with :data:`LMCACHE_LANES` lanes for each NIXL FILE tier that names none."""
+    tiers = [
+        {**t, "staging_buffers": LMCACHE_LANES}
+        if isinstance(t, dict) and t.get("kind") == "nixl-file" and "staging_buffers" not in t
+        else t
+        for t in config.get("tiers", [])
+    ]
+    return {**config, "tiers": tiers}
+
 
 class KvtierL2Connector:
     """A kvtier hierarchy as LMCache's native L2 connector: ``event_fd``, ``submit_batch_*``
@@ -80,7 +99,7 @@ class KvtierL2Connector:
         self._read_timeout = bound_ms("read_timeout_ms", read_timeout_ms)
         self._write_timeout = bound_ms("write_timeout_ms", write_timeout_ms)
         params = {"config": config, "tiers": tiers, "hierarchy": hierarchy or {}}
-        loaded = load_config(params, "adapter_params")
+        loaded = lanes_by_default(load_config(params, "adapter_params"))
         # The chunks stored, published for routers (LMCache publishes its CPU tier's only).
         self.events = (
             PageEvents.of_any_engine(

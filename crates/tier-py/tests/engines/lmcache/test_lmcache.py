@@ -347,6 +347,47 @@ def test_a_folder_that_cannot_be_one_is_a_config_error(tmp):
         KvtierL2Connector(tiers=[{"kind": "nixl-file", "dirs": [str(not_a_folder)]}])
 
 
+def test_a_nixl_file_tier_naming_no_lanes_loads_on_four_under_lmcache(tmp, monkeypatch):
+    """LMCache's process is full of torch threads: a NIXL FILE tier whose config names no
+    ``staging_buffers`` opens with 4 lanes (a load on 4 threads, as ``fs_native``'s 4 workers);
+    one that names them keeps its own; and a load on the 4 lanes is byte-exact."""
+    import select
+
+    import kvtier.lmcache as plugin
+
+    opened = []
+    real = plugin.open_instance
+
+    def recording(config):
+        opened.append(config)
+        return real(config)
+
+    monkeypatch.setattr(plugin, "open_instance", recording)
+    size, n = 1 << 20, 16
+    src = torch.randint(0, 255, (n * size,), dtype=torch.uint8)
+    dst = torch.zeros(n * size, dtype=torch.uint8)
+    keys = [f"m@w@0@{i:064x}" for i in range(n)]
+    for name, lanes in (("default", None), ("named", 1)):
+        tier = {"kind": "nixl-file", "dirs": [str(tmp / name)], "capacity": "1GiB"}
+        if lanes:
+            tier["staging_buffers"] = lanes
+        connector = plugin.KvtierL2Connector(tiers=[tier])
+        try:
+            for submit, views in ((connector.submit_batch_set, src), (connector.submit_batch_get, dst)):
+                fid = submit(keys, [memoryview(views[i * size:(i + 1) * size].numpy()) for i in range(n)])
+                done = []
+                while not done:
+                    select.select([connector.event_fd()], [], [], 5.0)
+                    done = [c for c in connector.drain_completions() if c[0] == fid]
+                assert done[0][1] and all(done[0][3]), done
+            assert torch.equal(dst, src)
+            dst.zero_()
+        finally:
+            connector.close()
+    assert [c["tiers"][0]["staging_buffers"] for c in opened] == [plugin.LMCACHE_LANES, 1]
+    assert plugin.LMCACHE_LANES == 4
+
+
 def test_tenants_sharing_a_prefix_never_see_each_others_pages(tmp, s3):
     """Two tenants' connectors on one bucket prefix: a page one stores is absent and a miss for
     the other, present for the same tenant's next connector."""
