@@ -14,7 +14,6 @@ starts; ``--between none`` runs the loads back to back.
 
 from __future__ import annotations
 
-import os
 import select
 import shutil
 import statistics
@@ -22,13 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
-from lmcache.lmcache_fs import LMCacheFSClient
-
-from kvtier.lmcache import KvtierL2Connector
-
 import engine_bench
+import torch
+from kvtier.lmcache import KvtierL2Connector
+from lmcache.lmcache_fs import LMCacheFSClient
 
 
 def wait(client, fid: int) -> bool:
@@ -94,7 +90,8 @@ def main() -> None:
         busy = statistics.mean(cpu[name]) / statistics.mean(ts)
         print(f"| {name} | {n * size / m / 2**20:,.0f} | {statistics.median(cpu[name]) * 1e3:.2f} "
               f"| {busy:.2f} |")
-    ratio = statistics.median(times["lmcache fs_native"]) / statistics.median(times["kvtier nixl-file"])
+    theirs, ours = (statistics.median(times[k]) for k in ("lmcache fs_native", "kvtier nixl-file"))
+    ratio = theirs / ours
     print(f"kvtier / lmcache fs_native: load {ratio:.2f}x")
 
 
