@@ -4,6 +4,7 @@ can vary."""
 from __future__ import annotations
 
 import argparse
+import statistics
 
 
 def parser(doc: str) -> argparse.ArgumentParser:
@@ -35,3 +36,12 @@ def tier_tuning(args: argparse.Namespace) -> dict:
     if args.engine:
         tuning["engine"] = args.engine
     return tuning
+
+
+def load_figures(times: dict[str, list[float]], cpu: dict[str, list[float]],
+                 nbytes: int) -> dict[str, tuple[float, float, float]]:
+    """Per load: its median rate (bytes a second), its median CPU (seconds, every thread of
+    the process) and the cores it kept busy (mean CPU over mean time)."""
+    return {name: (nbytes / statistics.median(ts), statistics.median(cpu[name]),
+                   statistics.mean(cpu[name]) / statistics.mean(ts))
+            for name, ts in times.items()}

@@ -85,11 +85,8 @@ def main() -> None:
           f"{args.fs_native_workers}\n")
     print("| connector | MiB/s | CPU ms a load | cores busy |")
     print("|---|---:|---:|---:|")
-    for name, ts in times.items():
-        m = statistics.median(ts)
-        busy = statistics.mean(cpu[name]) / statistics.mean(ts)
-        print(f"| {name} | {n * size / m / 2**20:,.0f} | {statistics.median(cpu[name]) * 1e3:.2f} "
-              f"| {busy:.2f} |")
+    for name, (rate, cpu_s, busy) in engine_bench.load_figures(times, cpu, n * size).items():
+        print(f"| {name} | {rate / 2**20:,.0f} | {cpu_s * 1e3:.2f} | {busy:.2f} |")
     theirs, ours = (statistics.median(times[k]) for k in ("lmcache fs_native", "kvtier nixl-file"))
     ratio = theirs / ours
     print(f"kvtier / lmcache fs_native: load {ratio:.2f}x")

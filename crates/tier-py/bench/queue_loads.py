@@ -91,11 +91,9 @@ def main() -> None:
           f"rounds, medians (kvtier: {', '.join(f'{k} {v}' for k, v in tier.items() if k not in ('kind', 'dirs', 'capacity')) or 'defaults'})\n")
     print("| load | GB/s | of the 2-thread loop | CPU ms a load | cores busy |")
     print("|---|---:|---:|---:|---:|")
-    for name, ts in times.items():
-        m = statistics.median(ts)
-        busy = statistics.mean(cpu[name]) / statistics.mean(ts)
-        print(f"| {name} | {n * size / m / 1e9:.2f} | {base / m:.2f}x | "
-              f"{statistics.median(cpu[name]) * 1e3:.2f} | {busy:.2f} |")
+    for name, (rate, cpu_s, busy) in engine_bench.load_figures(times, cpu, n * size).items():
+        print(f"| {name} | {rate / 1e9:.2f} | {rate * base / (n * size):.2f}x | "
+              f"{cpu_s * 1e3:.2f} | {busy:.2f} |")
 
 
 if __name__ == "__main__":
