@@ -106,6 +106,17 @@ def test_a_toml_config_needs_no_python_toml_reader(tmp_path):
         load_config({"config": str(path)})
 
 
+def test_inline_tiers_that_are_no_list_of_tables_are_a_config_error_naming_them():
+    """Inline ``tiers`` (an engine's extra config) of another shape is a ConfigError naming
+    where it was given, never an AttributeError from deep inside an adapter."""
+    from kvtier._engine import load_config
+    for bad in ("x", [{"kind": "mem"}, "x"], {"kind": "mem"}):
+        with pytest.raises(kvtier.ConfigError, match=r'adapter_params\["tiers"\]'):
+            load_config({"tiers": bad}, "adapter_params")
+    with pytest.raises(kvtier.ConfigError, match=r'extra_config\["hierarchy"\]'):
+        load_config({"tiers": [{"kind": "mem"}], "hierarchy": "x"})
+
+
 def test_config_from_toml_file(tmp_path):
     path = tmp_path / "h.toml"
     path.write_text('[[tiers]]\nkind = "mem"\ncapacity = "1MiB"\n')

@@ -36,7 +36,12 @@ def load_config(extra: dict[str, Any], where: str = "extra_config") -> dict[str,
         config: dict[str, Any] = json.loads(config_json(text, str(path)))
         return config
     if extra.get("tiers"):
-        return {"tiers": extra["tiers"], "hierarchy": extra.get("hierarchy", {})}
+        tiers, hierarchy = extra["tiers"], extra.get("hierarchy") or {}
+        if not isinstance(tiers, list) or not all(isinstance(t, dict) for t in tiers):
+            raise ConfigError(f'{where}["tiers"] must be a list of tables, not {tiers!r}')
+        if not isinstance(hierarchy, dict):
+            raise ConfigError(f'{where}["hierarchy"] must be a table, not {hierarchy!r}')
+        return {"tiers": tiers, "hierarchy": hierarchy}
     raise ConfigError(f'kvtier needs {where}["config"] (a TOML or JSON path) or {where}["tiers"]')
 
 
