@@ -6,7 +6,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -176,9 +176,10 @@ fn is_local(file: &File) -> bool {
     super::super::probe::LOCAL_FILESYSTEMS.contains(&(fs.f_type as i64))
 }
 
-/// The usage file: the folders' bytes, then the running sum of every change counted since the
-/// file was made ([`UsageMark`]), each a little-endian u64. (A file of the bytes alone, as an
-/// earlier kvtier wrote it, reads as a sum of 0.)
+/// The usage file: the folders' bytes, the running sum of every change counted since the file
+/// was made, and the running sum of the removals among them ([`UsageMark`]), each a
+/// little-endian u64. (A file of the bytes alone, or of the bytes and the sum, as earlier
+/// kvtiers wrote it, reads as sums of 0.)
 ///
 /// Puts never wait on it past [`PUT_WAIT`]: a process frozen holding its lock (stopped, or
 /// stuck syncing on a hung client) made every other process's puts time out. A put's count
@@ -187,25 +188,37 @@ fn is_local(file: &File) -> bool {
 /// look at the usage then takes the last one read plus what is pending here.
 pub(super) struct Usage {
     pub file: SharedFile,
-    /// Changes counted here and not yet written.
-    pending: AtomicI64,
+    /// Bytes added here and not yet written.
+    pending_added: AtomicU64,
+    /// Bytes removed here and not yet written.
+    pending_removed: AtomicU64,
     /// The usage the file held when last read or written here.
     last: AtomicU64,
     /// A put's wait for the lock ran out, and no lock was had since.
     busy: AtomicBool,
 }
 
-/// Where the running sum of counted changes stood: a scan that began there sets the usage to
-/// what it found plus what was counted since, whatever other scans set meanwhile (a usage
-/// taken as the baseline instead counted another scan's setting as new puts).
+/// Where the running sums of counted changes stood: a scan that began there knows how much
+/// was added and removed while it looked (see [`Usage::settle`]).
 #[derive(Debug, Clone, Copy)]
-pub(super) struct UsageMark(u64);
+pub(super) struct UsageMark {
+    sum: u64,
+    removed: u64,
+}
+
+/// What the usage file holds.
+#[derive(Debug, Clone, Copy)]
+struct Counted {
+    bytes: u64,
+    mark: UsageMark,
+}
 
 impl Usage {
     pub(super) fn new(file: SharedFile) -> Self {
         Self {
             file,
-            pending: AtomicI64::new(0),
+            pending_added: AtomicU64::new(0),
+            pending_removed: AtomicU64::new(0),
             last: AtomicU64::new(0),
             busy: AtomicBool::new(false),
         }
@@ -214,8 +227,8 @@ impl Usage {
     /// The usage, with what is pending here, waiting for the lock within [`FLOCK_WAIT`].
     pub(super) fn read(&self) -> Result<u64, TierError> {
         let _lock = self.file.lock(libc::LOCK_SH).map_err(|e| self.error(e))?;
-        let (bytes, _) = self.load().map_err(|e| self.error(e))?;
-        Ok(bytes.saturating_add_signed(self.pending.load(Relaxed)))
+        let counted = self.load().map_err(|e| self.error(e))?;
+        Ok(counted.bytes.saturating_add_signed(self.pending()))
     }
 
     /// The usage as a put sees it: read within [`PUT_WAIT`], else the last usage read here
@@ -224,8 +237,8 @@ impl Usage {
         match self.file.lock_within(libc::LOCK_SH, self.put_wait()) {
             Ok(_lock) => {
                 self.busy.store(false, Relaxed);
-                let (bytes, _) = self.load().map_err(|e| self.error(e))?;
-                Ok(bytes.saturating_add_signed(self.pending.load(Relaxed)))
+                let counted = self.load().map_err(|e| self.error(e))?;
+                Ok(counted.bytes.saturating_add_signed(self.pending()))
             }
             Err(e) if e.kind() == io::ErrorKind::TimedOut => {
                 self.busy.store(true, Relaxed);
@@ -238,7 +251,22 @@ impl Usage {
     /// The usage last read or written here, plus what is pending here: no I/O.
     pub(super) fn cached(&self) -> u64 {
         let last = self.last.load(Relaxed);
-        last.saturating_add_signed(self.pending.load(Relaxed))
+        last.saturating_add_signed(self.pending())
+    }
+
+    /// The net change pending here.
+    fn pending(&self) -> i64 {
+        self.pending_added.load(Relaxed) as i64 - self.pending_removed.load(Relaxed) as i64
+    }
+
+    /// Keeps `delta` pending here.
+    fn hold(&self, delta: i64) {
+        match delta >= 0 {
+            true => self.pending_added.fetch_add(delta as u64, Relaxed),
+            false => self
+                .pending_removed
+                .fetch_add(delta.unsigned_abs(), Relaxed),
+        };
     }
 
     fn put_wait(&self) -> Duration {
@@ -252,49 +280,61 @@ impl Usage {
     /// written first, so it is not counted again after the scan).
     pub(super) fn snapshot(&self) -> Result<(u64, UsageMark), TierError> {
         let _lock = self.file.lock(libc::LOCK_EX).map_err(|e| self.error(e))?;
-        let (bytes, sum) = self.apply(0)?;
-        Ok((bytes, UsageMark(sum)))
+        let counted = self.apply(0)?;
+        Ok((counted.bytes, counted.mark))
     }
 
-    /// Under the lock: writes `delta` and what is pending here; the new usage and sum. On a
+    /// Under the lock: writes `delta` and what is pending here; what the file holds now. On a
     /// failed write the changes stay pending.
-    fn apply(&self, delta: i64) -> Result<(u64, u64), TierError> {
-        let (bytes, sum) = self.load().map_err(|e| self.error(e))?;
-        let delta = delta + self.pending.swap(0, Relaxed);
-        if delta == 0 {
-            return Ok((bytes, sum));
+    fn apply(&self, delta: i64) -> Result<Counted, TierError> {
+        let counted = self.load().map_err(|e| self.error(e))?;
+        self.hold(delta);
+        let added = self.pending_added.swap(0, Relaxed);
+        let removed = self.pending_removed.swap(0, Relaxed);
+        if added == 0 && removed == 0 {
+            return Ok(counted);
         }
-        let (new, new_sum) = (
-            bytes.saturating_add_signed(delta),
-            sum.wrapping_add_signed(delta),
-        );
-        if let Err(e) = self.store(new, new_sum) {
-            self.pending.fetch_add(delta, Relaxed);
+        let net = added as i64 - removed as i64;
+        let new = Counted {
+            bytes: counted.bytes.saturating_add_signed(net),
+            mark: UsageMark {
+                sum: counted.mark.sum.wrapping_add_signed(net),
+                removed: counted.mark.removed.wrapping_add(removed),
+            },
+        };
+        if let Err(e) = self.store(new) {
+            self.pending_added.fetch_add(added, Relaxed);
+            self.pending_removed.fetch_add(removed, Relaxed);
             return Err(self.error(e));
         }
-        Ok((new, new_sum))
+        Ok(new)
     }
 
-    fn load(&self) -> io::Result<(u64, u64)> {
-        let mut bytes = [0u8; 16];
+    fn load(&self) -> io::Result<Counted> {
+        let mut bytes = [0u8; 24];
         let n = self.file.read(&mut bytes)?;
-        let word =
-            |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap_or_default());
-        let (bytes, sum) = match n {
-            16 => (word(0), word(1)),
-            8 => (word(0), 0),
-            _ => (0, 0),
+        let word = |i: usize| match n >= i * 8 + 8 {
+            true => u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap_or_default()),
+            false => 0,
         };
-        self.last.store(bytes, Relaxed);
-        Ok((bytes, sum))
+        let counted = Counted {
+            bytes: word(0),
+            mark: UsageMark {
+                sum: word(1),
+                removed: word(2),
+            },
+        };
+        self.last.store(counted.bytes, Relaxed);
+        Ok(counted)
     }
 
-    fn store(&self, bytes: u64, sum: u64) -> io::Result<()> {
-        let mut text = [0u8; 16];
-        text[..8].copy_from_slice(&bytes.to_le_bytes());
-        text[8..].copy_from_slice(&sum.to_le_bytes());
+    fn store(&self, counted: Counted) -> io::Result<()> {
+        let mut text = [0u8; 24];
+        text[..8].copy_from_slice(&counted.bytes.to_le_bytes());
+        text[8..16].copy_from_slice(&counted.mark.sum.to_le_bytes());
+        text[16..].copy_from_slice(&counted.mark.removed.to_le_bytes());
         self.file.write(&text)?;
-        self.last.store(bytes, Relaxed);
+        self.last.store(counted.bytes, Relaxed);
         Ok(())
     }
 
@@ -304,17 +344,17 @@ impl Usage {
         let _lock = match self.file.lock(libc::LOCK_EX) {
             Ok(lock) => lock,
             Err(e) => {
-                self.pending.fetch_add(delta, Relaxed);
+                self.hold(delta);
                 return Err(self.error(e));
             }
         };
-        Ok(self.apply(delta)?.0)
+        Ok(self.apply(delta)?.bytes)
     }
 
     /// Counts a put's (or a remove's) change: written at once if the lock is had within
     /// [`PUT_WAIT`], else left pending (see [`Usage`]).
     pub(super) fn count(&self, delta: i64) -> Result<(), TierError> {
-        self.pending.fetch_add(delta, Relaxed);
+        self.hold(delta);
         match self.file.lock_within(libc::LOCK_EX, self.put_wait()) {
             Ok(_lock) => {
                 self.busy.store(false, Relaxed);
@@ -323,7 +363,7 @@ impl Usage {
             Err(e) if e.kind() == io::ErrorKind::TimedOut => {
                 self.busy.store(true, Relaxed);
                 tracing::debug!(
-                    pending = self.pending.load(Relaxed),
+                    pending = self.pending(),
                     "the shared folders' usage lock is held: the count is left pending"
                 );
                 Ok(())
@@ -334,20 +374,37 @@ impl Usage {
 
     /// Writes what is pending here, waiting for the lock within [`FLOCK_WAIT`].
     pub(super) fn write_pending(&self) -> Result<(), TierError> {
-        if self.pending.load(Relaxed) == 0 {
+        if self.pending_added.load(Relaxed) == 0 && self.pending_removed.load(Relaxed) == 0 {
             return Ok(());
         }
         self.add(0).map(drop)
     }
 
-    /// Sets the usage to `found` (a scan's bytes) plus what was counted since `since`, where
-    /// the scan began (what is pending here included); returns it.
+    /// Corrects the usage from a scan that found `found` bytes of pages and began at `since`
+    /// (what is pending here written first); returns it.
+    ///
+    /// The scan looked at the folders a bucket at a time while others wrote: a page added
+    /// before the scan reached its bucket is both found and counted since, one removed
+    /// before is neither. So the folders hold at least `found` less what was removed since
+    /// and at most `found` plus what was added since; a count within that is kept (taking
+    /// `found` plus the changes since, as before, counted every page written during the scan
+    /// twice: three processes filling one folder at once saw nearly twice its bytes), and
+    /// one outside it (counts a killed process never made, a folder filled by an owner) is
+    /// moved to the nearer end.
     pub(super) fn settle(&self, found: u64, since: UsageMark) -> Result<u64, TierError> {
         let _lock = self.file.lock(libc::LOCK_EX).map_err(|e| self.error(e))?;
-        let (_, sum) = self.apply(0)?;
-        let new = found.saturating_add_signed(sum.wrapping_sub(since.0) as i64);
-        self.store(new, sum).map_err(|e| self.error(e))?;
-        Ok(new)
+        let counted = self.apply(0)?;
+        let net = counted.mark.sum.wrapping_sub(since.sum) as i64;
+        // A writer of the two-word file (an earlier kvtier) drops the removals: then unknown.
+        let removed = counted.mark.removed.saturating_sub(since.removed);
+        let added = net.saturating_add_unsigned(removed).max(0) as u64;
+        let (least, most) = (found.saturating_sub(removed), found.saturating_add(added));
+        let bytes = counted.bytes.clamp(least, most);
+        if bytes != counted.bytes {
+            let settled = Counted { bytes, ..counted };
+            self.store(settled).map_err(|e| self.error(e))?;
+        }
+        Ok(bytes)
     }
 
     pub(super) fn error(&self, e: io::Error) -> TierError {

@@ -3,9 +3,10 @@
 //!
 //! - **Usage** is a byte count in `.kvtier.usage` (in the first folder), changed under an
 //!   `flock` by every process: a put adds the pages it renamed in (less the files they
-//!   replaced), a remove takes off what it unlinked. It is set from a scan of the folders at
-//!   open, and by an eviction that examined every bucket (small folders), so a count a killed
-//!   process never made is corrected then.
+//!   replaced), a remove takes off what it unlinked. It is corrected by a scan of the folders
+//!   at open, and by an eviction that examined every bucket (small folders), so a count a
+//!   killed process never made is mended then (within what the others changed during the
+//!   scan: see [`lease::Usage::settle`]).
 //! - **Eviction** starts when a put's pages would take the usage past the capacity, and stops
 //!   at the low watermark (less the pages coming). One process evicts at a time: the holder of `.kvtier.lease` (a holder and
 //!   an expiry, changed under an `flock`), renewed while it works and taken over by another
@@ -201,8 +202,8 @@ impl Fleet {
         Ok(())
     }
 
-    /// Ends the scan: the usage set from it (with what was counted since it began); evicts if
-    /// the folders are over the capacity.
+    /// Ends the scan: the usage corrected from it ([`Usage::settle`]); evicts if the folders
+    /// are over the capacity.
     pub fn end_open_scan(&self, layout: &Layout, scan: OpenScan) -> Result<(), TierError> {
         let usage = self.usage.settle(scan.found_bytes, scan.since)?;
         if self.capacity.is_some_and(|c| usage > c) {
@@ -351,9 +352,8 @@ impl Fleet {
         }
     }
 
-    /// Sets the usage to the pages `scan` found, plus what was counted since `before` was
-    /// read (pages renamed in during the scan may or may not be in it: counted, to err on the
-    /// side of evicting). Writes in flight are not counted until they land.
+    /// Corrects the usage from the pages `scan` found, the scan having begun at `since`
+    /// ([`Usage::settle`]). Writes in flight are not counted until they land.
     fn settle(&self, scan: &FolderScan, since: UsageMark) -> Result<u64, TierError> {
         let found = scan.pages.iter().map(|p| p.len).sum::<u64>();
         self.usage.settle(found, since)

@@ -429,6 +429,10 @@ fn overlapping_open_scans_count_the_folder_once() {
         .iter()
         .map(|f| f.begin_open_scan().expect("a scan"))
         .collect();
+    // A put lands during the scans, where they all find it: counted once.
+    let landed = store(&layout, "landed", &[7; 100]);
+    let landed = fs::metadata(&landed).expect("a page").len();
+    fleets[0].count(landed as i64);
     for (fleet, scan) in fleets.iter().zip(&mut scans) {
         for bucket in layout.buckets() {
             fleet
@@ -436,8 +440,6 @@ fn overlapping_open_scans_count_the_folder_once() {
                 .expect("a bucket scanned");
         }
     }
-    // A put lands during the scans: counted once.
-    fleets[0].count(100);
     for (fleet, scan) in fleets.iter().zip(scans) {
         fleet
             .end_open_scan(&layout, scan)
@@ -445,12 +447,70 @@ fn overlapping_open_scans_count_the_folder_once() {
     }
     assert_eq!(
         fleets[3].usage(),
-        total + 100,
+        total + landed,
         "the folder counted more than once"
     );
     let evicted: u64 = fleets.iter().map(|f| f.stats().evicted).sum();
     assert_eq!(evicted, 0, "pages evicted under the capacity");
     assert!(paths.iter().all(|p| p.exists()));
+    drop(dir);
+}
+
+/// Another process's puts and removes while an open scan looks at the folder, some before
+/// the scan reaches their buckets and some after, are counted once: the usage ends at the
+/// folder's bytes. (Settled as the scan's bytes plus everything counted since it began, a
+/// page written before the scan reached it counted twice: three processes filling one
+/// folder at once saw nearly twice its bytes, and evicted what their capacity had room for.)
+#[test]
+fn pages_written_while_an_open_scan_looks_are_counted_once() {
+    let (dir, layout) = layout();
+    let len = |p: &Path| fs::metadata(p).expect("a page").len() as i64;
+    let old: Vec<PathBuf> = (0..20)
+        .map(|i| store(&layout, &format!("old{i:02}"), &[i as u8; 300]))
+        .collect();
+    let opener = Fleet::open(
+        &layout,
+        None,
+        SharedFolder::default(),
+        Duration::from_secs(30),
+    )
+    .expect("the fleet");
+    let writer = opened(&layout, None, SharedFolder::default());
+    let mut scan = opener.begin_open_scan().expect("a scan");
+    // Before the scan reaches them: 30 pages written, 5 removed.
+    for i in 0..30 {
+        writer.count(len(&store(&layout, &format!("early{i:02}"), &[1; 300])));
+    }
+    for gone in &old[..5] {
+        let bytes = len(gone);
+        fs::remove_file(gone).expect("removed");
+        writer.count(-bytes);
+    }
+    for bucket in layout.buckets() {
+        opener
+            .open_scan_bucket(&layout, &bucket, &mut scan)
+            .expect("a bucket scanned");
+    }
+    // After it passed them: 10 written, 5 removed.
+    for i in 0..10 {
+        writer.count(len(&store(&layout, &format!("late{i:02}"), &[2; 300])));
+    }
+    for gone in &old[5..10] {
+        let bytes = len(gone);
+        fs::remove_file(gone).expect("removed");
+        writer.count(-bytes);
+    }
+    opener
+        .end_open_scan(&layout, scan)
+        .expect("the usage settled");
+    let held: u64 = layout
+        .scan_shared(|_, _| false)
+        .expect("a scan")
+        .pages
+        .iter()
+        .map(|p| p.len)
+        .sum();
+    assert_eq!(opener.usage(), held, "the usage is not the folder's bytes");
     drop(dir);
 }
 
