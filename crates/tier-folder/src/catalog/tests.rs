@@ -64,6 +64,7 @@ fn commit(catalog: &Catalog, key: &PageKey, bytes: &[u8], ok: bool) -> (PathBuf,
         parts: Vec::new(),
         checksum: None,
         created: None,
+        opened: None,
     };
     let result = if ok {
         Ok(())
@@ -367,6 +368,7 @@ fn written(catalog: &Catalog, key: PageKey, file: &[u8], len: usize) -> (Xfer, P
         parts: Vec::new(),
         checksum: None,
         created: None,
+        opened: None,
     };
     (xfer, path)
 }

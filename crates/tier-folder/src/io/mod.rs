@@ -7,7 +7,7 @@
 use std::fs::{self, File};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tier_core::{PageKey, TierError};
 
@@ -57,6 +57,10 @@ pub struct Xfer {
     /// again (see [`crate::format::seal`]). `None` for reads, and past a batch's first pages,
     /// so that a batch never holds more files open than its caller allows for.
     pub created: Option<Created>,
+    /// For a buffered read: the page file the tier opened to hold across the read (see
+    /// [`pin`]). The engine reads this very file instead of opening the path again, so the
+    /// bytes read are of the version the tier holds (a page file is never written in place).
+    pub opened: Option<Arc<File>>,
 }
 
 /// The temp file a write's engine created last, kept open for its seal. A write run again (a
@@ -80,7 +84,8 @@ impl Created {
     }
 }
 
-/// The same move, to run again: without a temp file created by an earlier run.
+/// The same move, to run again: without a temp file created by an earlier run, nor the file
+/// an earlier run opened to read (a run again reads the name's file as it is then).
 impl Clone for Xfer {
     fn clone(&self) -> Self {
         Xfer {
@@ -91,6 +96,7 @@ impl Clone for Xfer {
             parts: self.parts.clone(),
             checksum: self.checksum,
             created: self.created.as_ref().map(|_| Created::default()),
+            opened: None,
         }
     }
 }

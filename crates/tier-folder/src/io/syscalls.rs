@@ -30,7 +30,12 @@ pub fn move_by_syscalls(
 ) -> Result<(), TierError> {
     let io_err =
         |e: std::io::Error| TierError::io(op_name(op), Some(&item.key), Some(item.path.clone()), e);
-    let file = open_page(&item.path, op, item.direct, sync, mode).map_err(io_err)?;
+    // A read's file the tier holds open is read as it is; any other is opened here.
+    let mut own = None;
+    let file: &File = match (op, &item.opened) {
+        (XferOp::Read, Some(file)) => file,
+        _ => own.insert(open_page(&item.path, op, item.direct, sync, mode).map_err(io_err)?),
+    };
     if op == XferOp::Read {
         // The page's file may have been replaced by one of another length since it was
         // planned: never serve a cut or overlong page.
@@ -115,7 +120,7 @@ pub fn move_by_syscalls(
             }
         }
     }
-    if let (XferOp::Write, Some(created)) = (op, &item.created) {
+    if let (XferOp::Write, Some(created), Some(file)) = (op, &item.created, own) {
         created.keep(file);
     }
     Ok(())

@@ -316,8 +316,8 @@ impl Shared {
                 }
             }
         };
-        let xfers = read_xfers(reads, |i| ranges[i].clone());
-        let outcome = io.read_all(&xfers, &memory);
+        let mut xfers = read_xfers(reads, |i| ranges[i].clone());
+        let outcome = io.read_all(&mut xfers, &memory);
         drop(memory);
         let mut results = outcome.results;
         let versions = Versions {
@@ -421,11 +421,11 @@ impl Shared {
     fn read_staged(&self, mut lease: StagingLease, reads: &[PlannedRead]) -> StagedReads {
         let (offsets, _) = io::slots(reads.iter().map(|r| r.len));
         let base = lease.buf().addr();
-        let xfers = read_xfers(reads, |i| vec![(base + offsets[i], reads[i].len)]);
+        let mut xfers = read_xfers(reads, |i| vec![(base + offsets[i], reads[i].len)]);
         let lease = Arc::new(lease);
         let mut held = Held::default();
         held.own(Arc::clone(&lease) as Arc<dyn Registered>);
-        let outcome = self.lane(0).read_all(&xfers, &held.seal());
+        let outcome = self.lane(0).read_all(&mut xfers, &held.seal());
         StagedReads {
             lease: (!outcome.poisoned).then_some(lease),
             offsets,
@@ -578,6 +578,7 @@ fn read_xfers(reads: &[PlannedRead], parts: impl Fn(usize) -> Vec<(usize, usize)
             parts: parts(i),
             checksum: r.checksum,
             created: None,
+            opened: None,
         })
         .collect()
 }

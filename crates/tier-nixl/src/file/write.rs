@@ -341,6 +341,7 @@ fn write_xfers<'a, 'p>(
             checksum: None,
             // The files held from the write to the seal, as from the seal to the rename.
             created: (i < HELD_WRITTEN).then(Default::default),
+            opened: None,
         })
         .collect()
 }

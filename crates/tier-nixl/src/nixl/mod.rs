@@ -74,8 +74,9 @@ fn cstring(call: &'static str, s: &str) -> Result<CString, NixlError> {
 }
 
 /// Device ids for path-mode and object registrations: unique among live registrations in the
-/// process (NIXL >= 1.3.1 rejects a reused one).
-static NEXT_DEV_ID: AtomicU64 = AtomicU64::new(1);
+/// process (NIXL >= 1.3.1 rejects a reused one), and above every file descriptor, the device
+/// id of a file registered by its descriptor.
+static NEXT_DEV_ID: AtomicU64 = AtomicU64::new(1 << 32);
 
 /// A device id no other registration in this process uses.
 pub fn next_dev_id() -> u64 {

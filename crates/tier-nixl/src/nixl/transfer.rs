@@ -66,7 +66,7 @@ impl<M: Send + Sync + 'static> Registered for Owned<M> {
 pub struct Held {
     memory: Vec<Arc<dyn Registered>>,
     registrations: Vec<Registration>,
-    files: Vec<File>,
+    files: Vec<Arc<File>>,
     inner: Vec<Arc<Held>>,
     /// Registered host ranges, sorted by start once sealed.
     dram: Vec<(usize, usize)>,
@@ -95,7 +95,7 @@ impl Held {
     }
 
     /// Registered files or objects, with the open files an fd-mode registration names.
-    pub fn files(&mut self, registration: Registration, files: Vec<File>) {
+    pub fn files(&mut self, registration: Registration, files: Vec<Arc<File>>) {
         self.devices.extend_from_slice(&registration.devices);
         self.dram.extend_from_slice(&registration.dram);
         self.registrations.push(registration);

@@ -96,12 +96,15 @@ impl FileIo {
 impl FileIo {
     /// Reads every item. Per item: a hit (`true`); a miss (`false`) if its file vanished, or
     /// was replaced while it was read (what arrived may mix two versions: never a hit); a
-    /// length mismatch if it now holds a page of another length; or the error. NIXL opens
-    /// (path mode) or reads (fd mode) files where kvtier cannot watch, so each file's
-    /// identity is compared before and after; the syscall engine checks the open file itself.
-    /// A read whose checksum the index knows needs neither: bytes that match it are the page's
-    /// whichever file they came from, and any others are a miss (see `verify`).
-    pub fn read_all(&self, items: &[Xfer], memory: &Arc<Held>) -> BatchReads {
+    /// length mismatch if it now holds a page of another length; or the error.
+    ///
+    /// A file whose identity is wanted (its checksum is not known, or it is verified once per
+    /// version) is opened and held across the read ([`pin`]), and the engine reads that very
+    /// file (see [`Xfer::opened`]): its identity before and after (`fstat`) proves the bytes
+    /// one version's. Other files the engine opens by name; a read whose checksum the index
+    /// knows needs no identity: bytes that match it are the page's whichever file they came
+    /// from, and any others are a miss (see `verify`).
+    pub fn read_all(&self, items: &mut [Xfer], memory: &Arc<Held>) -> BatchReads {
         let mut reads = self.read_once(items, memory);
         // A page replaced by a put while it was read is read again (the new file), a few
         // times, each after a growing pause (puts of one key can follow each other closely),
@@ -122,8 +125,8 @@ impl FileIo {
                 break;
             }
             std::thread::sleep(Duration::from_millis(1 << attempt));
-            let retry: Vec<Xfer> = again.iter().map(|&i| items[i].clone()).collect();
-            let second = self.read_once(&retry, memory);
+            let mut retry: Vec<Xfer> = again.iter().map(|&i| items[i].clone()).collect();
+            let second = self.read_once(&mut retry, memory);
             reads.poisoned |= second.poisoned;
             let second_reads = second.results.into_iter().zip(second.recorded);
             let second_versions = second
@@ -144,19 +147,30 @@ impl FileIo {
         reads
     }
 
-    fn read_once(&self, items: &[Xfer], memory: &Arc<Held>) -> BatchReads {
-        // A checksum is read by path: the file's identity before and after proves it is the
-        // one whose bytes were read.
+    fn read_once(&self, items: &mut [Xfer], memory: &Arc<Held>) -> BatchReads {
+        // A checksum is read from the file held across the read, whose identity before and
+        // after proves it is the one whose bytes were read.
         let engine = self.engine.pages();
         let watch =
             |i: &Xfer| i.checksum.is_none() && (!engine.reads_what_it_opens() || self.checksums);
         // Pages verified once per file version: their identity is taken before and after too.
         let verified = self.verified.as_deref().filter(|_| self.checksums);
         let once = |i: &Xfer| verified.is_some() && i.len >= VERIFY_ONCE_MIN;
-        let pinned: Vec<Option<(File, FileId)>> = items
+        let pinned: Vec<Option<(Arc<File>, FileId)>> = items
             .iter()
-            .map(|i| (watch(i) || once(i)).then(|| pin(&i.path)).flatten())
+            .map(|i| {
+                (watch(i) || once(i))
+                    .then(|| pin(&i.path).map(|(file, id)| (Arc::new(file), id)))
+                    .flatten()
+            })
             .collect();
+        // A buffered read reads the file held (a direct one opens its own, for `O_DIRECT`).
+        for (item, pinned) in items.iter_mut().zip(&pinned) {
+            item.opened = pinned
+                .as_ref()
+                .filter(|_| !item.direct)
+                .map(|(file, _)| Arc::clone(file));
+        }
         let before: Vec<Option<FileId>> = pinned.iter().map(|p| p.as_ref().map(|p| p.1)).collect();
         // A version already verified is read without its checksum.
         let skip: Vec<bool> = before
@@ -168,11 +182,20 @@ impl FileIo {
             true => engine.read_hashing(items, memory, &skip, &mut hashed),
             false => engine.move_all(XferOp::Read, items, memory),
         };
+        // The file read is the one held where the engine read it, else the one the name holds.
         let after: Vec<Option<FileId>> = items
             .iter()
             .zip(&before)
-            .map(|(i, b)| b.and_then(|_| file_id(&i.path)))
+            .map(|(i, b)| {
+                b.and_then(|_| match &i.opened {
+                    Some(file) => file.metadata().ok().map(|m| FileId::of(&m)),
+                    None => file_id(&i.path),
+                })
+            })
             .collect();
+        for item in items.iter_mut() {
+            item.opened = None;
+        }
         let stable: Vec<Option<FileId>> = items
             .iter()
             .zip(before.iter().zip(&after))

@@ -133,7 +133,8 @@ impl PageEngine<Arc<Held>> for NixlEngine {
     /// checksummed after the whole batch, they come back from DRAM); while they come from the
     /// disk, [`HASH_DEPTH`] are in flight, keeping it busy. A group's failure is handled as
     /// [`PageEngine::move_all`] handles a batch's. Direct reads land in staging by DMA and are
-    /// checksummed where they are copied out.
+    /// checksummed where they are copied out. A batch with nothing to checksum (direct, or
+    /// versions already verified) moves as [`PageEngine::move_all`] moves it.
     fn read_hashing(
         &self,
         items: &[Xfer],
@@ -141,7 +142,8 @@ impl PageEngine<Arc<Held>> for NixlEngine {
         skip: &[bool],
         hashed: &mut [Option<u32>],
     ) -> BatchOutcome {
-        if items.iter().all(|i| i.direct) {
+        // Nothing to checksum (direct reads, versions already verified): one batch.
+        if items.iter().zip(skip).all(|(i, &skip)| i.direct || skip) {
             return self.move_all(XferOp::Read, items, memory);
         }
         let mut outcome = BatchOutcome {

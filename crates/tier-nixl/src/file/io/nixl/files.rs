@@ -6,6 +6,7 @@ use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use tier_core::TierError;
 use tier_folder::io::open_page;
@@ -42,11 +43,14 @@ pub(super) fn replaced(fd: i32) -> bool {
     }
 }
 
+/// A batch's files registered: the registration, the files it holds, each item's device id.
+pub(super) type RegisteredFiles = (Registration, Vec<Arc<File>>, Vec<u64>);
+
 /// What [`NixlEngine::open_files`] opened for a registration.
 pub(super) struct Opened {
-    /// The files kvtier opened, held until the transfer settles.
-    pub(super) files: Vec<File>,
-    /// Per item (path mode): its registration's metaInfo.
+    /// The files kvtier opened (or holds open for a read), held until the transfer settles.
+    pub(super) files: Vec<Arc<File>>,
+    /// Per item: its registration's metaInfo (empty for a file registered by descriptor).
     pub(super) metas: Vec<Vec<u8>>,
     /// Per item: its device id.
     pub(super) dev_ids: Vec<u64>,
@@ -62,7 +66,7 @@ impl NixlEngine {
         op: XferOp,
         items: &[Xfer],
         which: &[usize],
-    ) -> Result<(Registration, Vec<File>, Vec<u64>), Failure> {
+    ) -> Result<RegisteredFiles, Failure> {
         let opened = self.open_files(op, items, which)?;
         self.register_opened(op, items, which, opened)
     }
@@ -78,7 +82,7 @@ impl NixlEngine {
         items: &[Xfer],
         which: &[usize],
         mut opened: Opened,
-    ) -> Result<(Registration, Vec<File>, Vec<u64>), Failure> {
+    ) -> Result<RegisteredFiles, Failure> {
         let mut reopened = 0;
         loop {
             let descs: Vec<Desc<'_>> = which
@@ -88,7 +92,7 @@ impl NixlEngine {
                     addr: 0,
                     len: items[i].len,
                     dev_id: opened.dev_ids[n],
-                    meta: opened.metas.get(n).map_or(&[][..], Vec::as_slice),
+                    meta: &opened.metas[n],
                 })
                 .collect();
             let e = match self.backend.register(MemKind::File, &descs) {
@@ -130,6 +134,15 @@ impl NixlEngine {
         };
         for &i in which {
             let item = &items[i];
+            if let (XferOp::Read, Some(file), false) = (op, &item.opened, item.direct) {
+                // The file the tier holds open for this read (see `Xfer::opened`): registered
+                // by its descriptor (an empty metaInfo is fd mode in either NIXL), never
+                // opened again.
+                opened.metas.push(Vec::new());
+                opened.dev_ids.push(file.as_raw_fd() as u64);
+                opened.files.push(Arc::clone(file));
+                continue;
+            }
             let failed = |e| {
                 Failure::Item(
                     i,
@@ -140,9 +153,10 @@ impl NixlEngine {
                 FileMode::Fd => {
                     let file = open_page(&item.path, op, item.direct, self.sync, self.file_mode)
                         .map_err(failed)?;
+                    opened.metas.push(Vec::new());
                     opened.dev_ids.push(file.as_raw_fd() as u64);
                     keep_created(op, item, &file);
-                    opened.files.push(file);
+                    opened.files.push(Arc::new(file));
                 }
                 FileMode::Path if op == XferOp::Write => {
                     // Made here, so it is new, this tier's mode, and not a planted link; NIXL
@@ -155,7 +169,7 @@ impl NixlEngine {
                         .metas
                         .push(path_meta(&held, op, item.direct, self.sync));
                     keep_created(op, item, &file);
-                    opened.files.push(file);
+                    opened.files.push(Arc::new(file));
                     opened.dev_ids.push(next_dev_id());
                 }
                 FileMode::Path if self.file_mode != FolderMode::Owner || self.remote => {
@@ -171,7 +185,7 @@ impl NixlEngine {
                         .metas
                         .push(path_meta(&held, op, item.direct, self.sync));
                     opened.by_descriptor.push((i, file.as_raw_fd()));
-                    opened.files.push(file);
+                    opened.files.push(Arc::new(file));
                     opened.dev_ids.push(next_dev_id());
                 }
                 FileMode::Path => {

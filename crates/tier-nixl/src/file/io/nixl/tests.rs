@@ -5,7 +5,7 @@ use std::time::Duration;
 use tier_core::PageKey;
 use tier_folder::format::{self, Trailer};
 
-use super::super::Created;
+use super::super::{Created, Syscalls};
 use super::files::replaced;
 use super::*;
 use crate::file::NixlFileConfig;
@@ -71,6 +71,7 @@ fn a_write_run_again_is_sealed_in_the_file_it_created_last() {
             parts: vec![region],
             checksum: None,
             created: Some(Created::default()),
+            opened: None,
         };
         for _ in 0..2 {
             let moved = engine.transfer(XferOp::Write, std::slice::from_ref(&xfer), &[0], &memory);
@@ -105,6 +106,7 @@ fn a_read_file_another_client_replaced_before_nixl_opened_it_is_opened_again() {
         parts: Vec::new(),
         checksum: None,
         created: None,
+        opened: None,
     }];
     let store = |v: u8| {
         std::fs::write(b.join("page.new"), vec![v; 4096]).expect("written on b");
@@ -159,6 +161,7 @@ fn a_transfer_waits_for_room_in_the_backends_pool_of_io_requests() {
         parts: vec![region],
         checksum: None,
         created: None,
+        opened: None,
     };
     let pool = engine.backend.io_pool_size().expect("POSIX has a pool");
     let taken = engine
@@ -182,4 +185,58 @@ fn a_transfer_waits_for_room_in_the_backends_pool_of_io_requests() {
             "the write goes ahead once room is given back"
         );
     });
+}
+
+/// A read handed the file the tier holds open (`Xfer::opened`) reads that very file, not
+/// the one its name holds by then, on each engine: NIXL in path and in fd mode (registered
+/// by descriptor, never opened again), and the system calls.
+#[test]
+fn a_read_reads_the_file_held_open_not_the_one_its_name_holds_now() {
+    let dir = tempfile::tempdir().expect("a temp folder");
+    let backend = backend(dir.path());
+    let path = dir.path().join("page");
+    let syscalls = Syscalls {
+        sync: false,
+        mode: FolderMode::Owner,
+    };
+    let nixl = [
+        engine(&backend, FileMode::Path, false),
+        engine(&backend, FileMode::Fd, false),
+    ];
+    let engines: [&dyn PageEngine<Arc<Held>>; 3] = [&nixl[0], &nixl[1], &syscalls];
+    for (n, engine) in engines.into_iter().enumerate() {
+        // Page files of one page's length (the trailer's bytes are not read here).
+        let file_len = format::file_len(4096) as usize;
+        std::fs::write(&path, vec![0x11_u8; file_len]).expect("the held version written");
+        let (held, _) = tier_folder::io::pin(&path).expect("the page file held open");
+        std::fs::write(dir.path().join("new"), vec![0x22_u8; file_len]).expect("written");
+        std::fs::rename(dir.path().join("new"), &path).expect("a new version renamed in");
+        let page = vec![0_u8; 4096];
+        let (region, memory) = lent(&nixl[0], &page);
+        let xfer = Xfer {
+            key: PageKey::new("k").expect("a key"),
+            path: path.clone(),
+            len: page.len(),
+            direct: false,
+            parts: vec![region],
+            checksum: None,
+            created: None,
+            opened: Some(Arc::new(held)),
+        };
+        let outcome = engine.move_all(XferOp::Read, std::slice::from_ref(&xfer), &memory);
+        assert!(!outcome.poisoned, "{}", engine.describe());
+        assert!(
+            outcome.results[0].is_ok(),
+            "{}: {:?}",
+            engine.describe(),
+            outcome.results[0].as_ref().err()
+        );
+        let versions: std::collections::BTreeSet<u8> = page.iter().copied().collect();
+        assert_eq!(
+            versions,
+            [0x11].into(),
+            "engine {n} ({}) read the held file's bytes only",
+            engine.describe()
+        );
+    }
 }
