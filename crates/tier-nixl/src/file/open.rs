@@ -176,6 +176,7 @@ impl Shared {
                 engine,
                 checksums,
                 verified: verified.clone(),
+                reads_held: !remote,
             })
             .collect();
         // The capacity is enforced once the index holds the pages found (see `opening`).

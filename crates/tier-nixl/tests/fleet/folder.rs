@@ -430,3 +430,62 @@ fn a_page_another_client_just_replaced_is_read_not_failed_as_stale() {
     });
     let _ = std::fs::remove_dir_all(&a);
 }
+
+/// Pages one GlusterFS client removed, read through the other client that had just read
+/// them: misses, never the removed bytes, whatever size (pages under and over the size
+/// verified once per version). This client's caches can still open a file the other client
+/// unlinked; a read is served only if the name still holds the file it read. (Reading
+/// through the file held open, with its identity after the read taken from that file, served
+/// removed pages to SGLang's ranks on the second client.)
+#[test]
+fn pages_another_client_removed_are_misses_though_this_client_can_still_open_them() {
+    let (a, b) = tier_tests::gluster::mounts().folder("removed");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let open = |dir: &std::path::Path| {
+            let mut c = NixlFileConfig::new([dir.join("a")]);
+            c.access = FileAccess::Shared;
+            NixlFileTier::open(c)
+        };
+        let on_a = open(&a).await.unwrap();
+        let on_b = open(&b).await.unwrap();
+        for (size, len) in [(0, 4096), (1, PAGE)] {
+            let keys: Vec<_> = (0..8).map(|i| own_key(10 + size, i)).collect();
+            let bytes: Vec<_> = keys
+                .iter()
+                .map(|k| tier_tests::content::page(k, 1, len))
+                .collect();
+            let pages: Vec<_> = keys
+                .iter()
+                .zip(&bytes)
+                .map(|(k, b)| tier_core::Page::new(k.clone(), b.clone()))
+                .collect();
+            assert!(on_a.put(&pages).await.iter().all(Result::is_ok));
+            let mut bufs = vec![vec![0u8; len]; keys.len()];
+            let mut slots: Vec<_> = keys
+                .iter()
+                .zip(&mut bufs)
+                .map(|(k, buf)| tier_core::ReadSlot::new(k.clone(), buf))
+                .collect();
+            let got = on_b.get(&mut slots).await;
+            assert!(
+                got.iter().all(|r| matches!(r, Ok(tier_core::Lookup::Hit))),
+                "{len} B: pages the other client stored were not read: {got:?}"
+            );
+            drop(slots);
+            assert!(on_a.remove(&keys).await.iter().all(Result::is_ok));
+            let mut slots: Vec<_> = keys
+                .iter()
+                .zip(&mut bufs)
+                .map(|(k, buf)| tier_core::ReadSlot::new(k.clone(), buf))
+                .collect();
+            let got = on_b.get(&mut slots).await;
+            let served = got
+                .iter()
+                .filter(|r| matches!(r, Ok(tier_core::Lookup::Hit)))
+                .count();
+            assert_eq!(served, 0, "{len} B: removed pages were served: {got:?}");
+        }
+    });
+    let _ = std::fs::remove_dir_all(&a);
+}

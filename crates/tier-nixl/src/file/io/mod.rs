@@ -50,6 +50,11 @@ pub struct FileIo {
     pub checksums: bool,
     /// The file versions verified in this process, when reads verify once per version.
     pub verified: Option<Arc<VerifiedFiles>>,
+    /// The engine reads the file a read holds open instead of opening its name again: only
+    /// where every folder is local. A client of a distributed filesystem serves the open and
+    /// reads of a file another client removed from its caches (GlusterFS: for every page
+    /// just read), and the name's `stat` too; only the engine's fresh open reaches the server.
+    pub reads_held: bool,
 }
 
 /// Staging offsets of consecutive pages, each slot aligned for direct I/O.
@@ -99,9 +104,10 @@ impl FileIo {
     /// length mismatch if it now holds a page of another length; or the error.
     ///
     /// A file whose identity is wanted (its checksum is not known, or it is verified once per
-    /// version) is opened and held across the read ([`pin`]), and the engine reads that very
-    /// file (see [`Xfer::opened`]): its identity before and after (`fstat`) proves the bytes
-    /// one version's. Other files the engine opens by name; a read whose checksum the index
+    /// version) is opened and held across the read ([`pin`]); on local folders the engine
+    /// reads that very file (see [`Xfer::opened`], [`Self::reads_held`]). It is served only
+    /// if its name still holds it afterwards (the latest version, not one removed or replaced
+    /// meanwhile). Other files the engine opens by name; a read whose checksum the index
     /// knows needs no identity: bytes that match it are the page's whichever file they came
     /// from, and any others are a miss (see `verify`).
     pub fn read_all(&self, items: &mut [Xfer], memory: &Arc<Held>) -> BatchReads {
@@ -168,7 +174,7 @@ impl FileIo {
         for (item, pinned) in items.iter_mut().zip(&pinned) {
             item.opened = pinned
                 .as_ref()
-                .filter(|_| !item.direct)
+                .filter(|_| self.reads_held && !item.direct)
                 .map(|(file, _)| Arc::clone(file));
         }
         let before: Vec<Option<FileId>> = pinned.iter().map(|p| p.as_ref().map(|p| p.1)).collect();
@@ -182,16 +188,12 @@ impl FileIo {
             true => engine.read_hashing(items, memory, &skip, &mut hashed),
             false => engine.move_all(XferOp::Read, items, memory),
         };
-        // The file read is the one held where the engine read it, else the one the name holds.
+        // The name must still hold the file read: a file held open outlives its name (a put
+        // renamed a new version in, or a remove unlinked it), and is then no page's latest.
         let after: Vec<Option<FileId>> = items
             .iter()
             .zip(&before)
-            .map(|(i, b)| {
-                b.and_then(|_| match &i.opened {
-                    Some(file) => file.metadata().ok().map(|m| FileId::of(&m)),
-                    None => file_id(&i.path),
-                })
-            })
+            .map(|(i, b)| b.and_then(|_| file_id(&i.path)))
             .collect();
         for item in items.iter_mut() {
             item.opened = None;
