@@ -384,16 +384,9 @@ fn try_flock(file: &std::fs::File) -> bool {
 /// back 2 of 8 pages.)
 #[test]
 fn a_page_another_client_just_replaced_is_read_not_failed_as_stale() {
-    let (a, b) = tier_tests::gluster::mounts().folder("stale");
     let rt = tokio::runtime::Runtime::new().unwrap();
+    let (a, on_a, on_b) = rt.block_on(on_both_clients("stale"));
     rt.block_on(async {
-        let open = |dir: &std::path::Path| {
-            let mut c = NixlFileConfig::new([dir.join("a")]);
-            c.access = FileAccess::Shared;
-            NixlFileTier::open(c)
-        };
-        let on_a = open(&a).await.unwrap();
-        let on_b = open(&b).await.unwrap();
         let mut misread = 0;
         for i in 0..8 {
             let k = own_key(9, i);
@@ -433,22 +426,15 @@ fn a_page_another_client_just_replaced_is_read_not_failed_as_stale() {
 
 /// Pages one GlusterFS client removed, read through the other client that had just read
 /// them: misses, never the removed bytes, whatever size (pages under and over the size
-/// verified once per version). This client's caches can still open a file the other client
-/// unlinked; a read is served only if the name still holds the file it read. (Reading
-/// through the file held open, with its identity after the read taken from that file, served
-/// removed pages to SGLang's ranks on the second client.)
+/// verified once per version). This client's caches still open, read and `stat` a file the
+/// other client unlinked; only the engine's fresh open of the name reaches the server. (The
+/// engine reading the file the read held open served every removed page, with the identity
+/// after the read taken from that file or from the name.)
 #[test]
 fn pages_another_client_removed_are_misses_though_this_client_can_still_open_them() {
-    let (a, b) = tier_tests::gluster::mounts().folder("removed");
     let rt = tokio::runtime::Runtime::new().unwrap();
+    let (a, on_a, on_b) = rt.block_on(on_both_clients("removed"));
     rt.block_on(async {
-        let open = |dir: &std::path::Path| {
-            let mut c = NixlFileConfig::new([dir.join("a")]);
-            c.access = FileAccess::Shared;
-            NixlFileTier::open(c)
-        };
-        let on_a = open(&a).await.unwrap();
-        let on_b = open(&b).await.unwrap();
         for (size, len) in [(0, 4096), (1, PAGE)] {
             let keys: Vec<_> = (0..8).map(|i| own_key(10 + size, i)).collect();
             let bytes: Vec<_> = keys
@@ -488,4 +474,18 @@ fn pages_another_client_removed_are_misses_though_this_client_can_still_open_the
         }
     });
     let _ = std::fs::remove_dir_all(&a);
+}
+
+/// A shared tier on each of the two GlusterFS clients, over the volume's folder `name`; the
+/// folder as the first client sees it (to remove at the end).
+async fn on_both_clients(name: &str) -> (std::path::PathBuf, NixlFileTier, NixlFileTier) {
+    let (a, b) = tier_tests::gluster::mounts().folder(name);
+    let open = |dir: &std::path::Path| {
+        let mut c = NixlFileConfig::new([dir.join("a")]);
+        c.access = FileAccess::Shared;
+        NixlFileTier::open(c)
+    };
+    let on_a = open(&a).await.unwrap();
+    let on_b = open(&b).await.unwrap();
+    (a, on_a, on_b)
 }
