@@ -448,24 +448,13 @@ fn pages_another_client_removed_are_misses_though_this_client_can_still_open_the
                 .collect();
             assert!(on_a.put(&pages).await.iter().all(Result::is_ok));
             let mut bufs = vec![vec![0u8; len]; keys.len()];
-            let mut slots: Vec<_> = keys
-                .iter()
-                .zip(&mut bufs)
-                .map(|(k, buf)| tier_core::ReadSlot::new(k.clone(), buf))
-                .collect();
-            let got = on_b.get(&mut slots).await;
+            let got = get_into(&on_b, &keys, &mut bufs).await;
             assert!(
                 got.iter().all(|r| matches!(r, Ok(tier_core::Lookup::Hit))),
                 "{len} B: pages the other client stored were not read: {got:?}"
             );
-            drop(slots);
             assert!(on_a.remove(&keys).await.iter().all(Result::is_ok));
-            let mut slots: Vec<_> = keys
-                .iter()
-                .zip(&mut bufs)
-                .map(|(k, buf)| tier_core::ReadSlot::new(k.clone(), buf))
-                .collect();
-            let got = on_b.get(&mut slots).await;
+            let got = get_into(&on_b, &keys, &mut bufs).await;
             let served = got
                 .iter()
                 .filter(|r| matches!(r, Ok(tier_core::Lookup::Hit)))
@@ -488,4 +477,18 @@ async fn on_both_clients(name: &str) -> (std::path::PathBuf, NixlFileTier, NixlF
     let on_a = open(&a).await.unwrap();
     let on_b = open(&b).await.unwrap();
     (a, on_a, on_b)
+}
+
+/// Reads `keys` from `tier` into `bufs`, a buffer a key.
+async fn get_into(
+    tier: &NixlFileTier,
+    keys: &[tier_core::PageKey],
+    bufs: &mut [Vec<u8>],
+) -> Vec<tier_core::GetResult> {
+    let mut slots: Vec<_> = keys
+        .iter()
+        .zip(bufs)
+        .map(|(k, buf)| tier_core::ReadSlot::new(k.clone(), buf))
+        .collect();
+    tier.get(&mut slots).await
 }
